@@ -1,0 +1,259 @@
+/// \file
+/// The CPU executor's driver. A grouping is a tiling by rectangles (tile_shape), so one loop
+/// serves every grouping: it walks bands of tile rows and, inside a band, chunks of whole tiles
+/// about 4096 columns wide, so that a chunk's statistics pass and its encoding pass both hit the
+/// cache and the input is read from memory once (twice only when a group is larger than the
+/// cache, as per-tensor and per-column groups are).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "../../layout/layout.hpp"
+#include "../../layout/view.hpp"
+#include "../../numeric/codec.hpp"
+#include "../../scheme/dispatch.hpp"
+#include "segment.hpp"
+#include "simd.hpp"
+
+namespace agoq::detail::host {
+
+/// Columns per chunk: whole tiles, about 4096 elements, and a multiple of 8 whenever a row has
+/// more than one chunk, so every chunk's packed codes start on a byte boundary.
+inline std::int64_t chunk_columns(tile_shape t, std::int64_t cols) noexcept {
+  std::int64_t k = std::max<std::int64_t>(1, 4096 / t.cols);
+  if (t.cols * k >= cols) return std::max<std::int64_t>(cols, 1);
+  if ((t.cols * k) % 8 != 0) k = (k + 7) / 8 * 8;
+  return t.cols * k;
+}
+
+/// Calls f(r0, r1, c0, c1, first_group) for every band [r0, r1) of tile rows and chunk [c0, c1)
+/// of whole tiles; first_group is the group-grid index of the chunk's first tile. Covers every
+/// element exactly once, in row-major band order.
+template <class F>
+void for_each_chunk(quantized_layout const& l, F&& f) {
+  if (l.elements() == 0) return;
+  std::int64_t const w = chunk_columns(l.tile, l.cols);
+  for (std::int64_t tr = 0; tr < l.group_grid_rows; ++tr) {
+    std::int64_t const r0 = tr * l.tile.rows;
+    std::int64_t const r1 = std::min(l.rows, r0 + l.tile.rows);
+    for (std::int64_t c0 = 0; c0 < l.cols; c0 += w) {
+      f(r0, r1, c0, std::min(l.cols, c0 + w), tr * l.group_grid_cols + c0 / l.tile.cols);
+    }
+  }
+}
+
+/// Parameters computed by the runtime scale format.
+template <code_format Code>
+group_params params_for(scale_format f, group_stats const& st) noexcept {
+  switch (f) {
+    case scale_format::bf16:
+      return make_group_params<Code, scale_bf16>(st);
+    case scale_format::e8m0:
+      return make_group_params<Code, scale_e8m0>(st);
+    default:
+      return make_group_params<Code, scale_f32>(st);
+  }
+}
+
+/// Writes group g's scale (and zero point) into a quantized view.
+inline void store_params(quantized_view const& v, std::int64_t g, group_params p) noexcept {
+  switch (v.spec.scale) {
+    case scale_format::f32: {
+      float const s = scale_f32::store(p.scale);
+      std::memcpy(v.scales + 4 * g, &s, 4);
+      break;
+    }
+    case scale_format::bf16: {
+      std::uint16_t const s = scale_bf16::store(p.scale);
+      std::memcpy(v.scales + 2 * g, &s, 2);
+      break;
+    }
+    case scale_format::e8m0:
+      v.scales[g] = scale_e8m0::store(p.scale);
+      break;
+  }
+  if (v.zero_points) v.zero_points[g] = static_cast<std::uint8_t>(p.zero_point);
+}
+
+/// Reads group g's scale (and zero point) from a quantized view.
+inline group_params load_params(const_quantized_view const& v, std::int64_t g) noexcept {
+  group_params p;
+  switch (v.spec.scale) {
+    case scale_format::f32:
+      std::memcpy(&p.scale, v.scales + 4 * g, 4);
+      break;
+    case scale_format::bf16: {
+      std::uint16_t s;
+      std::memcpy(&s, v.scales + 2 * g, 2);
+      p.scale = scale_bf16::load(s);
+      break;
+    }
+    case scale_format::e8m0:
+      p.scale = scale_e8m0::load(v.scales[g]);
+      break;
+  }
+  if (v.zero_points) p.zero_point = v.zero_points[g];
+  return p;
+}
+
+/// Per-chunk scratch, reused across chunks.
+struct scratch {
+  std::vector<segment_stats> stats;
+  std::vector<group_params> params;
+  std::vector<std::uint8_t> codes;
+  std::vector<float> draws;
+};
+
+/// Statistics of every tile of the chunk [r0, r1) x [c0, c1), and the group parameters.
+template <code_format Code, class T>
+std::int64_t chunk_params(T const* x, std::int64_t cols, tile_shape t, scale_format f,
+                          std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1,
+                          bool simd, scratch& s) {
+  std::int64_t const tiles = (c1 - c0 + t.cols - 1) / t.cols;
+  s.stats.assign(static_cast<std::size_t>(tiles), segment_stats{});
+  s.params.resize(static_cast<std::size_t>(tiles));
+  for (std::int64_t r = r0; r < r1; ++r) {
+    T const* row = x + r * cols;
+    for (std::int64_t k = 0; k < tiles; ++k) {
+      std::int64_t const b = c0 + k * t.cols;
+      std::int64_t const e = std::min(c1, b + t.cols);
+      combine(s.stats[k], simd ? stats_segment_simd<Code>(row + b, e - b)
+                               : stats_segment<Code>(row + b, e - b));
+    }
+  }
+  std::int64_t nonfinite = 0;
+  for (std::int64_t k = 0; k < tiles; ++k) {
+    nonfinite += s.stats[k].nonfinite;
+    s.params[k] = params_for<Code>(f, s.stats[k].stats);
+  }
+  return nonfinite;
+}
+
+/// Encodes row r's part [c0, c1) of a chunk into one code per byte (q), tile by tile.
+template <code_format Code, rounding_mode Rounding, class T>
+void encode_row(T const* row, std::int64_t r, std::int64_t cols, tile_shape t, std::int64_t c0,
+                std::int64_t c1, std::uint64_t seed, std::uint64_t offset, bool simd, scratch& s,
+                std::uint8_t* q) {
+  if constexpr (Rounding::kind == rounding_kind::stochastic) {
+    s.draws.resize(static_cast<std::size_t>(c1 - c0));
+    uniforms(seed, offset + static_cast<std::uint64_t>(r * cols + c0), c1 - c0, s.draws.data());
+  }
+  for (std::int64_t b = c0, k = 0; b < c1; b += t.cols, ++k) {
+    std::int64_t const e = std::min(c1, b + t.cols);
+    if constexpr (Rounding::kind == rounding_kind::stochastic) {
+      encode_stochastic_segment<Code>(row + b, e - b, s.params[k], s.draws.data() + (b - c0),
+                                      q + (b - c0));
+    } else if (simd) {
+      encode_nearest_segment_simd<Code>(row + b, e - b, s.params[k], q + (b - c0));
+    } else {
+      encode_nearest_segment<Code>(row + b, e - b, s.params[k], q + (b - c0));
+    }
+  }
+}
+
+/// Decodes row part [c0, c1) from one code per byte (q) into y, tile by tile; returns the number
+/// of outputs whose group scale is not finite (only a corrupted buffer has such scales).
+template <code_format Code, class T>
+std::int64_t decode_row(std::uint8_t const* q, tile_shape t, std::int64_t c0, std::int64_t c1,
+                        bool simd, scratch const& s, T* y) {
+  std::int64_t nonfinite = 0;
+  for (std::int64_t b = c0, k = 0; b < c1; b += t.cols, ++k) {
+    std::int64_t const e = std::min(c1, b + t.cols);
+    group_params const p = s.params[k];
+    if (!numeric::is_finite(p.scale)) nonfinite += e - b;
+    if (simd) {
+      decode_segment_simd<Code>(q + (b - c0), e - b, p, y + b);
+    } else {
+      decode_segment<Code>(q + (b - c0), e - b, p, y + b);
+    }
+  }
+  return nonfinite;
+}
+
+/// quantize: statistics, parameters, codes; returns the non-finite input count.
+template <code_format Code, rounding_mode Rounding, class T>
+std::int64_t quantize(T const* x, quantized_view const& out, std::uint64_t seed,
+                      std::uint64_t offset, bool simd) {
+  quantized_layout const l = out.layout();
+  scratch s;
+  std::int64_t nonfinite = 0;
+  for_each_chunk(
+      l, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, std::int64_t g0) {
+        nonfinite += chunk_params<Code>(x, l.cols, l.tile, out.spec.scale, r0, r1, c0, c1, simd, s);
+        for (std::size_t k = 0; k < s.params.size(); ++k) {
+          store_params(out, g0 + static_cast<std::int64_t>(k), s.params[k]);
+        }
+        for (std::int64_t r = r0; r < r1; ++r) {
+          std::uint8_t* dst = out.codes + r * l.code_row_bytes + c0 * l.bits / 8;
+          if (l.bits == 8) {
+            encode_row<Code, Rounding>(x + r * l.cols, r, l.cols, l.tile, c0, c1, seed, offset,
+                                       simd, s, dst);
+          } else {
+            s.codes.resize(static_cast<std::size_t>(c1 - c0));
+            encode_row<Code, Rounding>(x + r * l.cols, r, l.cols, l.tile, c0, c1, seed, offset,
+                                       simd, s, s.codes.data());
+            if (simd) {
+              pack_codes_simd(s.codes.data(), c1 - c0, l.bits, dst);
+            } else {
+              pack_codes(s.codes.data(), c1 - c0, l.bits, dst);
+            }
+          }
+        }
+      });
+  return nonfinite;
+}
+
+/// dequantize: returns the count of outputs decoded under a non-finite scale.
+template <code_format Code, class T>
+std::int64_t dequantize(const_quantized_view const& in, T* y, bool simd) {
+  quantized_layout const l = in.layout();
+  scratch s;
+  std::int64_t nonfinite = 0;
+  for_each_chunk(
+      l, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, std::int64_t g0) {
+        std::int64_t const tiles = (c1 - c0 + l.tile.cols - 1) / l.tile.cols;
+        s.params.resize(static_cast<std::size_t>(tiles));
+        for (std::int64_t k = 0; k < tiles; ++k) s.params[k] = load_params(in, g0 + k);
+        for (std::int64_t r = r0; r < r1; ++r) {
+          std::uint8_t const* src = in.codes + r * l.code_row_bytes + c0 * l.bits / 8;
+          std::uint8_t const* q = src;
+          if (l.bits != 8) {
+            s.codes.resize(static_cast<std::size_t>(c1 - c0));
+            if (simd) {
+              unpack_codes_simd(src, c1 - c0, l.bits, s.codes.data());
+            } else {
+              unpack_codes(src, c1 - c0, l.bits, s.codes.data());
+            }
+            q = s.codes.data();
+          }
+          nonfinite += decode_row<Code>(q, l.tile, c0, c1, simd, s, y + r * l.cols);
+        }
+      });
+  return nonfinite;
+}
+
+/// fake_quantize: quantize then dequantize without storing the codes; identical to the two calls.
+/// x and y may be the same buffer (same element type).
+template <code_format Code, rounding_mode Rounding, class In, class Out>
+std::int64_t fake_quantize(spec const& sp, std::int64_t rows, std::int64_t cols, In const* x,
+                           Out* y, std::uint64_t seed, std::uint64_t offset, bool simd) {
+  quantized_layout const l = make_layout(sp, rows, cols);
+  scratch s;
+  std::int64_t nonfinite = 0;
+  for_each_chunk(
+      l, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, std::int64_t) {
+        nonfinite += chunk_params<Code>(x, cols, l.tile, sp.scale, r0, r1, c0, c1, simd, s);
+        s.codes.resize(static_cast<std::size_t>(c1 - c0));
+        for (std::int64_t r = r0; r < r1; ++r) {
+          encode_row<Code, Rounding>(x + r * cols, r, cols, l.tile, c0, c1, seed, offset, simd, s,
+                                     s.codes.data());
+          decode_row<Code>(s.codes.data(), l.tile, c0, c1, simd, s, y + r * cols);
+        }
+      });
+  return nonfinite;
+}
+
+}  // namespace agoq::detail::host

@@ -1,0 +1,222 @@
+/// \file
+/// Portable segment loops of the CPU executor: statistics, encoding and decoding of a run of
+/// consecutive elements that share one group. They call the shared math of numeric/codec.hpp
+/// element by element and are written so that g++ vectorizes them (integer-domain reductions,
+/// branch-free selects).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "../../numeric/codec.hpp"
+#include "../../numeric/element.hpp"
+#include "../../numeric/philox.hpp"
+
+namespace agoq::detail::host {
+
+/// Statistics of a segment plus the number of non-finite values it held.
+struct segment_stats {
+  group_stats stats;
+  bool any_finite = false;
+  std::int64_t nonfinite = 0;
+};
+
+/// Folds one segment's statistics into a group's.
+inline void combine(segment_stats& acc, segment_stats const& s) noexcept {
+  acc.nonfinite += s.nonfinite;
+  if (!s.any_finite) return;
+  if (!acc.any_finite) {
+    acc.stats = s.stats;
+    acc.any_finite = true;
+    return;
+  }
+  acc.stats.absmax = s.stats.absmax > acc.stats.absmax ? s.stats.absmax : acc.stats.absmax;
+  acc.stats.min = s.stats.min < acc.stats.min ? s.stats.min : acc.stats.min;
+  acc.stats.max = s.stats.max > acc.stats.max ? s.stats.max : acc.stats.max;
+}
+
+/// The unsigned integer holding an element's bits and the bits of its +Inf magnitude.
+template <class T>
+struct element_bits;
+template <>
+struct element_bits<float> {
+  using type = std::uint32_t;
+  using signed_type = std::int32_t;
+  static constexpr type inf = 0x7f800000u;
+  static constexpr type magnitude = 0x7fffffffu;
+};
+template <>
+struct element_bits<bfloat16> {
+  using type = std::uint16_t;
+  using signed_type = std::int16_t;
+  static constexpr type inf = 0x7f80u;
+  static constexpr type magnitude = 0x7fffu;
+};
+template <>
+struct element_bits<half> {
+  using type = std::uint16_t;
+  using signed_type = std::int16_t;
+  static constexpr type inf = 0x7c00u;
+  static constexpr type magnitude = 0x7fffu;
+};
+
+template <class T>
+inline typename element_bits<T>::type bits_of(T x) noexcept {
+  return cuda::std::bit_cast<typename element_bits<T>::type>(x);
+}
+
+template <class T>
+inline T element_from_bits(typename element_bits<T>::type b) noexcept {
+  return cuda::std::bit_cast<T>(b);
+}
+
+/// Absolute maximum over the finite values of x[0, n), computed on the magnitude bits (which order
+/// like the values), and the count of non-finite values.
+template <element_type T>
+inline segment_stats absmax_segment(T const* x, std::int64_t n) noexcept {
+  using B = typename element_bits<T>::type;
+  B m = 0;
+  std::int64_t nonfinite = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    B const a = bits_of(x[i]) & element_bits<T>::magnitude;
+    bool const finite = a < element_bits<T>::inf;
+    nonfinite += finite ? 0 : 1;
+    B const v = finite ? a : B{0};
+    m = v > m ? v : m;
+  }
+  segment_stats s;
+  s.nonfinite = nonfinite;
+  s.any_finite = nonfinite < n;
+  s.stats.absmax = numeric::to_float(element_from_bits<T>(m));
+  return s;
+}
+
+/// Maps an element's bits to a signed integer that orders like the value (-0 just below +0).
+template <class T>
+inline typename element_bits<T>::signed_type ordered(typename element_bits<T>::type b) noexcept {
+  using S = typename element_bits<T>::signed_type;
+  auto const s = static_cast<S>(b);
+  constexpr int shift = static_cast<int>(sizeof(S) * 8 - 1);
+  return static_cast<S>(s ^
+                        static_cast<S>((s >> shift) & static_cast<S>(element_bits<T>::magnitude)));
+}
+
+/// Minimum and maximum over the finite values of x[0, n), in the ordered-integer domain, and the
+/// count of non-finite values.
+template <element_type T>
+inline segment_stats minmax_segment(T const* x, std::int64_t n) noexcept {
+  using B = typename element_bits<T>::type;
+  using S = typename element_bits<T>::signed_type;
+  S lo = std::numeric_limits<S>::max();
+  S hi = std::numeric_limits<S>::min();
+  std::int64_t nonfinite = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    B const b = bits_of(x[i]);
+    bool const finite = (b & element_bits<T>::magnitude) < element_bits<T>::inf;
+    nonfinite += finite ? 0 : 1;
+    S const o = ordered<T>(b);
+    S const olo = finite ? o : std::numeric_limits<S>::max();
+    S const ohi = finite ? o : std::numeric_limits<S>::min();
+    lo = olo < lo ? olo : lo;
+    hi = ohi > hi ? ohi : hi;
+  }
+  segment_stats s;
+  s.nonfinite = nonfinite;
+  s.any_finite = nonfinite < n;
+  if (s.any_finite) {
+    // ordered() is an involution, so it maps the extreme back to the element's bits.
+    s.stats.min =
+        numeric::to_float(element_from_bits<T>(static_cast<B>(ordered<T>(static_cast<B>(lo)))));
+    s.stats.max =
+        numeric::to_float(element_from_bits<T>(static_cast<B>(ordered<T>(static_cast<B>(hi)))));
+  }
+  return s;
+}
+
+/// Statistics of a segment as the code family needs them.
+template <code_format Code, element_type T>
+inline segment_stats stats_segment(T const* x, std::int64_t n) noexcept {
+  if constexpr (Code::has_zero_point) {
+    return minmax_segment(x, n);
+  } else {
+    return absmax_segment(x, n);
+  }
+}
+
+/// Fills u[0, n) with the uniform draws of stream positions first, first + 1, ... under `seed`,
+/// one Philox block per four positions.
+inline void uniforms(std::uint64_t seed, std::uint64_t first, std::int64_t n, float* u) noexcept {
+  std::int64_t i = 0;
+  while (i < n) {
+    std::uint64_t const pos = first + static_cast<std::uint64_t>(i);
+    numeric::philox_block const b = numeric::philox_block_at(seed, pos);
+    for (std::uint32_t w = static_cast<std::uint32_t>(pos & 3u); w < 4u && i < n; ++w, ++i) {
+      u[i] = numeric::uniform24(b[w]);
+    }
+  }
+}
+
+/// Encodes x[0, n) with round-half-to-even into one code per byte.
+template <code_format Code, element_type T>
+inline void encode_nearest_segment(T const* x, std::int64_t n, group_params p,
+                                   std::uint8_t* q) noexcept {
+  for (std::int64_t i = 0; i < n; ++i) q[i] = encode_nearest<Code>(numeric::to_float(x[i]), p);
+}
+
+/// Encodes x[0, n) with stochastic rounding, u[i] being element i's draw.
+template <code_format Code, element_type T>
+inline void encode_stochastic_segment(T const* x, std::int64_t n, group_params p, float const* u,
+                                      std::uint8_t* q) noexcept {
+  for (std::int64_t i = 0; i < n; ++i) {
+    q[i] = encode_stochastic<Code>(numeric::to_float(x[i]), p, u[i]);
+  }
+}
+
+/// Decodes q[0, n) (one code per byte) into y.
+template <code_format Code, element_type T>
+inline void decode_segment(std::uint8_t const* q, std::int64_t n, group_params p, T* y) noexcept {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = numeric::from_float<T>(decode<Code>(q[i], p));
+}
+
+/// Packs n codes of `bits` bits (one per byte, already masked) into dst, least significant bits
+/// first; the last byte's unused high bits are zero.
+inline void pack_codes(std::uint8_t const* q, std::int64_t n, int bits,
+                       std::uint8_t* dst) noexcept {
+  if (bits == 8) {
+    std::memcpy(dst, q, static_cast<std::size_t>(n));
+  } else if (bits == 4) {
+    std::int64_t const pairs = n / 2;
+    for (std::int64_t j = 0; j < pairs; ++j) {
+      dst[j] = static_cast<std::uint8_t>(q[2 * j] | (q[2 * j + 1] << 4));
+    }
+    if (n & 1) dst[pairs] = q[n - 1];
+  } else {
+    std::int64_t const quads = n / 4;
+    for (std::int64_t j = 0; j < quads; ++j) {
+      dst[j] = static_cast<std::uint8_t>(q[4 * j] | (q[4 * j + 1] << 2) | (q[4 * j + 2] << 4) |
+                                         (q[4 * j + 3] << 6));
+    }
+    std::uint8_t last = 0;
+    for (std::int64_t i = quads * 4; i < n; ++i)
+      last |= static_cast<std::uint8_t>(q[i] << (2 * (i & 3)));
+    if (n & 3) dst[quads] = last;
+  }
+}
+
+/// Unpacks n codes of `bits` bits from src into one code per byte.
+inline void unpack_codes(std::uint8_t const* src, std::int64_t n, int bits,
+                         std::uint8_t* q) noexcept {
+  if (bits == 8) {
+    std::memcpy(q, src, static_cast<std::size_t>(n));
+    return;
+  }
+  std::uint32_t const mask = numeric::code_mask(bits);
+  int const per_byte = 8 / bits;
+  for (std::int64_t i = 0; i < n; ++i) {
+    q[i] = static_cast<std::uint8_t>((src[i / per_byte] >> (bits * (i % per_byte))) & mask);
+  }
+}
+
+}  // namespace agoq::detail::host

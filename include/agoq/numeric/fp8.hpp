@@ -1,0 +1,101 @@
+/// \file
+/// FP8 E4M3 and E5M2 (OCP 8-bit floating point) encoding and decoding on the bits, shared by the
+/// host and the device so both produce identical codes.
+#pragma once
+
+#include <cstdint>
+
+#include "bits.hpp"
+
+namespace agoq::numeric {
+
+/// The parameters of an OCP FP8 format. `max_code` is the magnitude code of the largest finite
+/// value (0x7e for E4M3, whose 0x7f is NaN; 0x7b for E5M2, whose larger codes are Inf/NaN).
+struct fp8_format {
+  int mantissa_bits;
+  int exponent_bias;
+  std::uint8_t max_code;
+  float max_value;
+};
+
+/// E4M3: 4 exponent bits, 3 mantissa bits, bias 7, largest finite 448, no infinities.
+inline constexpr fp8_format fp8_e4m3_format{3, 7, 0x7e, 448.0f};
+/// E5M2: 5 exponent bits, 2 mantissa bits, bias 15, largest finite 57344.
+inline constexpr fp8_format fp8_e5m2_format{2, 15, 0x7b, 57344.0f};
+
+/// Decodes the magnitude bits (the low 7 bits) of an FP8 code into a non-negative float. Exact.
+AGOQ_HOST_DEVICE constexpr float fp8_magnitude_to_float(std::uint32_t mag, fp8_format f) noexcept {
+  std::uint32_t const man_mask = (1u << f.mantissa_bits) - 1u;
+  std::uint32_t const exp = mag >> f.mantissa_bits;
+  std::uint32_t const man = mag & man_mask;
+  if (exp == 0) {
+    // Subnormal: man * 2^(1 - bias - mantissa_bits); a power-of-two multiply, exact.
+    std::uint32_t const step_exp = 127u + 1u - static_cast<std::uint32_t>(f.exponent_bias) -
+                                   static_cast<std::uint32_t>(f.mantissa_bits);
+    return static_cast<float>(man) * bits_float(step_exp << 23);
+  }
+  std::uint32_t const exp32 = exp + 127u - static_cast<std::uint32_t>(f.exponent_bias);
+  return bits_float((exp32 << 23) | (man << (23 - f.mantissa_bits)));
+}
+
+/// Decodes an FP8 code (sign bit 7) into a float. Codes agoq never writes (NaN, Inf) decode to
+/// what the OCP format says they are. Exact. Host and device.
+AGOQ_HOST_DEVICE constexpr float fp8_to_float(std::uint8_t code, fp8_format f) noexcept {
+  std::uint32_t const mag = code & 0x7fu;
+  float v;
+  if (mag > f.max_code) {
+    bool const is_inf = f.mantissa_bits == 2 && mag == 0x7cu;
+    v = bits_float(is_inf ? 0x7f800000u : 0x7fc00000u);
+  } else {
+    v = fp8_magnitude_to_float(mag, f);
+  }
+  return (code & 0x80u) ? -v : v;
+}
+
+/// Rounds a non-negative finite float to the magnitude code of the nearest FP8 value toward zero
+/// (truncation), saturating at the largest finite value. Helper of the rounding modes.
+AGOQ_HOST_DEVICE constexpr std::uint32_t fp8_magnitude_truncate(float a, fp8_format f) noexcept {
+  if (!(a < f.max_value)) return f.max_code;
+  std::uint32_t const min_normal_exp = 127u + 1u - static_cast<std::uint32_t>(f.exponent_bias);
+  std::uint32_t const u = float_bits(a);
+  if (u < (min_normal_exp << 23)) {
+    // Subnormal range: a / step < 2^mantissa_bits; a power-of-two multiply, exact.
+    float const inv_step = bits_float((127u + static_cast<std::uint32_t>(f.exponent_bias) - 1u +
+                                       static_cast<std::uint32_t>(f.mantissa_bits))
+                                      << 23);
+    return static_cast<std::uint32_t>(a * inv_step);
+  }
+  std::uint32_t const drop = 23u - static_cast<std::uint32_t>(f.mantissa_bits);
+  return (u >> drop) - ((127u - static_cast<std::uint32_t>(f.exponent_bias)) << f.mantissa_bits);
+}
+
+/// float -> FP8 code, round to nearest even, saturating to the largest finite value (±Inf too);
+/// NaN encodes to +0 (the code of real zero, DESIGN §4). Host and device.
+AGOQ_HOST_DEVICE constexpr std::uint8_t float_to_fp8_rne_sat(float x, fp8_format f) noexcept {
+  std::uint32_t const u = float_bits(x);
+  std::uint32_t const sign = (u >> 24) & 0x80u;
+  std::uint32_t const a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0;
+  float const af = bits_float(a);
+  std::uint32_t mag;
+  if (!(af < f.max_value)) {
+    mag = f.max_code;
+  } else {
+    std::uint32_t const min_normal_exp = 127u + 1u - static_cast<std::uint32_t>(f.exponent_bias);
+    if (a < (min_normal_exp << 23)) {
+      float const inv_step = bits_float((127u + static_cast<std::uint32_t>(f.exponent_bias) - 1u +
+                                         static_cast<std::uint32_t>(f.mantissa_bits))
+                                        << 23);
+      mag = static_cast<std::uint32_t>(rne_small(af * inv_step));
+    } else {
+      std::uint32_t const drop = 23u - static_cast<std::uint32_t>(f.mantissa_bits);
+      std::uint32_t const rounded = a + ((1u << (drop - 1u)) - 1u) + ((a >> drop) & 1u);
+      mag = (rounded >> drop) -
+            ((127u - static_cast<std::uint32_t>(f.exponent_bias)) << f.mantissa_bits);
+    }
+    if (mag > f.max_code) mag = f.max_code;
+  }
+  return static_cast<std::uint8_t>(sign | mag);
+}
+
+}  // namespace agoq::numeric
