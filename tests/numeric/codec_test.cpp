@@ -1,2 +1,150 @@
+// The shared math: each encoding is checked against a brute-force search over all codes.
+#include <agoq/numeric/codec.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+
 #include <doctest/doctest.h>
-#include <agoq/agoq.hpp>
+
+using namespace agoq;
+
+namespace {
+
+template <class Code>
+int code_count() {
+  return 1 << Code::bits;
+}
+
+// Is code c a valid output of the encoder (in range, not NaN)?
+template <class Code>
+bool valid_code(std::uint32_t c) {
+  if constexpr (is_fp8_code<Code>) {
+    return (c & 0x7fu) <= Code::format.max_code;
+  } else if constexpr (Code::has_zero_point) {
+    return c <= static_cast<std::uint32_t>(Code::levels);
+  } else {
+    std::int32_t const q = numeric::sign_extend(c, Code::bits);
+    return q >= -Code::qmax && q <= Code::qmax;
+  }
+}
+
+// The value decode gives in units of the scale, in double.
+template <class Code>
+double code_value(std::uint32_t c, group_params p) {
+  return static_cast<double>(decode<Code>(static_cast<std::uint8_t>(c), group_params{1.0f, p.zero_point}));
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("encode_nearest picks the nearest code, ties to even", Code, int_sym<2>,
+                   int_sym<4>, int_sym<8>, uint_asym<2>, uint_asym<4>, uint_asym<8>, fp8_e4m3,
+                   fp8_e5m2) {
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> unit(-1.2f, 1.2f);
+  for (int trial = 0; trial < 20000; ++trial) {
+    group_params p{1.0f, 0};
+    if constexpr (Code::has_zero_point) {
+      p.zero_point = static_cast<std::int32_t>(gen() % (Code::levels + 1));
+    }
+    // v is the value in units of the scale (scale 1 makes x / scale exact).
+    float v = unit(gen) * Code::range_divisor;
+    if (trial % 4 == 0) v = std::nearbyint(v * 2.0f) / 2.0f;  // exact ties
+    std::uint8_t const c = encode_nearest<Code>(v, p);
+    REQUIRE(valid_code<Code>(c));
+    double const got = code_value<Code>(c, p);
+    double best = std::numeric_limits<double>::infinity();
+    int at_best = 0;
+    for (int k = 0; k < code_count<Code>(); ++k) {
+      if (!valid_code<Code>(static_cast<std::uint32_t>(k))) continue;
+      double const d = std::fabs(code_value<Code>(static_cast<std::uint32_t>(k), p) - v);
+      if (d < best) at_best = 0;
+      if (d <= best) ++at_best;
+      best = std::fmin(best, d);
+    }
+    INFO("v = " << v << " code " << int(c));
+    REQUIRE(std::fabs(got - v) == best);
+    if (!is_fp8_code<Code> && at_best == 2 && got != 0.0) {
+      // A tie between two integers (q or q - z) goes to the even one. (+0 and -0 of fp8 are
+      // two codes of one value, hence the exclusions.)
+      REQUIRE(std::fmod(std::fabs(got), 2.0) == 0.0);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("encode_stochastic picks one of the two neighbours", Code, int_sym<4>,
+                   int_sym<8>, uint_asym<4>, fp8_e4m3, fp8_e5m2) {
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> u01(0.0f, 1.0f);
+  for (int trial = 0; trial < 20000; ++trial) {
+    group_params p{1.0f, Code::has_zero_point ? 3 : 0};
+    // Inside the code range (outside it both roundings clamp to the end codes).
+    float v = unit(gen) * Code::range_divisor;
+    if constexpr (Code::has_zero_point) v = (v + Code::range_divisor) / 2.0f - 3.0f;
+    float const u = std::floor(u01(gen) * 16777216.0f) / 16777216.0f;
+    std::uint8_t const c = encode_stochastic<Code>(v, p, u);
+    REQUIRE(valid_code<Code>(c));
+    double const got = code_value<Code>(c, p);
+    // No valid code lies strictly between v and the chosen code.
+    for (int k = 0; k < code_count<Code>(); ++k) {
+      if (!valid_code<Code>(static_cast<std::uint32_t>(k))) continue;
+      double const other = code_value<Code>(static_cast<std::uint32_t>(k), p);
+      REQUIRE_FALSE((other > std::fmin(got, v) && other < std::fmax(got, v)));
+    }
+    // u = 0 rounds down (towards -inf for integers, towards zero for fp8 magnitudes), as
+    // floor(v + u) does.
+    std::uint8_t const c0 = encode_stochastic<Code>(v, p, 0.0f);
+    if constexpr (is_fp8_code<Code>) {
+      REQUIRE(std::fabs(code_value<Code>(c0, p)) <= std::fabs(v));
+    } else {
+      REQUIRE(code_value<Code>(c0, p) <= v);
+    }
+  }
+}
+
+TEST_CASE("group parameters follow the contract") {
+  SUBCASE("symmetric") {
+    group_params const p = make_group_params<int_sym<8>, scale_f32>({2.54f, -2.54f, 1.0f});
+    CHECK(p.scale == 2.54f / 127.0f);
+    CHECK(p.zero_point == 0);
+  }
+  SUBCASE("asymmetric widens the range to include zero") {
+    group_params const p = make_group_params<uint_asym<8>, scale_f32>({0.0f, 1.0f, 3.0f});
+    CHECK(p.scale == 3.0f / 255.0f);
+    CHECK(p.zero_point == 0);
+    group_params const q = make_group_params<uint_asym<4>, scale_f32>({0.0f, -3.0f, 12.0f});
+    CHECK(q.scale == 1.0f);
+    CHECK(q.zero_point == 3);
+  }
+  SUBCASE("zero and underflowing groups get scale 0") {
+    CHECK(make_group_params<int_sym<8>, scale_f32>({}).scale == 0.0f);
+    CHECK(make_group_params<int_sym<8>, scale_f32>({1e-37f, 0, 0}).scale == 0.0f);
+    CHECK(make_group_params<uint_asym<8>, scale_bf16>({0, -1e-40f, 0}).scale == 0.0f);
+    CHECK(encode_nearest<int_sym<8>>(1.0f, {}) == 0);
+    CHECK(decode<int_sym<8>>(0x7f, {}) == 0.0f);
+  }
+  SUBCASE("ranges wider than the float range do not overflow") {
+    float const big = std::numeric_limits<float>::max();
+    group_params const p = make_group_params<uint_asym<8>, scale_f32>({0.0f, -big, big});
+    CHECK(std::isfinite(p.scale));
+    CHECK(p.scale > 0.0f);
+    CHECK(p.zero_point == 128);
+  }
+  SUBCASE("non-finite values encode to the documented codes") {
+    float const inf = std::numeric_limits<float>::infinity();
+    group_params const p{0.5f, 0};
+    CHECK(encode_nearest<int_sym<8>>(std::nanf(""), p) == 0);
+    CHECK(encode_nearest<int_sym<8>>(inf, p) == 127);
+    CHECK(encode_nearest<int_sym<8>>(-inf, p) == 0x81);  // -127
+    CHECK(encode_nearest<int_sym<4>>(-inf, p) == 0x9);   // -7 in 4 bits
+    group_params const a{0.5f, 5};
+    CHECK(encode_nearest<uint_asym<4>>(std::nanf(""), a) == 5);
+    CHECK(encode_nearest<uint_asym<4>>(inf, a) == 15);
+    CHECK(encode_nearest<uint_asym<4>>(-inf, a) == 0);
+    CHECK(encode_stochastic<uint_asym<4>>(std::nanf(""), a, 0.9f) == 5);
+    CHECK(encode_stochastic<int_sym<8>>(inf, p, 0.99f) == 127);
+    CHECK(encode_stochastic<fp8_e4m3>(-inf, p, 0.5f) == 0xfe);
+  }
+}

@@ -106,8 +106,9 @@ AGOQ_HOST_DEVICE inline std::uint8_t encode_nearest(float x, group_params p) noe
 
 /// Encodes one value with stochastic rounding: `u` is the element's uniform draw in [0, 1)
 /// (numeric::uniform_at). Integer codes take floor(v + u), so E[decode] = x inside the range;
-/// FP8 codes round up to the next FP8 magnitude with probability equal to the distance from the
-/// one below over their gap. Non-finite values encode as in encode_nearest. Host and device.
+/// FP8 codes round the magnitude up to the next FP8 value when (1 - u) * gap <= distance from the
+/// value below, i.e. with probability distance / gap, and like floor(v + u) never round up at
+/// u = 0. Non-finite values encode as in encode_nearest. Host and device.
 template <code_format Code>
 AGOQ_HOST_DEVICE inline std::uint8_t encode_stochastic(float x, group_params p, float u) noexcept {
   if constexpr (is_fp8_code<Code>) {
@@ -120,8 +121,9 @@ AGOQ_HOST_DEVICE inline std::uint8_t encode_stochastic(float x, group_params p, 
     if (mag < Code::format.max_code) {
       float const lo = numeric::fp8_magnitude_to_float(mag, Code::format);
       float const hi = numeric::fp8_magnitude_to_float(mag + 1u, Code::format);
-      // Both sides are exact: hi - lo is a power of two and a - lo is a Sterbenz difference.
-      if (u * (hi - lo) < a - lo) ++mag;
+      // Both sides are exact: 1 - u has 24 bits, hi - lo is a power of two, and a - lo is a
+      // Sterbenz difference.
+      if ((1.0f - u) * (hi - lo) <= a - lo) ++mag;
     }
     return static_cast<std::uint8_t>(((u32 >> 24) & 0x80u) | mag);
   } else if constexpr (Code::has_zero_point) {

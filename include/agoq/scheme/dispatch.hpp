@@ -71,7 +71,7 @@ decltype(auto) dispatch_scale(spec const& s, F&& f) {
 /// Calls `f(Scheme{})` with the agoq::scheme type of `s` (validated first). The dispatch set is
 /// every code family x {per_tensor, per_row, per_column, per_group<32|64|128|256>,
 /// per_block<128,128>} x both roundings x every scale storage (384 schemes, see
-/// docs/schemes.md); a spec outside it (e.g. g48) throws agoq::unsupported_scheme. The host
+/// README.md, "Schemes"); a spec outside it (e.g. g48) throws agoq::unsupported_scheme. The host
 /// executor takes any valid spec without this helper.
 template <class F>
 decltype(auto) dispatch(spec const& s, F&& f) {
@@ -81,9 +81,9 @@ decltype(auto) dispatch(spec const& s, F&& f) {
         dispatch_groupings{},
         [&](auto g) {
           using G = decltype(g);
+          bool const sized = G::kind == grouping_kind::group || G::kind == grouping_kind::block;
           return G::kind == s.grouping &&
-                 (G::kind != grouping_kind::group && G::kind != grouping_kind::block ||
-                  (G::group_rows == s.group_rows && G::group_cols == s.group_cols));
+                 (!sized || (G::group_rows == s.group_rows && G::group_cols == s.group_cols));
         },
         [&](auto g) -> decltype(auto) {
           return dispatch_rounding(s, [&](auto r) -> decltype(auto) {

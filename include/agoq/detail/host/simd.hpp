@@ -10,11 +10,12 @@
 #include <type_traits>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 headers (GCC bug 105593, the
+// GCC 12 reports -W(maybe-)uninitialized inside its own AVX-512 headers (GCC bug 105593, the
 // _mm512_undefined_* idiom); the diagnostic is located in the header, so it is silenced there.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #else
