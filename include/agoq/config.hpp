@@ -18,8 +18,10 @@
 #endif
 
 #if defined(__CUDA_ARCH__)
-/// Defined while compiling device code.
-#define AGOQ_DEVICE_COMPILATION 1
+/// Asks nvcc to unroll the next loop; nothing for host compilers, which unroll on their own.
+#define AGOQ_UNROLL _Pragma("unroll")
+#else
+#define AGOQ_UNROLL
 #endif
 
 // agoq's format contract promises identical bits from every executor. Value-changing floating

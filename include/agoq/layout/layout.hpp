@@ -47,7 +47,9 @@ struct quantized_layout {
 };
 
 namespace detail {
-constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) noexcept { return (a + b - 1) / b; }
+AGOQ_HOST_DEVICE constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) noexcept {
+  return (a + b - 1) / b;
+}
 constexpr std::int64_t align_up(std::int64_t a, std::int64_t b) noexcept {
   return ceil_div(a, b) * b;
 }

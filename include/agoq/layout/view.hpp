@@ -29,13 +29,14 @@ struct basic_quantized_view {
   Byte* zero_points = nullptr;
 
   /// The read-only view of the same tensor.
-  constexpr operator basic_quantized_view<std::uint8_t const>() const noexcept
-      requires(!std::is_const_v<Byte>) {
+  template <class To>
+    requires(!std::is_const_v<Byte> && std::is_same_v<To, basic_quantized_view<std::uint8_t const>>)
+  AGOQ_HOST_DEVICE constexpr operator To() const noexcept {
     return {spec, rows, cols, codes, scales, zero_points};
   }
 
   /// Number of elements.
-  constexpr std::int64_t size() const noexcept { return rows * cols; }
+  AGOQ_HOST_DEVICE constexpr std::int64_t size() const noexcept { return rows * cols; }
 
   /// The layout of this tensor (sizes of each part).
   quantized_layout layout() const { return make_layout(spec, rows, cols); }

@@ -1,0 +1,104 @@
+/// \file
+/// The quantizing epilogue: what a custom GEMM (or any kernel producing a row-major tile) calls to
+/// write its output straight into a quantized view (codes plus scales), without a bf16 copy.
+/// Device only; needs nvcc.
+#pragma once
+
+#include <cstdint>
+
+#include "../layout/params.hpp"
+#include "../layout/view.hpp"
+#include "../scheme/scheme.hpp"
+#include "partition.hpp"
+#include "thread.hpp"
+#include "warp.cuh"
+
+namespace agoq::device {
+
+/// Stores the packed codes of `count` codes of `Bits` bits (in the low bytes of w) at dst, with a
+/// single aligned store when the run is whole and dst is aligned.
+template <int Bits, int N>
+__device__ inline void store_packed(std::uint8_t* dst, int count, std::uint64_t w) noexcept {
+  constexpr int full_bytes = N * Bits / 8;
+  auto const addr = reinterpret_cast<std::uintptr_t>(dst);
+  if (count == N && (addr & (full_bytes - 1)) == 0) {
+    if constexpr (full_bytes == 8) {
+      *reinterpret_cast<std::uint64_t*>(dst) = w;
+      return;
+    } else if constexpr (full_bytes == 4) {
+      *reinterpret_cast<std::uint32_t*>(dst) = static_cast<std::uint32_t>(w);
+      return;
+    } else if constexpr (full_bytes == 2) {
+      *reinterpret_cast<std::uint16_t*>(dst) = static_cast<std::uint16_t>(w);
+      return;
+    }
+  }
+  int const bytes = (count * Bits + 7) / 8;
+  for (int i = 0; i < bytes; ++i) dst[i] = static_cast<std::uint8_t>(w >> (8 * i));
+}
+
+/// Quantizes one group of a per-group scheme held by `Lanes` consecutive lanes: this lane holds
+/// v[0, count) = elements [col, col + count) of row `row` (count may be 0 past the row's end) and
+/// `group` is the group's index in the view's group grid. The lanes reduce the group's
+/// statistics, lane `lane % Lanes == 0` stores the scale (and zero point), every lane stores its
+/// own packed codes. Returns this lane's count of non-finite values. Every lane of the warp must
+/// call it together. The codes equal the CPU executor's. Device only.
+template <code_format Code, rounding_mode Rounding, int Lanes, int N>
+__device__ inline int quantize_group_lanes(quantized_view const& out, std::int64_t row,
+                                           std::int64_t col, int count, std::int64_t group,
+                                           unsigned lane, float const (&v)[N], std::uint64_t seed,
+                                           std::uint64_t offset) noexcept {
+  group_stats st;
+  bool any = false;
+  int const bad = fragment_stats(v, count, st, any);
+  st = group_allreduce<Lanes>(st, any);
+  group_params const p = make_group_params<Code>(out.spec.scale, st);
+  if (count > 0) {
+    if (lane % Lanes == 0) store_group_params(out, group, p);
+    std::uint8_t q[N];
+    quantize_fragment<Code, Rounding>(v, p, seed,
+                                      offset + static_cast<std::uint64_t>(row * out.cols + col), q);
+    std::int64_t const row_bytes = (out.cols * Code::bits + 7) / 8;
+    store_packed<Code::bits, N>(out.codes + row * row_bytes + col * Code::bits / 8, count,
+                                pack_fragment<Code::bits>(q, count));
+  }
+  return bad;
+}
+
+/// The epilogue functor of a per-group `Scheme` for threads that each hold `N` consecutive
+/// columns of one row: `Scheme::grouping::group_cols / N` consecutive lanes (a power of two of at
+/// most 32) hold one group. Construct it on the host with the destination view (device memory,
+/// spec equal to Scheme::to_spec()) and pass it to the kernel by value.
+template <quant_scheme Scheme, int N = elements_per_thread>
+struct quantize_epilogue {
+  static_assert(Scheme::grouping::kind == grouping_kind::group,
+                "quantize_epilogue: the epilogue computes a group's scale from the lanes that "
+                "hold it, so it needs a per_group<G> scheme");
+  static constexpr int lanes_per_group = static_cast<int>(Scheme::grouping::group_cols / N);
+  static_assert(lanes_per_group * N == Scheme::grouping::group_cols && lanes_per_group >= 1 &&
+                    lanes_per_group <= 32 && (lanes_per_group & (lanes_per_group - 1)) == 0,
+                "quantize_epilogue: G / N must be a power of two of at most 32");
+  static_assert(N * Scheme::code::bits <= 64, "quantize_epilogue: N codes must fit 64 bits");
+
+  quantized_view out;        ///< destination, device memory
+  std::uint64_t seed = 0;    ///< stochastic rounding seed
+  std::uint64_t offset = 0;  ///< stochastic rounding stream offset
+
+  /// Writes acc[0, N), the values of columns [col, col + N) of row `row` (col a multiple of N;
+  /// columns past the tensor's end are ignored), as codes and, from the group's first lane, its
+  /// scale. Lanes holding one group must be consecutive and aligned to lanes_per_group in the
+  /// warp, and every lane of the warp must call it (lanes without data pass a row or column past
+  /// the end). Returns this lane's count of non-finite values. Device only.
+  __device__ int operator()(std::int64_t row, std::int64_t col, float const (&acc)[N]) const {
+    std::int64_t const left = row < out.rows ? out.cols - col : 0;
+    int const count = static_cast<int>(left <= 0 ? 0 : left < N ? left : N);
+    std::int64_t const group =
+        row * ((out.cols + Scheme::grouping::group_cols - 1) / Scheme::grouping::group_cols) +
+        col / Scheme::grouping::group_cols;
+    return quantize_group_lanes<typename Scheme::code, typename Scheme::rounding, lanes_per_group>(
+        out, row, col, count, group, static_cast<unsigned>((col / N) % lanes_per_group), acc, seed,
+        offset);
+  }
+};
+
+}  // namespace agoq::device

@@ -1,0 +1,75 @@
+/// \file
+/// Which CUDA thread covers which elements. The kernels call these functions and the host tests
+/// check, for many shapes, that every element is covered exactly once.
+#pragma once
+
+#include <cstdint>
+
+#include "../config.hpp"
+
+namespace agoq::device {
+
+/// Elements one thread handles in the CUDA kernels (16 bytes of bf16, one 8-byte int8 store).
+inline constexpr int elements_per_thread = 8;
+
+/// A run of consecutive elements of one row: [col, col + count) of row `row`; count may be 0
+/// for threads past the end.
+struct element_run {
+  std::int64_t row = 0;
+  std::int64_t col = 0;
+  int count = 0;
+};
+
+/// The run of unit `u` when every row is cut into units of elements_per_thread elements (the last
+/// unit of a row is shorter; units never cross rows, so packed codes never straddle two rows).
+/// Units are numbered row by row. Host and device.
+AGOQ_HOST_DEVICE constexpr element_run unit_run(std::int64_t u, std::int64_t rows,
+                                                std::int64_t cols) noexcept {
+  std::int64_t const per_row = (cols + elements_per_thread - 1) / elements_per_thread;
+  element_run r;
+  if (per_row == 0 || u >= rows * per_row) return r;
+  r.row = u / per_row;
+  r.col = (u % per_row) * elements_per_thread;
+  std::int64_t const left = cols - r.col;
+  r.count = static_cast<int>(left < elements_per_thread ? left : elements_per_thread);
+  return r;
+}
+
+/// Number of units of a [rows, cols] tensor.
+AGOQ_HOST_DEVICE constexpr std::int64_t unit_count(std::int64_t rows, std::int64_t cols) noexcept {
+  return rows * ((cols + elements_per_thread - 1) / elements_per_thread);
+}
+
+/// In the one-pass per-group kernel, `Lanes = G / elements_per_thread` consecutive threads share
+/// a group of G columns: thread t covers lane t % Lanes of group t / Lanes. Returns that run (count
+/// 0 past the end of the row or of the tensor) and the group index in `group`. Host and device.
+AGOQ_HOST_DEVICE constexpr element_run group_lane_run(std::int64_t t, std::int64_t group_size,
+                                                      std::int64_t rows, std::int64_t cols,
+                                                      std::int64_t& group) noexcept {
+  std::int64_t const lanes = group_size / elements_per_thread;
+  std::int64_t const per_row = (cols + group_size - 1) / group_size;
+  group = t / lanes;
+  element_run r;
+  if (per_row == 0 || group >= rows * per_row) return r;
+  r.row = group / per_row;
+  r.col = (group % per_row) * group_size + (t % lanes) * elements_per_thread;
+  std::int64_t const left = cols - r.col;
+  r.count = static_cast<int>(left <= 0                    ? 0
+                             : left < elements_per_thread ? left
+                                                          : elements_per_thread);
+  return r;
+}
+
+/// Threads per block and blocks per SM of agoq's elementwise kernels for a compute capability
+/// (major * 10 + minor). Plain values, so the host tests check them.
+struct launch_policy {
+  int block_threads;
+  int blocks_per_sm;
+};
+
+/// The launch policy for compute capability `cc`: one policy for sm_80 and sm_90 until the
+/// device benchmarks (bench/device_check.sh) show a reason to differ; 8 blocks of 256 threads fill
+/// the 2048 resident threads of an Ampere or Hopper SM.
+constexpr launch_policy policy_for(int /*cc*/) noexcept { return launch_policy{256, 8}; }
+
+}  // namespace agoq::device

@@ -1,0 +1,106 @@
+/// \file
+/// Thread-level building blocks for users' own kernels: the statistics, quantization,
+/// dequantization and packing of a register fragment of N consecutive elements of one group.
+/// Host and device (the CPU tests drive them with plain loops).
+#pragma once
+
+#include <cstdint>
+
+#include "../numeric/codec.hpp"
+#include "../numeric/philox.hpp"
+#include "../numeric/rounding.hpp"
+
+namespace agoq::device {
+
+/// Folds the finite values of v[0, count) into `st` (absmax, min, max) and returns how many were
+/// not finite. `any` tracks whether a finite value was seen (min/max are meaningless before).
+/// Host and device.
+template <int N>
+AGOQ_HOST_DEVICE inline int fragment_stats(float const (&v)[N], int count, group_stats& st,
+                                           bool& any) noexcept {
+  int nonfinite = 0;
+  AGOQ_UNROLL
+  for (int i = 0; i < N; ++i) {
+    if (i >= count) break;
+    if (!numeric::is_finite(v[i])) {
+      ++nonfinite;
+      continue;
+    }
+    float const a = v[i] < 0.0f ? -v[i] : v[i];
+    st.absmax = a > st.absmax ? a : st.absmax;
+    st.min = any ? (v[i] < st.min ? v[i] : st.min) : v[i];
+    st.max = any ? (v[i] > st.max ? v[i] : st.max) : v[i];
+    any = true;
+  }
+  return nonfinite;
+}
+
+/// The uniform draws of stream positions first, first + 1, ..., first + N - 1 under `seed`,
+/// computing each Philox block once (at most N / 4 + 1 blocks). Host and device.
+template <int N>
+AGOQ_HOST_DEVICE inline void fragment_draws(std::uint64_t seed, std::uint64_t first,
+                                            float (&u)[N]) noexcept {
+  std::uint64_t block = first >> 2;
+  numeric::philox_block b = numeric::philox_block_at(seed, first);
+  AGOQ_UNROLL
+  for (int i = 0; i < N; ++i) {
+    std::uint64_t const pos = first + static_cast<std::uint64_t>(i);
+    if ((pos >> 2) != block) {
+      block = pos >> 2;
+      b = numeric::philox_block_at(seed, pos);
+    }
+    u[i] = numeric::uniform24(b[pos & 3u]);
+  }
+}
+
+/// Quantizes v[0, N) of one group into one code per byte. Stochastic rounding draws stream
+/// positions `first_position + i` under `seed` (the element's row-major index plus the caller's
+/// offset); nearest rounding ignores both. Host and device.
+template <code_format Code, rounding_mode Rounding, int N>
+AGOQ_HOST_DEVICE inline void quantize_fragment(float const (&v)[N], group_params p,
+                                               std::uint64_t seed, std::uint64_t first_position,
+                                               std::uint8_t (&q)[N]) noexcept {
+  if constexpr (Rounding::kind == rounding_kind::stochastic) {
+    float u[N];
+    fragment_draws(seed, first_position, u);
+    AGOQ_UNROLL
+    for (int i = 0; i < N; ++i) q[i] = encode_stochastic<Code>(v[i], p, u[i]);
+  } else {
+    AGOQ_UNROLL
+    for (int i = 0; i < N; ++i) q[i] = encode_nearest<Code>(v[i], p);
+  }
+}
+
+/// Dequantizes N codes (one per byte) of one group. Host and device.
+template <code_format Code, int N>
+AGOQ_HOST_DEVICE inline void dequantize_fragment(std::uint8_t const (&q)[N], group_params p,
+                                                 float (&v)[N]) noexcept {
+  AGOQ_UNROLL
+  for (int i = 0; i < N; ++i) v[i] = decode<Code>(q[i], p);
+}
+
+/// Packs the first `count` of N codes of `Bits` bits, least significant bits first, into the low
+/// bytes of a 64-bit word (N * Bits <= 64); unused bits are zero. Host and device.
+template <int Bits, int N>
+AGOQ_HOST_DEVICE constexpr std::uint64_t pack_fragment(std::uint8_t const (&q)[N],
+                                                       int count = N) noexcept {
+  static_assert(N * Bits <= 64, "pack_fragment: the fragment does not fit 64 bits");
+  std::uint64_t w = 0;
+  AGOQ_UNROLL
+  for (int i = 0; i < N; ++i) {
+    if (i < count) w |= std::uint64_t{q[i]} << (Bits * i);
+  }
+  return w;
+}
+
+/// Unpacks N codes of `Bits` bits from the low bytes of a 64-bit word. Host and device.
+template <int Bits, int N>
+AGOQ_HOST_DEVICE constexpr void unpack_fragment(std::uint64_t w, std::uint8_t (&q)[N]) noexcept {
+  static_assert(N * Bits <= 64, "unpack_fragment: the fragment does not fit 64 bits");
+  AGOQ_UNROLL
+  for (int i = 0; i < N; ++i) {
+    q[i] = static_cast<std::uint8_t>((w >> (Bits * i)) & numeric::code_mask(Bits));
+  }
+}
+
+}  // namespace agoq::device
