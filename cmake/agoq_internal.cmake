@@ -19,7 +19,8 @@ function(agoq_target_options target)
   target_link_libraries(${target} PRIVATE agoq::agoq)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>
-    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra --Werror all-warnings>)
+    # CMake 3.25 knows no CUDA20 dialect for nvcc, so the standard is passed directly.
+    $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 -Xcompiler=-Wall,-Wextra --Werror all-warnings>)
   if(AGOQ_WERROR)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>
       $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Werror>)

@@ -1,0 +1,86 @@
+// The CUDA kernels' thread-to-element maps, checked on the host: every element exactly once.
+#include <agoq/device/partition.hpp>
+
+#include <cstdint>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include <agoq/layout/layout.hpp>
+
+using namespace agoq;
+using namespace agoq::device;
+
+namespace {
+std::vector<std::pair<std::int64_t, std::int64_t>> const shapes = {
+    {1, 1}, {1, 7}, {1, 8}, {1, 9}, {3, 5}, {7, 300}, {2, 4097}, {5, 128}, {4, 127}, {1, 1000}};
+}
+
+TEST_CASE("unit_run covers every element exactly once, never across rows") {
+  for (auto [rows, cols] : shapes) {
+    std::vector<int> hits(static_cast<std::size_t>(rows * cols), 0);
+    std::int64_t const units = unit_count(rows, cols);
+    for (std::int64_t u = 0; u < units + 70; ++u) {  // threads past the end cover nothing
+      element_run const r = unit_run(u, rows, cols);
+      if (u >= units) {
+        REQUIRE(r.count == 0);
+        continue;
+      }
+      REQUIRE(r.count >= 1);
+      REQUIRE(r.count <= elements_per_thread);
+      REQUIRE(r.col % elements_per_thread == 0);
+      REQUIRE(r.col + r.count <= cols);
+      for (int i = 0; i < r.count; ++i) ++hits[static_cast<std::size_t>(r.row * cols + r.col + i)];
+    }
+    for (int h : hits) REQUIRE(h == 1);
+  }
+  CHECK(unit_count(0, 5) == 0);
+  CHECK(unit_run(0, 0, 5).count == 0);
+  CHECK(unit_run(0, 3, 0).count == 0);
+}
+
+TEST_CASE("group_lane_run covers every element once and names its layout group") {
+  for (std::int64_t g : {32, 64, 128, 256}) {
+    spec s = spec::parse("int8_g32_sym_rne_f32");
+    s.group_cols = g;
+    for (auto [rows, cols] : shapes) {
+      quantized_layout const l = make_layout(s, rows, cols);
+      std::int64_t const lanes = g / elements_per_thread;
+      std::int64_t const threads = l.groups() * lanes;
+      std::vector<int> hits(static_cast<std::size_t>(rows * cols), 0);
+      for (std::int64_t t = 0; t < threads + 64; ++t) {
+        std::int64_t group = -1;
+        element_run const r = group_lane_run(t, g, rows, cols, group);
+        REQUIRE(group == t / lanes);
+        if (t >= threads) {
+          REQUIRE(r.count == 0);
+          continue;
+        }
+        for (int i = 0; i < r.count; ++i) {
+          REQUIRE(l.group_of(r.row, r.col + i) == group);
+          ++hits[static_cast<std::size_t>(r.row * cols + r.col + i)];
+        }
+      }
+      for (int h : hits) REQUIRE(h == 1);
+    }
+  }
+}
+
+TEST_CASE("launch policies fill an SM") {
+  static_assert(policy_for(80).block_threads % 32 == 0);
+  static_assert(policy_for(90).block_threads * policy_for(90).blocks_per_sm == 2048);
+  static_assert(policy_for(80).block_threads * policy_for(80).blocks_per_sm == 2048);
+  CHECK(policy_for(90).block_threads == 256);
+}
+
+TEST_CASE("64-bit runs beyond 2^31 elements") {
+  std::int64_t const rows = 3, cols = (std::int64_t{1} << 31) + 5;
+  std::int64_t const units = unit_count(rows, cols);
+  element_run const last = unit_run(units - 1, rows, cols);
+  CHECK(last.row == 2);
+  CHECK(last.col + last.count == cols);
+  CHECK(last.count == 5);
+  std::int64_t group = 0;
+  element_run const r = group_lane_run(units - 1, 128, rows, cols, group);
+  CHECK(r.row == 2);
+}

@@ -1,0 +1,88 @@
+// The thread-level building blocks equal the shared math and the CPU executor's packing.
+#include <agoq/device/thread.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+
+#include <doctest/doctest.h>
+
+#include <agoq/detail/host/segment.hpp>
+#include <agoq/scheme/dispatch.hpp>
+
+using namespace agoq;
+using namespace agoq::device;
+
+TEST_CASE("fragment_draws equals uniform_at at every starting phase") {
+  for (std::uint64_t first : {0ull, 1ull, 2ull, 3ull, 4ull, 1021ull, (1ull << 33) + 3}) {
+    float u[8];
+    fragment_draws(99, first, u);
+    for (int i = 0; i < 8; ++i) REQUIRE(u[i] == numeric::uniform_at(99, first + i));
+  }
+}
+
+TEST_CASE("fragment_stats skips non-finite values and past-the-end lanes") {
+  float const inf = std::numeric_limits<float>::infinity();
+  float const v[8] = {1.0f, -3.0f, std::nanf(""), inf, 2.0f, -inf, 100.0f, 100.0f};
+  group_stats st;
+  bool any = false;
+  CHECK(fragment_stats(v, 6, st, any) == 3);
+  CHECK(any);
+  CHECK(st.absmax == 3.0f);
+  CHECK(st.min == -3.0f);
+  CHECK(st.max == 2.0f);
+  group_stats none;
+  bool any2 = false;
+  float const w[2] = {std::nanf(""), inf};
+  CHECK(fragment_stats(w, 2, none, any2) == 2);
+  CHECK_FALSE(any2);
+}
+
+TEST_CASE("quantize_fragment and pack_fragment equal the CPU executor's segment loops") {
+  std::mt19937 gen(4);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  auto check = [&](auto code) {
+    using Code = decltype(code);
+    for (int trial = 0; trial < 200; ++trial) {
+      float v[8];
+      for (float& f : v) f = normal(gen);
+      group_stats st;
+      bool any = false;
+      fragment_stats(v, 8, st, any);
+      group_params const p = make_group_params<Code, scale_bf16>(st);
+      std::uint8_t q[8];
+      quantize_fragment<Code, round_nearest>(v, p, 0, 0, q);
+      std::uint8_t ref[8];
+      detail::host::encode_nearest_segment<Code>(v, 8, p, ref);
+      for (int i = 0; i < 8; ++i) REQUIRE(q[i] == ref[i]);
+      std::uint8_t qs[8];
+      quantize_fragment<Code, round_stochastic>(v, p, 5, 77 + trial, qs);
+      float u[8];
+      detail::host::uniforms(5, 77 + trial, 8, u);
+      std::uint8_t rs[8];
+      detail::host::encode_stochastic_segment<Code>(v, 8, p, u, rs);
+      for (int i = 0; i < 8; ++i) REQUIRE(qs[i] == rs[i]);
+      for (int count : {8, 7, 3, 1}) {
+        std::uint64_t const w = pack_fragment<Code::bits>(q, count);
+        std::uint8_t bytes[64] = {};  // roomy: g++ 12 warns about its own vector stores
+        detail::host::pack_codes(q, count, Code::bits, bytes);
+        for (int b = 0; b < 8; ++b) REQUIRE(static_cast<std::uint8_t>(w >> (8 * b)) == bytes[b]);
+      }
+      std::uint8_t back[8];
+      unpack_fragment<Code::bits>(pack_fragment<Code::bits>(q), back);
+      for (int i = 0; i < 8; ++i) REQUIRE(back[i] == q[i]);
+      float d[8];
+      dequantize_fragment<Code>(q, p, d);
+      for (int i = 0; i < 8; ++i) REQUIRE(d[i] == decode<Code>(q[i], p));
+    }
+  };
+  check(int_sym<2>{});
+  check(int_sym<4>{});
+  check(int_sym<8>{});
+  check(uint_asym<2>{});
+  check(uint_asym<4>{});
+  check(uint_asym<8>{});
+  check(fp8_e4m3{});
+  check(fp8_e5m2{});
+}
