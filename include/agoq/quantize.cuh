@@ -10,7 +10,7 @@
 #include <cuda_runtime_api.h>
 #include <cuda/stream_ref>
 
-#include "detail/gpu/check.hpp"
+#include "cuda_check.hpp"
 #include "detail/gpu/kernels.cuh"
 #include "quantize.hpp"
 

@@ -48,16 +48,23 @@ std::vector<T> random_input(std::int64_t n, std::uint64_t seed, bool non_finite)
   for (auto& v : x) {
     float f = normal(gen) * ((gen() % 64 == 0) ? 30.0f : 1.0f);
     switch (gen() % 40) {
-      case 0: f = static_cast<float>(static_cast<int>(gen() % 33) - 16) * 0.125f + 0.0625f; break;
-      case 1: f = 0.0f; break;
-      case 2: f = std::numeric_limits<float>::denorm_min() * 3.0f; break;
+      case 0:
+        f = static_cast<float>(static_cast<int>(gen() % 33) - 16) * 0.125f + 0.0625f;
+        break;
+      case 1:
+        f = 0.0f;
+        break;
+      case 2:
+        f = std::numeric_limits<float>::denorm_min() * 3.0f;
+        break;
       case 3:
         if (non_finite) f = std::numeric_limits<float>::quiet_NaN();
         break;
       case 4:
         if (non_finite) f = (gen() & 1 ? -1.0f : 1.0f) * std::numeric_limits<float>::infinity();
         break;
-      default: break;
+      default:
+        break;
     }
     v = numeric::from_float<T>(f);
   }
@@ -75,8 +82,10 @@ inline sections download(const_quantized_view v) {
   s.codes.resize(static_cast<std::size_t>(l.codes_bytes));
   s.scales.resize(static_cast<std::size_t>(l.scales_bytes));
   s.zero_points.resize(static_cast<std::size_t>(l.zero_points_bytes));
-  if (l.codes_bytes) AGOQ_CUDA_TRY(cudaMemcpy(s.codes.data(), v.codes, s.codes.size(), cudaMemcpyDeviceToHost));
-  if (l.scales_bytes) AGOQ_CUDA_TRY(cudaMemcpy(s.scales.data(), v.scales, s.scales.size(), cudaMemcpyDeviceToHost));
+  if (l.codes_bytes)
+    AGOQ_CUDA_TRY(cudaMemcpy(s.codes.data(), v.codes, s.codes.size(), cudaMemcpyDeviceToHost));
+  if (l.scales_bytes)
+    AGOQ_CUDA_TRY(cudaMemcpy(s.scales.data(), v.scales, s.scales.size(), cudaMemcpyDeviceToHost));
   if (l.zero_points_bytes) {
     AGOQ_CUDA_TRY(cudaMemcpy(s.zero_points.data(), v.zero_points, s.zero_points.size(),
                              cudaMemcpyDeviceToHost));

@@ -14,12 +14,12 @@ using element = AGOQ_TEST_ELEMENT;
 namespace {
 
 std::vector<std::string> const specs = {
-    "int8_g128_sym_rne_f32",  "int4_g128_sym_rne_f32",  "int2_g32_sym_rne_bf16",
-    "int8_g64_asym_rne_f32",  "int4_g256_asym_sr_e8m0", "int8_g128_sym_sr_f32",
-    "fp8e4m3_g32_rne_e8m0",   "fp8e5m2_g128_sr_bf16",   "int8_row_sym_rne_f32",
-    "int4_row_asym_rne_bf16", "int8_col_sym_rne_f32",   "int4_col_asym_sr_f32",
+    "int8_g128_sym_rne_f32",   "int4_g128_sym_rne_f32",    "int2_g32_sym_rne_bf16",
+    "int8_g64_asym_rne_f32",   "int4_g256_asym_sr_e8m0",   "int8_g128_sym_sr_f32",
+    "fp8e4m3_g32_rne_e8m0",    "fp8e5m2_g128_sr_bf16",     "int8_row_sym_rne_f32",
+    "int4_row_asym_rne_bf16",  "int8_col_sym_rne_f32",     "int4_col_asym_sr_f32",
     "int8_tensor_sym_rne_f32", "int2_tensor_asym_rne_f32", "int4_b128x128_sym_rne_bf16",
-    "int8_b3x5_asym_sr_e8m0", "int4_g7_sym_rne_f32",    "fp8e4m3_b128x128_rne_f32",
+    "int8_b3x5_asym_sr_e8m0",  "int4_g7_sym_rne_f32",      "fp8e4m3_b128x128_rne_f32",
     "int8_g48_sym_rne_f32"};
 
 std::vector<std::pair<std::int64_t, std::int64_t>> const shapes = {
@@ -40,7 +40,11 @@ void compare(spec const& s, std::int64_t rows, std::int64_t cols, std::vector<el
   quantized_layout const l = make_layout(s, rows, cols);
   device_bytes dcodes(l.codes_bytes + code_shift), dscales(l.scales_bytes + 1),
       dzero(l.zero_points_bytes + 1);
-  quantized_view const dq{s, rows, cols, dcodes.get() + code_shift, dscales.get(),
+  quantized_view const dq{s,
+                          rows,
+                          cols,
+                          dcodes.get() + code_shift,
+                          dscales.get(),
                           s.has_zero_point() ? dzero.get() : nullptr};
   device_bytes dcount(sizeof(std::int64_t));
   auto* count = reinterpret_cast<std::int64_t*>(dcount.get());
@@ -92,7 +96,8 @@ TEST_CASE("device quantize/dequantize/fake_quantize equal the CPU executor bit f
 }
 
 TEST_CASE("misaligned inputs, outputs and codes take the element-wise path with the same bits") {
-  for (auto const& name : {"int8_g128_sym_rne_f32", "int4_g128_sym_sr_bf16", "int2_row_asym_rne_f32"}) {
+  for (auto const& name :
+       {"int8_g128_sym_rne_f32", "int4_g128_sym_sr_bf16", "int2_row_asym_rne_f32"}) {
     spec const s = spec::parse(name);
     std::vector<element> const x = test::random_input<element>(5 * 1031, 17, true);
     for (int shift : {1, 3}) {
@@ -130,7 +135,8 @@ TEST_CASE("empty tensors are no-ops and bad arguments throw before any launch") 
 __global__ void fill_kernel(element* x, std::int64_t n, std::uint32_t seed) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
-    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ static_cast<std::uint32_t>(i >> 32) ^ seed;
+    std::uint32_t h =
+        static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ static_cast<std::uint32_t>(i >> 32) ^ seed;
     h ^= h >> 15;
     h *= 0x2C1B3C6Du;
     h ^= h >> 12;
@@ -157,7 +163,8 @@ TEST_CASE("more than 2^31 elements: 64-bit indexing end to end") {
   cuda_executor const ex{cudaStream_t{}};
   quantized_view const q = view_of_buffer(s, rows, cols, dq.get());
   quantize_async(ex, matrix_view<element const>(x, rows, cols), q);
-  dequantize_async(ex, const_quantized_view(q), matrix_view<element>(reinterpret_cast<element*>(dy.get()), rows, cols));
+  dequantize_async(ex, const_quantized_view(q),
+                   matrix_view<element>(reinterpret_cast<element*>(dy.get()), rows, cols));
   AGOQ_CUDA_TRY(cudaDeviceSynchronize());
   // The CPU executor on the whole tensor, compared byte for byte.
   std::vector<element> hx(static_cast<std::size_t>(n));

@@ -6,7 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "../../error.hpp"
+#include "error.hpp"
 
 namespace agoq::detail {
 

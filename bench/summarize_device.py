@@ -1,0 +1,45 @@
+"""Writes the device-check summary: test results, and each kernel's GB/s with its ratio to a
+device-to-device copy of the same size measured in the same run."""
+import json
+import re
+import sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+tests_rc, example_rc, bench_rc = (int(a) for a in sys.argv[2:5])
+
+print("# agoq device check\n")
+print("## Tests\n")
+log = (out / "tests.log").read_text(errors="replace") if (out / "tests.log").exists() else ""
+for line in log.splitlines():
+    m = re.search(r"Test\s+#\d+: (\S+) \.+\s*(.*)$", line)
+    if m:
+        print(f"- {m.group(1)}: {m.group(2).strip()}")
+print(f"\nctest exit code {tests_rc}")
+example = (out / "example.log").read_text(errors="replace").strip() if (out / "example.log").exists() else ""
+print(f"\nquantized_matmul (exit {example_rc}): {example}\n")
+
+print("## Benchmarks (bytes read + written per second; ratio to the copy of the same size)\n")
+if not (out / "bench.json").exists():
+    print(f"no benchmark output (exit {bench_rc})")
+    sys.exit(0)
+data = json.loads((out / "bench.json").read_text())
+copy = {}
+copy_time = {}
+rows = []
+for b in data["benchmarks"]:
+    if b.get("error_occurred"):
+        continue
+    name = b["name"]
+    size = int(re.search(r"/(\d+)/", name + "/").group(1))
+    gbps = b["bytes_per_second"] / 1e9
+    if name.startswith("bm_copy"):
+        copy[size] = gbps
+        copy_time[size] = b["real_time"]
+    rows.append((name, size, gbps, b["real_time"]))
+print("| benchmark | MiB of bf16 | GB/s | bandwidth / copy's | time / copy's |")
+print("|---|---|---|---|---|")
+for name, size, gbps, t in rows:
+    ratio = gbps / copy[size] if copy.get(size) else float("nan")
+    tratio = t / copy_time[size] if copy_time.get(size) else float("nan")
+    print(f"| {name.split('/')[0]} | {size >> 20} | {gbps:.0f} | {ratio:.2f} | {tratio:.2f} |")
