@@ -51,7 +51,7 @@ __device__ inline int quantize_group_lanes(quantized_view const& out, std::int64
   group_stats st;
   bool any = false;
   int const bad = fragment_stats(v, count, st, any);
-  st = group_allreduce<Lanes>(st, any);
+  st = group_allreduce<Code, Lanes>(st, any);
   group_params const p = make_group_params<Code>(out.spec.scale, st);
   if (count > 0) {
     if (lane % Lanes == 0) store_group_params(out, group, p);
