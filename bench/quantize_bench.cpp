@@ -173,9 +173,9 @@ void bm_dequantize(benchmark::State& state, std::string const& name) {
 /// The schemes measured: the two targets (int8 and int4, g128) and, so that their cost is known,
 /// stochastic rounding, an asymmetric code and MXFP8.
 std::vector<std::string> const& schemes() {
-  static std::vector<std::string> const s = {
-      "int8_g128_sym_rne_f32", "int4_g128_sym_rne_f32", "int8_g128_sym_sr_f32",
-      "int8_g128_asym_rne_f32", "int4_g128_asym_rne_f32", "fp8e4m3_g32_rne_e8m0"};
+  static std::vector<std::string> const s = {"int8_g128_sym_rne_f32",  "int4_g128_sym_rne_f32",
+                                             "int8_g128_sym_sr_f32",   "int8_g128_asym_rne_f32",
+                                             "int4_g128_asym_rne_f32", "fp8e4m3_g32_rne_e8m0"};
   return s;
 }
 

@@ -33,7 +33,8 @@ bool valid_code(std::uint32_t c) {
 // The value decode gives in units of the scale, in double.
 template <class Code>
 double code_value(std::uint32_t c, group_params p) {
-  return static_cast<double>(decode<Code>(static_cast<std::uint8_t>(c), group_params{1.0f, p.zero_point}));
+  return static_cast<double>(
+      decode<Code>(static_cast<std::uint8_t>(c), group_params{1.0f, p.zero_point}));
 }
 
 }  // namespace
@@ -146,5 +147,28 @@ TEST_CASE("group parameters follow the contract") {
     CHECK(encode_stochastic<uint_asym<4>>(std::nanf(""), a, 0.9f) == 5);
     CHECK(encode_stochastic<int_sym<8>>(inf, p, 0.99f) == 127);
     CHECK(encode_stochastic<fp8_e4m3>(-inf, p, 0.5f) == 0xfe);
+  }
+}
+
+TEST_CASE("floor_stochastic rounds up with probability floor(2^24 f) / 2^24, exactly") {
+  float const last = 1.0f - 5.9604644775390625e-8f;  // the largest draw, 1 - 2^-24
+  // An fp32 sum v + u would round these up across an integer; the exact rule does not.
+  CHECK(numeric::floor_stochastic(100.0f, last) == 100.0f);
+  CHECK(numeric::floor_stochastic(-127.0f, last) == -127.0f);
+  CHECK(numeric::floor_stochastic(127.0f, last) == 127.0f);
+  CHECK(numeric::floor_stochastic(126.99999f, last) == 127.0f);
+  CHECK(numeric::floor_stochastic(126.99999f, 0.0f) == 126.0f);
+  for (float const v : {0.25f, -3.75f, 126.999992f, -0.3f, 5.0f, 1e-7f}) {
+    double const f = static_cast<double>(v) - std::floor(static_cast<double>(v));
+    std::int64_t ups = 0, outside = 0;
+    for (std::uint32_t k = 0; k < (1u << 24); ++k) {
+      float const u = static_cast<float>(k) * 5.9604644775390625e-8f;
+      float const q = numeric::floor_stochastic(v, u);
+      outside += q != std::floor(v) && q != std::floor(v) + 1.0f;
+      ups += q != std::floor(v);
+    }
+    INFO("v = " << v);
+    CHECK(outside == 0);
+    CHECK(ups == static_cast<std::int64_t>(std::floor(f * 16777216.0)));
   }
 }

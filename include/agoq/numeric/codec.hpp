@@ -40,6 +40,15 @@ AGOQ_HOST_DEVICE constexpr std::uint32_t code_mask(int bits) noexcept {
   return bits == 8 ? 0xffu : (1u << bits) - 1u;
 }
 
+/// floor(v + u) computed without rounding the sum: floor(v), plus one when 1 - u <= v - floor(v).
+/// Both sides are exact (|v| < 2^22, u a multiple of 2^-24), so the result rounds up with
+/// probability floor(2^24 f) / 2^24 for the fraction f of v: unbiased to within 2^-24 of a step,
+/// never past the next integer (so a clamped v stays in range), and v's floor at u = 0.
+AGOQ_HOST_DEVICE inline float floor_stochastic(float v, float u) noexcept {
+  float const q = cuda::std::floor(v);
+  return 1.0f - u <= v - q ? q + 1.0f : q;
+}
+
 /// Sign-extends a b-bit two's complement field.
 AGOQ_HOST_DEVICE constexpr std::int32_t sign_extend(std::uint32_t q, int bits) noexcept {
   std::uint32_t const m = 1u << (bits - 1);
@@ -73,42 +82,62 @@ AGOQ_HOST_DEVICE constexpr group_params make_group_params(group_stats const& st)
   return p;
 }
 
+namespace numeric {
+
+/// x / scale of an integer code with NaN replaced by 0, clamped to the code's range in units of
+/// the scale: [-qmax, qmax] (symmetric) or [-z, 2^b - 1 - z] (asymmetric). The bounds are
+/// integers, so clamping before rounding equals clamping the rounded code.
+template <code_format Code>
+AGOQ_HOST_DEVICE inline float clamped_quotient(float x, group_params p) noexcept {
+  float lo, hi;
+  if constexpr (Code::has_zero_point) {
+    lo = static_cast<float>(-p.zero_point);
+    hi = static_cast<float>(Code::levels - p.zero_point);
+  } else {
+    hi = static_cast<float>(Code::qmax);
+    lo = -hi;
+  }
+  float v = x / p.scale;
+  v = v != v ? 0.0f : v;
+  v = v < lo ? lo : v;
+  return v > hi ? hi : v;
+}
+
+/// The stored code of an integer-valued quantization step q: q + z (asymmetric) or q's low
+/// bits in two's complement (symmetric).
+template <code_format Code>
+AGOQ_HOST_DEVICE inline std::uint8_t integer_code(float q, group_params p) noexcept {
+  auto const i = static_cast<std::int32_t>(q);
+  if constexpr (Code::has_zero_point) {
+    return static_cast<std::uint8_t>(i + p.zero_point);
+  } else {
+    return static_cast<std::uint8_t>(static_cast<std::uint32_t>(i) & code_mask(Code::bits));
+  }
+}
+
+}  // namespace numeric
+
 /// Encodes one value with round-half-to-even (DESIGN §4). NaN encodes to the code of real zero,
-/// +Inf / -Inf to the largest / smallest code. The code is returned in the low `Code::bits` bits.
-/// Host and device.
+/// +Inf / -Inf to the largest / smallest code; a zero-scale group encodes everything to the code
+/// of zero. The code is returned in the low `Code::bits` bits. Host and device.
 template <code_format Code>
 AGOQ_HOST_DEVICE inline std::uint8_t encode_nearest(float x, group_params p) noexcept {
   if constexpr (is_fp8_code<Code>) {
     if (p.scale == 0.0f) return 0;
     return numeric::float_to_fp8_rne_sat(x / p.scale, Code::format);
-  } else if constexpr (Code::has_zero_point) {
-    if (p.scale == 0.0f) return static_cast<std::uint8_t>(p.zero_point);
-    float v = x / p.scale;
-    float const lo = static_cast<float>(-p.zero_point);
-    float const hi = static_cast<float>(Code::levels - p.zero_point);
-    v = v != v ? 0.0f : v;
-    v = v < lo ? lo : v;
-    v = v > hi ? hi : v;
-    return static_cast<std::uint8_t>(static_cast<std::int32_t>(numeric::rne_small(v)) +
-                                     p.zero_point);
   } else {
-    if (p.scale == 0.0f) return 0;
-    constexpr float qmax = static_cast<float>(Code::qmax);
-    float v = x / p.scale;
-    v = v != v ? 0.0f : v;
-    v = v < -qmax ? -qmax : v;
-    v = v > qmax ? qmax : v;
-    return static_cast<std::uint8_t>(
-        static_cast<std::uint32_t>(static_cast<std::int32_t>(numeric::rne_small(v))) &
-        numeric::code_mask(Code::bits));
+    if (p.scale == 0.0f) return numeric::integer_code<Code>(0.0f, p);
+    return numeric::integer_code<Code>(numeric::rne_small(numeric::clamped_quotient<Code>(x, p)),
+                                       p);
   }
 }
 
 /// Encodes one value with stochastic rounding: `u` is the element's uniform draw in [0, 1)
-/// (numeric::uniform_at). Integer codes take floor(v + u), so E[decode] = x inside the range;
-/// FP8 codes round the magnitude up to the next FP8 value when (1 - u) * gap <= distance from the
-/// value below, i.e. with probability distance / gap, and like floor(v + u) never round up at
-/// u = 0. Non-finite values encode as in encode_nearest. Host and device.
+/// (numeric::uniform_at). Integer codes take floor(v + u) (numeric::floor_stochastic, exact), so
+/// E[decode] = x inside the range; FP8 codes round the magnitude up to the next FP8 value when
+/// (1 - u) * gap <= distance from the value below, i.e. with probability distance / gap, and
+/// like floor(v + u) never round up at u = 0. Non-finite values and zero-scale groups encode as
+/// in encode_nearest. Host and device.
 template <code_format Code>
 AGOQ_HOST_DEVICE inline std::uint8_t encode_stochastic(float x, group_params p, float u) noexcept {
   if constexpr (is_fp8_code<Code>) {
@@ -126,42 +155,29 @@ AGOQ_HOST_DEVICE inline std::uint8_t encode_stochastic(float x, group_params p, 
       if ((1.0f - u) * (hi - lo) <= a - lo) ++mag;
     }
     return static_cast<std::uint8_t>(((u32 >> 24) & 0x80u) | mag);
-  } else if constexpr (Code::has_zero_point) {
-    if (p.scale == 0.0f) return static_cast<std::uint8_t>(p.zero_point);
-    float v = x / p.scale;
-    float const lo = static_cast<float>(-p.zero_point);
-    float const hi = static_cast<float>(Code::levels - p.zero_point);
-    v = v != v ? 0.0f : v;
-    v = v < lo ? lo : v;
-    v = v > hi ? hi : v;
-    float q = cuda::std::floor(v + u);
-    q = q > hi ? hi : q;  // v + u can round up to hi + 1
-    return static_cast<std::uint8_t>(static_cast<std::int32_t>(q) + p.zero_point);
   } else {
-    if (p.scale == 0.0f) return 0;
-    constexpr float qmax = static_cast<float>(Code::qmax);
-    float v = x / p.scale;
-    v = v != v ? 0.0f : v;
-    v = v < -qmax ? -qmax : v;
-    v = v > qmax ? qmax : v;
-    float q = cuda::std::floor(v + u);
-    q = q > qmax ? qmax : q;
-    return static_cast<std::uint8_t>(static_cast<std::uint32_t>(static_cast<std::int32_t>(q)) &
-                                     numeric::code_mask(Code::bits));
+    if (p.scale == 0.0f) return numeric::integer_code<Code>(0.0f, p);
+    return numeric::integer_code<Code>(
+        numeric::floor_stochastic(numeric::clamped_quotient<Code>(x, p), u), p);
   }
 }
 
 /// Decodes one code (in its low `Code::bits` bits) to a float: q * scale, (q - z) * scale, or
-/// fp8(q) * scale. Host and device.
+/// fp8(q) * scale, saturated at ±FLT_MAX. A grid point past FLT_MAX (a scale rounded up, or an
+/// asymmetric range at the ends of the float range) is the nearest point only of values near
+/// ±FLT_MAX, which so decode to ±FLT_MAX (closer to them still) instead of ±Inf. Host and device.
 template <code_format Code>
 AGOQ_HOST_DEVICE inline float decode(std::uint8_t code, group_params p) noexcept {
+  float y;
   if constexpr (is_fp8_code<Code>) {
-    return numeric::fp8_to_float(code, Code::format) * p.scale;
+    y = numeric::fp8_to_float(code, Code::format) * p.scale;
   } else if constexpr (Code::has_zero_point) {
-    return static_cast<float>(static_cast<std::int32_t>(code) - p.zero_point) * p.scale;
+    y = static_cast<float>(static_cast<std::int32_t>(code) - p.zero_point) * p.scale;
   } else {
-    return static_cast<float>(numeric::sign_extend(code, Code::bits)) * p.scale;
+    y = static_cast<float>(numeric::sign_extend(code, Code::bits)) * p.scale;
   }
+  y = y > numeric::max_finite_float ? numeric::max_finite_float : y;  // NaN passes
+  return y < -numeric::max_finite_float ? -numeric::max_finite_float : y;
 }
 
 }  // namespace agoq

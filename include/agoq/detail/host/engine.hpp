@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../../layout/layout.hpp"
+#include "../../layout/params.hpp"
 #include "../../layout/view.hpp"
 #include "../../numeric/codec.hpp"
 #include "../../scheme/dispatch.hpp"
@@ -45,60 +46,6 @@ void for_each_chunk(quantized_layout const& l, F&& f) {
   }
 }
 
-/// Parameters computed by the runtime scale format.
-template <code_format Code>
-group_params params_for(scale_format f, group_stats const& st) noexcept {
-  switch (f) {
-    case scale_format::bf16:
-      return make_group_params<Code, scale_bf16>(st);
-    case scale_format::e8m0:
-      return make_group_params<Code, scale_e8m0>(st);
-    default:
-      return make_group_params<Code, scale_f32>(st);
-  }
-}
-
-/// Writes group g's scale (and zero point) into a quantized view.
-inline void store_params(quantized_view const& v, std::int64_t g, group_params p) noexcept {
-  switch (v.spec.scale) {
-    case scale_format::f32: {
-      float const s = scale_f32::store(p.scale);
-      std::memcpy(v.scales + 4 * g, &s, 4);
-      break;
-    }
-    case scale_format::bf16: {
-      std::uint16_t const s = scale_bf16::store(p.scale);
-      std::memcpy(v.scales + 2 * g, &s, 2);
-      break;
-    }
-    case scale_format::e8m0:
-      v.scales[g] = scale_e8m0::store(p.scale);
-      break;
-  }
-  if (v.zero_points) v.zero_points[g] = static_cast<std::uint8_t>(p.zero_point);
-}
-
-/// Reads group g's scale (and zero point) from a quantized view.
-inline group_params load_params(const_quantized_view const& v, std::int64_t g) noexcept {
-  group_params p;
-  switch (v.spec.scale) {
-    case scale_format::f32:
-      std::memcpy(&p.scale, v.scales + 4 * g, 4);
-      break;
-    case scale_format::bf16: {
-      std::uint16_t s;
-      std::memcpy(&s, v.scales + 2 * g, 2);
-      p.scale = scale_bf16::load(s);
-      break;
-    }
-    case scale_format::e8m0:
-      p.scale = scale_e8m0::load(v.scales[g]);
-      break;
-  }
-  if (v.zero_points) p.zero_point = v.zero_points[g];
-  return p;
-}
-
 /// Per-chunk scratch, reused across chunks.
 struct scratch {
   std::vector<segment_stats> stats;
@@ -127,7 +74,7 @@ std::int64_t chunk_params(T const* x, std::int64_t cols, tile_shape t, scale_for
   std::int64_t nonfinite = 0;
   for (std::int64_t k = 0; k < tiles; ++k) {
     nonfinite += s.stats[k].nonfinite;
-    s.params[k] = params_for<Code>(f, s.stats[k].stats);
+    s.params[k] = make_group_params<Code>(f, s.stats[k].stats);
   }
   return nonfinite;
 }
@@ -139,13 +86,22 @@ void encode_row(T const* row, std::int64_t r, std::int64_t cols, tile_shape t, s
                 std::uint8_t* q) {
   if constexpr (Rounding::kind == rounding_kind::stochastic) {
     s.draws.resize(static_cast<std::size_t>(c1 - c0));
-    uniforms(seed, offset + static_cast<std::uint64_t>(r * cols + c0), c1 - c0, s.draws.data());
+    std::uint64_t const first = offset + static_cast<std::uint64_t>(r * cols + c0);
+    if (simd) {
+      uniforms_simd(seed, first, c1 - c0, s.draws.data());
+    } else {
+      uniforms(seed, first, c1 - c0, s.draws.data());
+    }
   }
   for (std::int64_t b = c0, k = 0; b < c1; b += t.cols, ++k) {
     std::int64_t const e = std::min(c1, b + t.cols);
     if constexpr (Rounding::kind == rounding_kind::stochastic) {
-      encode_stochastic_segment<Code>(row + b, e - b, s.params[k], s.draws.data() + (b - c0),
-                                      q + (b - c0));
+      float const* u = s.draws.data() + (b - c0);
+      if (simd) {
+        encode_stochastic_segment_simd<Code>(row + b, e - b, s.params[k], u, q + (b - c0));
+      } else {
+        encode_stochastic_segment<Code>(row + b, e - b, s.params[k], u, q + (b - c0));
+      }
     } else if (simd) {
       encode_nearest_segment_simd<Code>(row + b, e - b, s.params[k], q + (b - c0));
     } else {
@@ -173,18 +129,81 @@ std::int64_t decode_row(std::uint8_t const* q, tile_shape t, std::int64_t c0, st
   return nonfinite;
 }
 
+/// True when every group is a run of one row whose codes start on a byte boundary: for codes of
+/// 8 or 4 bits the row path then reads each group once from memory and writes its packed codes
+/// straight from registers, with no chunk bookkeeping.
+inline bool row_groups(quantized_layout const& l) noexcept {
+  return l.tile.rows == 1 && (l.tile.cols >= l.cols || (l.tile.cols * l.bits) % 8 == 0);
+}
+
+#if defined(AGOQ_HOST_AVX512)
+
+/// quantize along rows of groups (row_groups, 8- or 4-bit codes): each group's statistics, then its
+/// codes while the group is still in the L1 cache.
+template <code_format Code, rounding_mode Rounding, class T>
+std::int64_t quantize_rows_simd(T const* x, quantized_view const& out, quantized_layout const& l,
+                                std::uint64_t seed, std::uint64_t offset, scratch& s) {
+  std::int64_t const g = l.tile.cols;
+  if constexpr (Rounding::kind == rounding_kind::stochastic) {
+    s.draws.resize(static_cast<std::size_t>(std::min(g, l.cols)));
+  }
+  std::int64_t nonfinite = 0;
+  for (std::int64_t r = 0; r < l.rows; ++r) {
+    T const* row = x + r * l.cols;
+    std::uint8_t* codes = out.codes + r * l.code_row_bytes;
+    for (std::int64_t b = 0, k = r * l.group_grid_cols; b < l.cols; b += g, ++k) {
+      std::int64_t const n = std::min(g, l.cols - b);
+      segment_stats const st = stats_segment_simd<Code>(row + b, n);
+      nonfinite += st.nonfinite;
+      group_params const p = make_group_params<Code>(out.spec.scale, st.stats);
+      store_group_params(out, k, p);
+      if constexpr (Rounding::kind == rounding_kind::stochastic) {
+        uniforms_simd(seed, offset + static_cast<std::uint64_t>(r * l.cols + b), n, s.draws.data());
+      }
+      encode_simd<Code, Rounding::kind, Code::bits>(row + b, n, p, s.draws.data(),
+                                                    codes + b * Code::bits / 8);
+    }
+  }
+  return nonfinite;
+}
+
+/// dequantize along rows of groups (row_groups, 8- or 4-bit codes), unpacking codes in registers.
+template <code_format Code, class T>
+std::int64_t dequantize_rows_simd(const_quantized_view const& in, quantized_layout const& l, T* y) {
+  std::int64_t const g = l.tile.cols;
+  std::int64_t nonfinite = 0;
+  for (std::int64_t r = 0; r < l.rows; ++r) {
+    std::uint8_t const* codes = in.codes + r * l.code_row_bytes;
+    for (std::int64_t b = 0, k = r * l.group_grid_cols; b < l.cols; b += g, ++k) {
+      std::int64_t const n = std::min(g, l.cols - b);
+      group_params const p = load_group_params(in, k);
+      if (!numeric::is_finite(p.scale)) nonfinite += n;
+      decode_simd<Code, Code::bits>(codes + b * Code::bits / 8, n, p, y + r * l.cols + b);
+    }
+  }
+  return nonfinite;
+}
+
+#endif  // AGOQ_HOST_AVX512
+
 /// quantize: statistics, parameters, codes; returns the non-finite input count.
 template <code_format Code, rounding_mode Rounding, class T>
 std::int64_t quantize(T const* x, quantized_view const& out, std::uint64_t seed,
                       std::uint64_t offset, bool simd) {
   quantized_layout const l = out.layout();
   scratch s;
+#if defined(AGOQ_HOST_AVX512)
+  if constexpr (Code::bits == 8 || Code::bits == 4) {
+    if (simd && row_groups(l))
+      return quantize_rows_simd<Code, Rounding>(x, out, l, seed, offset, s);
+  }
+#endif
   std::int64_t nonfinite = 0;
   for_each_chunk(
       l, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, std::int64_t g0) {
         nonfinite += chunk_params<Code>(x, l.cols, l.tile, out.spec.scale, r0, r1, c0, c1, simd, s);
         for (std::size_t k = 0; k < s.params.size(); ++k) {
-          store_params(out, g0 + static_cast<std::int64_t>(k), s.params[k]);
+          store_group_params(out, g0 + static_cast<std::int64_t>(k), s.params[k]);
         }
         for (std::int64_t r = r0; r < r1; ++r) {
           std::uint8_t* dst = out.codes + r * l.code_row_bytes + c0 * l.bits / 8;
@@ -210,13 +229,18 @@ std::int64_t quantize(T const* x, quantized_view const& out, std::uint64_t seed,
 template <code_format Code, class T>
 std::int64_t dequantize(const_quantized_view const& in, T* y, bool simd) {
   quantized_layout const l = in.layout();
+#if defined(AGOQ_HOST_AVX512)
+  if constexpr (Code::bits == 8 || Code::bits == 4) {
+    if (simd && row_groups(l)) return dequantize_rows_simd<Code>(in, l, y);
+  }
+#endif
   scratch s;
   std::int64_t nonfinite = 0;
   for_each_chunk(
       l, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, std::int64_t g0) {
         std::int64_t const tiles = (c1 - c0 + l.tile.cols - 1) / l.tile.cols;
         s.params.resize(static_cast<std::size_t>(tiles));
-        for (std::int64_t k = 0; k < tiles; ++k) s.params[k] = load_params(in, g0 + k);
+        for (std::int64_t k = 0; k < tiles; ++k) s.params[k] = load_group_params(in, g0 + k);
         for (std::int64_t r = r0; r < r1; ++r) {
           std::uint8_t const* src = in.codes + r * l.code_row_bytes + c0 * l.bits / 8;
           std::uint8_t const* q = src;

@@ -1,17 +1,22 @@
 /// \file
-/// AVX-512 segment loops of the CPU executor for the hot schemes (symmetric integer codes from
-/// and to float, bfloat16 and half; 4-bit packing). Each computes exactly what the portable loop
-/// of segment.hpp computes: the same division, the same clamp, round-half-to-even (roundscale is
-/// exact like numeric::rne_small), the same bit-level bfloat16 rounding. Where AVX-512 (F, BW,
-/// VL) is not enabled at compile time, or for other schemes, they forward to the portable loops.
+/// AVX-512 loops of the CPU executor. Each computes exactly what the portable loop of segment.hpp
+/// computes: the same division x / scale, the same clamp, round-half-to-even (the conversion's
+/// embedded rounding is exact like numeric::rne_small on clamped values), the same bit-level
+/// bfloat16 rounding, the same Philox words. Covered: statistics (absolute maximum, ordered
+/// min/max), encoding with nearest and stochastic rounding and decoding of every integer code and
+/// both FP8 formats, from and to float, bfloat16 and half, one code per byte or 4-bit packed.
+/// Where AVX-512 (F, BW, VL) is not enabled at compile time they forward to the portable loops.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-// GCC 12 reports -W(maybe-)uninitialized inside its own AVX-512 headers (GCC bug 105593, the
-// _mm512_undefined_* idiom); the diagnostic is located in the header, so it is silenced there.
+// GCC 12 reports -Wmaybe-uninitialized and -Wuninitialized inside its own AVX-512 headers (GCC bug
+// 105593, the _mm512_undefined_* idiom); the diagnostic is located in the header, so it is
+// silenced there.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -24,6 +29,7 @@
 #define AGOQ_HOST_AVX512 1
 #endif
 
+#include "../../numeric/rounding.hpp"
 #include "segment.hpp"
 
 namespace agoq::detail::host {
@@ -37,124 +43,631 @@ inline constexpr bool simd_available = false;
 
 #if defined(AGOQ_HOST_AVX512)
 
-/// 16 elements (or the first `m` lanes of them) widened to floats.
-template <class T>
-inline __m512 load16(T const* x, __mmask16 m) noexcept {
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm512_maskz_loadu_ps(m, x);
-  } else {
-    __m256i const h = _mm256_maskz_loadu_epi16(m, x);
-    if constexpr (std::is_same_v<T, bfloat16>) {
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    } else {
-      return _mm512_cvtph_ps(h);
-    }
-  }
-}
-
-/// Narrows 16 floats to T with round-half-to-even and stores the first `m` lanes.
-template <class T>
-inline void store16(T* y, __m512 v, __mmask16 m) noexcept {
-  if constexpr (std::is_same_v<T, float>) {
-    _mm512_mask_storeu_ps(y, m, v);
-  } else if constexpr (std::is_same_v<T, bfloat16>) {
-    __m512i const u = _mm512_castps_si512(v);
-    __m512i const lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i const r = _mm512_srli_epi32(
-        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-    __mmask16 const nan = _mm512_cmpgt_epu32_mask(
-        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    __m512i const q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    _mm256_mask_storeu_epi16(y, m, _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, q)));
-  } else {
-    _mm256_mask_storeu_epi16(y, m,
-                             _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
-}
+/// Elements handled per step of the encoding and decoding loops: two vectors of 16 floats.
+inline constexpr std::int64_t simd_step = 32;
 
 inline __mmask16 tail_mask16(std::int64_t left) noexcept {
-  return left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+  return left >= 16  ? __mmask16(0xffff)
+         : left <= 0 ? __mmask16(0)
+                     : static_cast<__mmask16>((1u << left) - 1u);
 }
 
-/// Absolute maximum on the magnitude bits; 16-bit types 32 lanes at a time.
+inline __mmask32 tail_mask32(std::int64_t left) noexcept {
+  return left >= 32 ? ~__mmask32(0) : static_cast<__mmask32>((1u << left) - 1u);
+}
+
+/// Statistics in the element's own lane width (16 bits for bfloat16 and half, 32 for float): a
+/// pass without any masking, which is exact whenever every value is finite (non-finite magnitudes
+/// are the largest, so the pass detects them); the rare segment holding NaN or ±Inf is redone by
+/// the portable loop, which leaves them out and counts them.
 template <class T>
-inline segment_stats absmax_simd(T const* x, std::int64_t n) noexcept {
-  std::int64_t nonfinite = 0;
-  std::uint32_t m;
-  if constexpr (std::is_same_v<T, float>) {
-    __m512i acc = _mm512_setzero_si512();
-    __m512i const mag = _mm512_set1_epi32(0x7fffffff);
-    __m512i const inf = _mm512_set1_epi32(0x7f800000);
-    for (std::int64_t i = 0; i < n; i += 16) {
-      __mmask16 const t = tail_mask16(n - i);
-      __m512i const a = _mm512_and_si512(_mm512_maskz_loadu_epi32(t, x + i), mag);
-      __mmask16 const fin = _mm512_cmplt_epu32_mask(a, inf);
-      nonfinite += __builtin_popcount(static_cast<unsigned>(t & ~fin));
-      acc = _mm512_mask_max_epu32(acc, fin, acc, a);
-    }
-    m = static_cast<std::uint32_t>(_mm512_reduce_max_epu32(acc));
-  } else {
-    __m512i acc = _mm512_setzero_si512();
-    __m512i const mag = _mm512_set1_epi16(0x7fff);
-    __m512i const inf = _mm512_set1_epi16(static_cast<short>(element_bits<T>::inf));
-    for (std::int64_t i = 0; i < n; i += 32) {
-      std::int64_t const left = n - i;
-      __mmask32 const t = left >= 32 ? ~__mmask32(0) : static_cast<__mmask32>((1u << left) - 1u);
-      __m512i const a = _mm512_and_si512(_mm512_maskz_loadu_epi16(t, x + i), mag);
-      __mmask32 const fin = _mm512_cmplt_epu16_mask(a, inf);
-      nonfinite += __builtin_popcount(static_cast<unsigned>(t & ~fin));
-      acc = _mm512_mask_max_epu16(acc, fin, acc, a);
-    }
-    __m512i const lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(acc));
-    __m512i const hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(acc, 1));
-    m = static_cast<std::uint32_t>(_mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi)));
+struct lanes;
+template <>
+struct lanes<float> {
+  static constexpr int per_vector = 16;
+  static __m512i load(float const* x, std::int64_t left) noexcept {
+    return left >= 16 ? _mm512_loadu_si512(x) : _mm512_maskz_loadu_epi32(tail_mask16(left), x);
   }
+  static __m512i set1(std::uint32_t v) noexcept { return _mm512_set1_epi32(static_cast<int>(v)); }
+  static __m512i max_u(__m512i a, __m512i b) noexcept { return _mm512_max_epu32(a, b); }
+  static __m512i min_s(__m512i a, __m512i b) noexcept { return _mm512_min_epi32(a, b); }
+  static __m512i max_s(__m512i a, __m512i b) noexcept { return _mm512_max_epi32(a, b); }
+  static __m512i sign_fill(__m512i a) noexcept { return _mm512_srai_epi32(a, 31); }
+  static std::uint32_t reduce_max_u(__m512i a) noexcept {
+    return static_cast<std::uint32_t>(_mm512_reduce_max_epu32(a));
+  }
+  static std::int32_t reduce_min_s(__m512i a) noexcept { return _mm512_reduce_min_epi32(a); }
+  static std::int32_t reduce_max_s(__m512i a) noexcept { return _mm512_reduce_max_epi32(a); }
+};
+template <class T>
+requires(sizeof(T) == 2) struct lanes<T> {
+  static constexpr int per_vector = 32;
+  static __m512i load(T const* x, std::int64_t left) noexcept {
+    return left >= 32 ? _mm512_loadu_si512(x) : _mm512_maskz_loadu_epi16(tail_mask32(left), x);
+  }
+  static __m512i set1(std::uint32_t v) noexcept { return _mm512_set1_epi16(static_cast<short>(v)); }
+  static __m512i max_u(__m512i a, __m512i b) noexcept { return _mm512_max_epu16(a, b); }
+  static __m512i min_s(__m512i a, __m512i b) noexcept { return _mm512_min_epi16(a, b); }
+  static __m512i max_s(__m512i a, __m512i b) noexcept { return _mm512_max_epi16(a, b); }
+  static __m512i sign_fill(__m512i a) noexcept { return _mm512_srai_epi16(a, 15); }
+  // Reductions fold 32 lanes to 8 and finish with phminposuw (the horizontal unsigned minimum of
+  // 8 lanes); x ^ k maps each order onto a decreasing or increasing unsigned one.
+  template <class Fold>
+  static std::uint32_t fold_min_u(__m512i a, Fold fold, std::uint16_t k) noexcept {
+    __m256i const h = fold(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
+    __m128i const q = _mm_xor_si128(fold(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)),
+                                    _mm_set1_epi16(static_cast<short>(k)));
+    return (static_cast<std::uint32_t>(_mm_cvtsi128_si32(_mm_minpos_epu16(q))) & 0xffffu) ^ k;
+  }
+  static std::uint32_t reduce_max_u(__m512i a) noexcept {
+    return fold_min_u(
+        a, [](auto x, auto y) { return max16(x, y); }, 0xffff);
+  }
+  static std::int32_t reduce_min_s(__m512i a) noexcept {
+    return static_cast<std::int16_t>(fold_min_u(
+        a, [](auto x, auto y) { return min16s(x, y); }, 0x8000));
+  }
+  static std::int32_t reduce_max_s(__m512i a) noexcept {
+    return static_cast<std::int16_t>(fold_min_u(
+        a, [](auto x, auto y) { return max16s(x, y); }, 0x7fff));
+  }
+  static __m256i max16(__m256i x, __m256i y) noexcept { return _mm256_max_epu16(x, y); }
+  static __m128i max16(__m128i x, __m128i y) noexcept { return _mm_max_epu16(x, y); }
+  static __m256i min16s(__m256i x, __m256i y) noexcept { return _mm256_min_epi16(x, y); }
+  static __m128i min16s(__m128i x, __m128i y) noexcept { return _mm_min_epi16(x, y); }
+  static __m256i max16s(__m256i x, __m256i y) noexcept { return _mm256_max_epi16(x, y); }
+  static __m128i max16s(__m128i x, __m128i y) noexcept { return _mm_max_epi16(x, y); }
+};
+
+/// Absolute maximum on the magnitude bits (a masked-off tail lane reads +0, which changes
+/// nothing).
+template <element_type T>
+inline segment_stats absmax_simd(T const* x, std::int64_t n) noexcept {
+  using L = lanes<T>;
+  using B = typename element_bits<T>::type;
+  __m512i const mag = L::set1(element_bits<T>::magnitude);
+  __m512i acc = _mm512_setzero_si512();
+  for (std::int64_t i = 0; i < n; i += L::per_vector) {
+    acc = L::max_u(acc, _mm512_and_si512(L::load(x + i, n - i), mag));
+  }
+  std::uint32_t const m = L::reduce_max_u(acc);
+  if (m >= element_bits<T>::inf) return absmax_segment(x, n);
   segment_stats s;
-  s.nonfinite = nonfinite;
-  s.any_finite = nonfinite < n;
-  s.stats.absmax =
-      numeric::to_float(element_from_bits<T>(static_cast<typename element_bits<T>::type>(m)));
+  s.any_finite = n > 0;
+  s.stats.absmax = numeric::to_float(element_from_bits<T>(static_cast<B>(m)));
   return s;
 }
 
-/// Symmetric integer encoding, 16 lanes at a time.
-template <int Qmax, class T>
-inline void encode_sym_simd(T const* x, std::int64_t n, float scale, std::uint32_t mask,
-                            std::uint8_t* q) noexcept {
-  __m512 const s = _mm512_set1_ps(scale);
-  __m512 const hi = _mm512_set1_ps(static_cast<float>(Qmax));
-  __m512 const lo = _mm512_set1_ps(-static_cast<float>(Qmax));
-  __m512i const bits = _mm512_set1_epi32(static_cast<int>(mask));
-  for (std::int64_t i = 0; i < n; i += 16) {
-    __mmask16 const t = tail_mask16(n - i);
-    __m512 v = _mm512_div_ps(load16(x + i, t), s);
-    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_setzero_ps());
-    v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
-    __m512i const c =
-        _mm512_cvtps_epi32(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    _mm512_mask_cvtepi32_storeu_epi8(q + i, t, _mm512_and_si512(c, bits));
+/// Minimum and maximum in the ordered-integer domain of segment.hpp's minmax_segment. A finite
+/// value's ordered image lies strictly between those of -Inf and +Inf, so one unmasked pass
+/// decides whether the segment is all finite. Tail lanes are masked to the first element's image.
+template <element_type T>
+inline segment_stats minmax_simd(T const* x, std::int64_t n) noexcept {
+  using L = lanes<T>;
+  using B = typename element_bits<T>::type;
+  using S = typename element_bits<T>::signed_type;
+  __m512i const mag = L::set1(element_bits<T>::magnitude);
+  auto const ordered_vec = [&](__m512i b) {
+    // b ^ ((b >> sign) & magnitude), as in ordered().
+    return _mm512_ternarylogic_epi32(b, L::sign_fill(b), mag, 0x78);
+  };
+  __m512i const first = ordered_vec(L::set1(bits_of(x[0])));
+  __m512i lo = first;
+  __m512i hi = first;
+  for (std::int64_t i = 0; i < n; i += L::per_vector) {
+    std::int64_t const left = n - i;
+    __m512i o;
+    if (left >= L::per_vector) {
+      o = ordered_vec(_mm512_loadu_si512(x + i));
+    } else if constexpr (L::per_vector == 16) {
+      o = _mm512_mask_mov_epi32(first, tail_mask16(left),
+                                ordered_vec(_mm512_maskz_loadu_epi32(tail_mask16(left), x + i)));
+    } else {
+      o = _mm512_mask_mov_epi16(first, tail_mask32(left),
+                                ordered_vec(_mm512_maskz_loadu_epi16(tail_mask32(left), x + i)));
+    }
+    lo = L::min_s(lo, o);
+    hi = L::max_s(hi, o);
+  }
+  auto const lo_s = static_cast<S>(L::reduce_min_s(lo));
+  auto const hi_s = static_cast<S>(L::reduce_max_s(hi));
+  if (hi_s >= ordered<T>(element_bits<T>::inf) ||
+      lo_s <=
+          ordered<T>(static_cast<B>(element_bits<T>::inf | (element_bits<T>::magnitude + 1u)))) {
+    return minmax_segment(x, n);
+  }
+  segment_stats s;
+  s.any_finite = n > 0;
+  s.stats.min =
+      numeric::to_float(element_from_bits<T>(static_cast<B>(ordered<T>(static_cast<B>(lo_s)))));
+  s.stats.max =
+      numeric::to_float(element_from_bits<T>(static_cast<B>(ordered<T>(static_cast<B>(hi_s)))));
+  return s;
+}
+
+/// How a step's 32 elements sit in its two vectors of 16 floats. bfloat16 splits into even and
+/// odd elements (one shift or mask of the loaded bits), float and half into the first and second
+/// 16. The code packing and the output narrowing follow the same split.
+template <class T>
+inline constexpr bool interleaved = std::is_same_v<T, bfloat16>;
+
+/// A step's two float vectors, and which of their lanes hold elements.
+struct step_values {
+  __m512 v0, v1;
+  __mmask16 m0, m1;
+};
+
+/// The valid lanes of the two vectors of a step with `left` elements.
+template <class T>
+inline void step_masks(std::int64_t left, __mmask16& m0, __mmask16& m1) noexcept {
+  if constexpr (interleaved<T>) {
+    m0 = tail_mask16((left + 1) / 2);
+    m1 = tail_mask16(left / 2);
+  } else {
+    m0 = tail_mask16(left);
+    m1 = tail_mask16(left - 16);
   }
 }
 
-/// Symmetric integer decoding, 16 lanes at a time.
-template <int Bits, class T>
-inline void decode_sym_simd(std::uint8_t const* q, std::int64_t n, float scale, T* y) noexcept {
-  __m512 const s = _mm512_set1_ps(scale);
-  for (std::int64_t i = 0; i < n; i += 16) {
-    __mmask16 const t = tail_mask16(n - i);
-    __m512i c = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(t, q + i));
-    c = _mm512_srai_epi32(_mm512_slli_epi32(c, 32 - Bits), 32 - Bits);
-    store16(y + i, _mm512_mul_ps(_mm512_cvtepi32_ps(c), s), t);
+/// Loads a step (at most `left` elements; absent ones read as +0) widened to floats.
+template <class T>
+inline step_values load_step(T const* x, std::int64_t left) noexcept {
+  step_values s;
+  step_masks<T>(left, s.m0, s.m1);
+  if constexpr (std::is_same_v<T, float>) {
+    if (left >= simd_step) {
+      s.v0 = _mm512_loadu_ps(x);
+      s.v1 = _mm512_loadu_ps(x + 16);
+    } else {
+      s.v0 = _mm512_maskz_loadu_ps(s.m0, x);
+      s.v1 = _mm512_maskz_loadu_ps(s.m1, x + 16);
+    }
+  } else {
+    __m512i const w = lanes<T>::load(x, left);
+    if constexpr (interleaved<T>) {
+      s.v0 = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+      s.v1 = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(-65536)));
+    } else {
+      s.v0 = _mm512_cvtph_ps(_mm512_castsi512_si256(w));
+      s.v1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(w, 1));
+    }
+  }
+  return s;
+}
+
+/// The float lanes of u[0, 32) arranged like a step of T.
+template <class T>
+inline void load_draws(float const* u, __m512& u0, __m512& u1) noexcept {
+  __m512 const a = _mm512_loadu_ps(u);
+  __m512 const b = _mm512_loadu_ps(u + 16);
+  if constexpr (interleaved<T>) {
+    __m512i const even =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    __m512i const odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    u0 = _mm512_permutex2var_ps(a, even, b);
+    u1 = _mm512_permutex2var_ps(a, odd, b);
+  } else {
+    u0 = a;
+    u1 = b;
+  }
+}
+
+/// Per-group constants of an encoder: the divisor and the clamp range of x / scale.
+template <code_format Code>
+struct encoder {
+  __m512 scale;
+  __m512 lo = _mm512_setzero_ps();
+  __m512 hi = _mm512_setzero_ps();
+  __m512i zero_point;
+
+  explicit encoder(group_params p) noexcept
+      : scale(_mm512_set1_ps(p.scale)), zero_point(_mm512_set1_epi32(p.zero_point)) {
+    if constexpr (Code::has_zero_point) {
+      lo = _mm512_set1_ps(static_cast<float>(-p.zero_point));
+      hi = _mm512_set1_ps(static_cast<float>(Code::levels - p.zero_point));
+    } else if constexpr (!is_fp8_code<Code>) {
+      lo = _mm512_set1_ps(-static_cast<float>(Code::qmax));
+      hi = _mm512_set1_ps(static_cast<float>(Code::qmax));
+    }
+  }
+
+  /// Clamps x / scale to the code's range. NaN survives (max and min return their second operand
+  /// when it is NaN), and converts to 0x80000000, whose low bits are those of the code of zero.
+  __m512 clamped(__m512 x) const noexcept {
+    return _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_div_ps(x, scale)));
+  }
+
+  /// Codes (in the low Code::bits bits of each lane) of round-half-to-even.
+  __m512i nearest(__m512 x) const noexcept {
+    if constexpr (is_fp8_code<Code>) {
+      return fp8_nearest(_mm512_div_ps(x, scale));
+    } else {
+      __m512i const c =
+          _mm512_cvt_roundps_epi32(clamped(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      if constexpr (Code::has_zero_point) return _mm512_add_epi32(c, zero_point);
+      return c;
+    }
+  }
+
+  /// Codes of stochastic rounding (integer codes): numeric::floor_stochastic of the clamped
+  /// x / scale, floor(v) plus one where 1 - u <= v - floor(v).
+  __m512i stochastic(__m512 x, __m512 u) const noexcept {
+    __m512 const v = clamped(x);
+    __m512 const down = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __mmask16 const up = _mm512_cmp_ps_mask(_mm512_sub_ps(_mm512_set1_ps(1.0f), u),
+                                            _mm512_sub_ps(v, down), _CMP_LE_OQ);
+    // NaN lanes compare false and convert to 0x80000000, whose low bits are the code of zero.
+    __m512i c = _mm512_cvttps_epi32(down);
+    c = _mm512_mask_add_epi32(c, up, c, _mm512_set1_epi32(1));
+    if constexpr (Code::has_zero_point) return _mm512_add_epi32(c, zero_point);
+    return c;
+  }
+
+  /// numeric::float_to_fp8_rne_sat, lane by lane.
+  static __m512i fp8_nearest(__m512 v) noexcept {
+    constexpr numeric::fp8_format f = Code::format;
+    constexpr std::uint32_t min_normal_exp =
+        127u + 1u - static_cast<std::uint32_t>(f.exponent_bias);
+    constexpr std::uint32_t inv_step_bits = (127u + static_cast<std::uint32_t>(f.exponent_bias) -
+                                             1u + static_cast<std::uint32_t>(f.mantissa_bits))
+                                            << 23;
+    constexpr unsigned drop = 23u - static_cast<unsigned>(f.mantissa_bits);
+    constexpr std::uint32_t rebias = (127u - static_cast<std::uint32_t>(f.exponent_bias))
+                                     << f.mantissa_bits;
+    __m512i const u = _mm512_castps_si512(v);
+    __m512i const a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    __m512i const sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
+    // Normal range: round the dropped bits to even on the integer bits.
+    __m512i const rounded = _mm512_add_epi32(
+        _mm512_add_epi32(a, _mm512_set1_epi32(static_cast<int>((1u << (drop - 1u)) - 1u))),
+        _mm512_and_si512(_mm512_srli_epi32(a, drop), _mm512_set1_epi32(1)));
+    __m512i mag = _mm512_sub_epi32(_mm512_srli_epi32(rounded, drop),
+                                   _mm512_set1_epi32(static_cast<int>(rebias)));
+    // Subnormal range: an exact power-of-two multiply, then round half to even.
+    __mmask16 const sub =
+        _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(static_cast<int>(min_normal_exp << 23)));
+    __m512i const sub_mag = _mm512_cvt_roundps_epi32(
+        _mm512_mul_ps(_mm512_castsi512_ps(a),
+                      _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(inv_step_bits)))),
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    mag = _mm512_mask_mov_epi32(mag, sub, sub_mag);
+    // At or above the largest finite value (Inf included) saturate; rounding may also reach it.
+    __mmask16 const big =
+        _mm512_cmp_ps_mask(_mm512_castsi512_ps(a), _mm512_set1_ps(f.max_value), _CMP_NLT_UQ);
+    __m512i const max_code = _mm512_set1_epi32(f.max_code);
+    mag = _mm512_mask_mov_epi32(_mm512_min_epu32(mag, max_code), big, max_code);
+    __m512i const code = _mm512_or_si512(sign, mag);
+    __mmask16 const nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000));
+    return _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nan), code);
+  }
+};
+
+/// Writes a step's codes (low Code::bits bits of each lane) as `Width`-bit fields: one per byte
+/// (Width 8) or two per byte, least significant first (Width 4). `left` elements are written;
+/// lanes past them must hold 0 for Width 4, where they share the last byte.
+template <int Width, int Bits, class T>
+inline void store_codes(std::uint8_t* dst, __m512i c0, __m512i c1, std::int64_t left) noexcept {
+  static_assert(Width == 8 || (Width == 4 && Bits == 4));
+  if constexpr (Width == 8 && Bits < 8) {
+    __m512i const m = _mm512_set1_epi32(static_cast<int>(numeric::code_mask(Bits)));
+    c0 = _mm512_and_si512(c0, m);
+    c1 = _mm512_and_si512(c1, m);
+  }
+  if constexpr (Width == 8) {
+    __m256i bytes;
+    if constexpr (interleaved<T>) {
+      // (c0 & 0xff) | (c1 << 8) per 32-bit lane, narrowed to 16 bits: even byte, odd byte.
+      bytes = _mm512_cvtepi32_epi16(
+          _mm512_ternarylogic_epi32(c0, _mm512_set1_epi32(0xff), _mm512_slli_epi32(c1, 8), 0xea));
+    } else {
+      bytes = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(c0)),
+                                      _mm512_cvtepi32_epi8(c1), 1);
+    }
+    if (left >= simd_step) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), bytes);
+    } else {
+      _mm256_mask_storeu_epi8(dst, tail_mask32(left), bytes);
+    }
+  } else {
+    __m128i bytes;
+    if constexpr (interleaved<T>) {
+      // (c0 & 0x0f) | ((c1 << 4) & 0xf0) per 32-bit lane, narrowed to 8 bits.
+      bytes = _mm512_cvtepi32_epi8(
+          _mm512_ternarylogic_epi32(c0, _mm512_set1_epi32(0x0f), _mm512_slli_epi32(c1, 4), 0xe2));
+    } else {
+      // Within each 64-bit lane, the odd element's nibble joins the even one's at bit 4.
+      __m512i const m = _mm512_set1_epi32(0x0f);
+      __m512i const a = _mm512_and_si512(c0, m);
+      __m512i const b = _mm512_and_si512(c1, m);
+      bytes =
+          _mm_unpacklo_epi64(_mm512_cvtepi64_epi8(_mm512_or_si512(a, _mm512_srli_epi64(a, 28))),
+                             _mm512_cvtepi64_epi8(_mm512_or_si512(b, _mm512_srli_epi64(b, 28))));
+    }
+    if (left >= simd_step) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), bytes);
+    } else {
+      _mm_mask_storeu_epi8(dst, static_cast<__mmask16>(tail_mask32((left + 1) / 2)), bytes);
+    }
+  }
+}
+
+/// Encodes x[0, n) of one group into `Width`-bit fields at dst (numeric::encode_nearest or
+/// encode_stochastic per element; u[i] is element i's draw for stochastic rounding).
+template <code_format Code, rounding_kind Rounding, int Width, element_type T>
+inline void encode_simd(T const* x, std::int64_t n, group_params p, float const* u,
+                        std::uint8_t* dst) noexcept {
+  if constexpr (Rounding == rounding_kind::stochastic && is_fp8_code<Code>) {
+    // FP8 stochastic rounding has no vector loop; its codes are whole bytes either way.
+    encode_stochastic_segment<Code>(x, n, p, u, dst);
+    return;
+  }
+  if (p.scale == 0.0f) {
+    // Every code is that of zero.
+    auto const z = static_cast<std::uint8_t>(p.zero_point);
+    if constexpr (Width == 8) {
+      std::memset(dst, z, static_cast<std::size_t>(n));
+    } else {
+      std::memset(dst, z | (z << 4), static_cast<std::size_t>(n / 2));
+      if (n & 1) dst[n / 2] = z;
+    }
+    return;
+  }
+  encoder<Code> const e(p);
+  for (std::int64_t i = 0; i < n; i += simd_step) {
+    std::int64_t const left = n - i;
+    step_values const s = load_step(x + i, left);
+    __m512i c0, c1;
+    if constexpr (Rounding == rounding_kind::stochastic) {
+      __m512 u0, u1;
+      if (left >= simd_step) {
+        load_draws<T>(u + i, u0, u1);
+      } else {
+        float tail[simd_step] = {};
+        std::memcpy(tail, u + i, static_cast<std::size_t>(left) * sizeof(float));
+        load_draws<T>(tail, u0, u1);
+      }
+      c0 = e.stochastic(s.v0, u0);
+      c1 = e.stochastic(s.v1, u1);
+    } else {
+      c0 = e.nearest(s.v0);
+      c1 = e.nearest(s.v1);
+    }
+    if (left < simd_step) {
+      c0 = _mm512_maskz_mov_epi32(s.m0, c0);
+      c1 = _mm512_maskz_mov_epi32(s.m1, c1);
+    }
+    store_codes<Width, Code::bits, T>(dst + i * Width / 8, c0, c1, left);
+  }
+}
+
+/// Loads a step of `Width`-bit fields as 32-bit lanes holding each code in their top Bits bits,
+/// split like a step of T (absent codes read as 0).
+template <int Width, int Bits, class T>
+inline void load_codes(std::uint8_t const* src, std::int64_t left, __m512i& c0,
+                       __m512i& c1) noexcept {
+  if constexpr (Width == 8) {
+    __m256i const b = left >= simd_step ? _mm256_loadu_si256(reinterpret_cast<__m256i const*>(src))
+                                        : _mm256_maskz_loadu_epi8(tail_mask32(left), src);
+    if constexpr (interleaved<T>) {
+      __m512i const w = _mm512_cvtepu8_epi16(b);
+      c0 = _mm512_slli_epi32(w, 32 - Bits);
+      c1 = _mm512_slli_epi32(w, 16 - Bits);
+    } else {
+      c0 = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(b)), 32 - Bits);
+      c1 = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(b, 1)), 32 - Bits);
+    }
+  } else {
+    __m128i const b =
+        left >= simd_step
+            ? _mm_loadu_si128(reinterpret_cast<__m128i const*>(src))
+            : _mm_maskz_loadu_epi8(static_cast<__mmask16>(tail_mask32((left + 1) / 2)), src);
+    if constexpr (interleaved<T>) {
+      __m512i const w = _mm512_cvtepu8_epi32(b);
+      c0 = _mm512_slli_epi32(w, 28);
+      c1 = _mm512_slli_epi32(w, 24);
+    } else {
+      // Byte k of 8 in its own 64-bit lane; the high nibble moves to the upper 32-bit half.
+      __m512i const lo = _mm512_cvtepu8_epi64(b);
+      __m512i const hi = _mm512_cvtepu8_epi64(_mm_unpackhi_epi64(b, b));
+      c0 = _mm512_slli_epi32(_mm512_or_si512(lo, _mm512_slli_epi64(lo, 28)), 28);
+      c1 = _mm512_slli_epi32(_mm512_or_si512(hi, _mm512_slli_epi64(hi, 28)), 28);
+    }
+  }
+}
+
+/// numeric::fp8_to_float of codes held in the top 8 bits of each lane.
+template <code_format Code>
+inline __m512 fp8_values(__m512i c) noexcept {
+  constexpr numeric::fp8_format f = Code::format;
+  constexpr int mbits = f.mantissa_bits;
+  __m512i const mag = _mm512_srli_epi32(_mm512_slli_epi32(c, 1), 25);
+  // Normal: exponent rebiased into the float's, mantissa moved to the top of the float's.
+  __m512i v = _mm512_add_epi32(_mm512_slli_epi32(mag, 23 - mbits),
+                               _mm512_set1_epi32(static_cast<int>(
+                                   (127u - static_cast<std::uint32_t>(f.exponent_bias)) << 23)));
+  // Subnormal: mantissa times the subnormal step (a power of two), exact.
+  __mmask16 const sub = _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(1 << mbits));
+  std::uint32_t const step_exp =
+      127u + 1u - static_cast<std::uint32_t>(f.exponent_bias) - static_cast<std::uint32_t>(mbits);
+  v = _mm512_mask_mov_epi32(
+      v, sub,
+      _mm512_castps_si512(
+          _mm512_mul_ps(_mm512_cvtepi32_ps(mag),
+                        _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(step_exp << 23))))));
+  v = _mm512_mask_mov_epi32(v, _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(f.max_code)),
+                            _mm512_set1_epi32(0x7fc00000));
+  if constexpr (mbits == 2) {
+    v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7c)),
+                              _mm512_set1_epi32(0x7f800000));
+  }
+  return _mm512_castsi512_ps(
+      _mm512_or_si512(v, _mm512_and_si512(c, _mm512_set1_epi32(static_cast<int>(0x80000000u)))));
+}
+
+/// numeric::decode of codes held in the top Code::bits bits of each lane.
+template <code_format Code>
+inline __m512 decode_vec(__m512i c, __m512 scale, __m512i zero_point) noexcept {
+  __m512 y;
+  if constexpr (is_fp8_code<Code>) {
+    y = _mm512_mul_ps(fp8_values<Code>(c), scale);
+  } else if constexpr (Code::has_zero_point) {
+    y = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(c, 32 - Code::bits), zero_point)),
+        scale);
+  } else {
+    y = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(c, 32 - Code::bits)), scale);
+  }
+  // Saturate at ±FLT_MAX like numeric's decode; max/min return their second operand (y) for NaN.
+  __m512 const m = _mm512_set1_ps(numeric::max_finite_float);
+  return _mm512_min_ps(m, _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), m), y));
+}
+
+/// numeric::float_to_bf16_bits of each lane, left in the lane's top 16 bits (low bits garbage).
+inline __m512i bf16_rounded_high(__m512 v) noexcept {
+  __m512i const u = _mm512_castps_si512(v);
+  __m512i const lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i const r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+  __mmask16 const nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+}
+
+/// Narrows a step's two float vectors to T (round half to even) and stores `left` elements.
+template <class T>
+inline void store_step(T* y, __m512 v0, __m512 v1, std::int64_t left) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    if (left >= simd_step) {
+      _mm512_storeu_ps(y, v0);
+      _mm512_storeu_ps(y + 16, v1);
+    } else {
+      _mm512_mask_storeu_ps(y, tail_mask16(left), v0);
+      _mm512_mask_storeu_ps(y + 16, tail_mask16(left - 16), v1);
+    }
+  } else {
+    __m512i w;
+    if constexpr (interleaved<T>) {
+      // Even element in the low 16 bits, odd element in the high 16 bits of each 32-bit lane.
+      w = _mm512_ternarylogic_epi32(_mm512_srli_epi32(bf16_rounded_high(v0), 16),
+                                    _mm512_set1_epi32(-65536), bf16_rounded_high(v1), 0xf8);
+    } else {
+      w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(
+                                 v0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
+                             _mm512_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 1);
+    }
+    if (left >= simd_step) {
+      _mm512_storeu_si512(y, w);
+    } else {
+      _mm512_mask_storeu_epi16(y, tail_mask32(left), w);
+    }
+  }
+}
+
+/// Decodes n codes of one group, `Width`-bit fields at src, into y.
+template <code_format Code, int Width, element_type T>
+inline void decode_simd(std::uint8_t const* src, std::int64_t n, group_params p, T* y) noexcept {
+  __m512 const scale = _mm512_set1_ps(p.scale);
+  __m512i const zero_point = _mm512_set1_epi32(p.zero_point);
+  for (std::int64_t i = 0; i < n; i += simd_step) {
+    std::int64_t const left = n - i;
+    __m512i c0, c1;
+    load_codes<Width, Code::bits, T>(src + i * Width / 8, left, c0, c1);
+    store_step(y + i, decode_vec<Code>(c0, scale, zero_point),
+               decode_vec<Code>(c1, scale, zero_point), left);
+  }
+}
+
+/// Multiplies each 32-bit lane of `a` by the constant m: the low and high halves of the products.
+inline void mul_wide(__m512i a, std::uint32_t m, __m512i& lo, __m512i& hi) noexcept {
+  __m512i const mv = _mm512_set1_epi32(static_cast<int>(m));
+  __m512i const even = _mm512_mul_epu32(a, mv);
+  __m512i const odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), mv);
+  lo = _mm512_mullo_epi32(a, mv);
+  hi = _mm512_mask_blend_epi32(0xaaaa, _mm512_srli_epi64(even, 32), odd);
+}
+
+/// The draws of stream positions 4 * block .. 4 * block + 63 (16 Philox blocks) into u[0, 64).
+/// The 16 lanes run blocks block + 4 * (k % 4) + k / 4, so that a transpose of 4x4 words within
+/// each 128-bit lane leaves the words in position order. Requires the 32-bit block counter not
+/// to wrap inside the 16 blocks.
+inline void philox_draws64(std::uint64_t seed, std::uint64_t block, float* u) noexcept {
+  constexpr std::uint32_t m0 = 0xD2511F53u;
+  constexpr std::uint32_t m1 = 0xCD9E8D57u;
+  constexpr std::uint32_t w0 = 0x9E3779B9u;
+  constexpr std::uint32_t w1 = 0xBB67AE85u;
+  __m512i c0 =
+      _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(block))),
+                       _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+  __m512i c1 = _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(block >> 32)));
+  __m512i c2 = _mm512_setzero_si512();
+  __m512i c3 = _mm512_setzero_si512();
+  auto key0 = static_cast<std::uint32_t>(seed);
+  auto key1 = static_cast<std::uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    __m512i lo0, hi0, lo1, hi1;
+    mul_wide(c0, m0, lo0, hi0);
+    mul_wide(c2, m1, lo1, hi1);
+    c0 = _mm512_ternarylogic_epi32(hi1, c1, _mm512_set1_epi32(static_cast<int>(key0)), 0x96);
+    c1 = lo1;
+    c2 = _mm512_ternarylogic_epi32(hi0, c3, _mm512_set1_epi32(static_cast<int>(key1)), 0x96);
+    c3 = lo0;
+    key0 += w0;
+    key1 += w1;
+  }
+  __m512i const t0 = _mm512_unpacklo_epi32(c0, c1);
+  __m512i const t1 = _mm512_unpackhi_epi32(c0, c1);
+  __m512i const t2 = _mm512_unpacklo_epi32(c2, c3);
+  __m512i const t3 = _mm512_unpackhi_epi32(c2, c3);
+  __m512i const words[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
+                            _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)};
+  __m512 const step = _mm512_set1_ps(5.9604644775390625e-8f);  // 2^-24, as numeric::uniform24
+  for (int j = 0; j < 4; ++j) {
+    _mm512_storeu_ps(u + 16 * j,
+                     _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(words[j], 8)), step));
   }
 }
 
 #endif  // AGOQ_HOST_AVX512
 
+/// uniforms, vectorized where compiled: 16 Philox blocks at a time.
+inline void uniforms_simd(std::uint64_t seed, std::uint64_t first, std::int64_t n,
+                          float* u) noexcept {
+#if defined(AGOQ_HOST_AVX512)
+  // Positions before the first block boundary come from the portable loop.
+  std::int64_t i = std::min<std::int64_t>(n, static_cast<std::int64_t>((4u - (first & 3u)) & 3u));
+  uniforms(seed, first, i, u);
+  while (i < n) {
+    std::uint64_t const block = (first + static_cast<std::uint64_t>(i)) >> 2;
+    if (static_cast<std::uint32_t>(block) > 0xffffffffu - 15u) {
+      // The low counter word wraps inside these 16 blocks: the portable loop carries correctly.
+      std::int64_t const m = std::min<std::int64_t>(n - i, 64);
+      uniforms(seed, first + static_cast<std::uint64_t>(i), m, u + i);
+      i += m;
+    } else if (n - i >= 64) {
+      philox_draws64(seed, block, u + i);
+      i += 64;
+    } else {
+      float tail[64];
+      philox_draws64(seed, block, tail);
+      std::memcpy(u + i, tail, static_cast<std::size_t>(n - i) * sizeof(float));
+      i = n;
+    }
+  }
+#else
+  uniforms(seed, first, n, u);
+#endif
+}
+
 /// stats_segment, vectorized where compiled.
 template <code_format Code, element_type T>
 inline segment_stats stats_segment_simd(T const* x, std::int64_t n) noexcept {
 #if defined(AGOQ_HOST_AVX512)
-  if constexpr (!Code::has_zero_point) return absmax_simd(x, n);
+  if (n > 0) {
+    if constexpr (Code::has_zero_point) {
+      return minmax_simd(x, n);
+    } else {
+      return absmax_simd(x, n);
+    }
+  }
 #endif
   return stats_segment<Code>(x, n);
 }
@@ -164,14 +677,21 @@ template <code_format Code, element_type T>
 inline void encode_nearest_segment_simd(T const* x, std::int64_t n, group_params p,
                                         std::uint8_t* q) noexcept {
 #if defined(AGOQ_HOST_AVX512)
-  if constexpr (Code::kind == code_kind::int_sym) {
-    if (p.scale != 0.0f) {
-      encode_sym_simd<Code::qmax>(x, n, p.scale, numeric::code_mask(Code::bits), q);
-      return;
-    }
-  }
-#endif
+  encode_simd<Code, rounding_kind::nearest, 8>(x, n, p, nullptr, q);
+#else
   encode_nearest_segment<Code>(x, n, p, q);
+#endif
+}
+
+/// encode_stochastic_segment, vectorized where compiled (FP8 codes stay portable).
+template <code_format Code, element_type T>
+inline void encode_stochastic_segment_simd(T const* x, std::int64_t n, group_params p,
+                                           float const* u, std::uint8_t* q) noexcept {
+#if defined(AGOQ_HOST_AVX512)
+  encode_simd<Code, rounding_kind::stochastic, 8>(x, n, p, u, q);
+#else
+  encode_stochastic_segment<Code>(x, n, p, u, q);
+#endif
 }
 
 /// decode_segment, vectorized where compiled.
@@ -179,12 +699,10 @@ template <code_format Code, element_type T>
 inline void decode_segment_simd(std::uint8_t const* q, std::int64_t n, group_params p,
                                 T* y) noexcept {
 #if defined(AGOQ_HOST_AVX512)
-  if constexpr (Code::kind == code_kind::int_sym) {
-    decode_sym_simd<Code::bits>(q, n, p.scale, y);
-    return;
-  }
-#endif
+  decode_simd<Code, 8>(q, n, p, y);
+#else
   decode_segment<Code>(q, n, p, y);
+#endif
 }
 
 /// pack_codes, vectorized for 4-bit codes where compiled.

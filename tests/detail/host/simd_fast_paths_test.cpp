@@ -1,0 +1,260 @@
+// The AVX-512 fast paths of the CPU executor against its portable loops, byte for byte: the row
+// path (groups of one row, codes packed in registers), the unmasked statistics with their
+// non-finite fallback, the vector Philox, and every code family's encoder and decoder.
+#include <agoq/agoq.hpp>
+#include <agoq/detail/host/simd.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+using namespace agoq;
+namespace h = agoq::detail::host;
+
+namespace {
+
+constexpr host_executor portable{false};
+
+// Values spread over many binades with ties at step 0.25, signed zeros, subnormals, values at
+// the fp8 saturation edge and, with probability `special`, NaN and ±Inf. Some 32-element runs
+// are all zero or constant, so that whole groups have a zero range.
+template <class T>
+std::vector<T> values(std::int64_t n, std::uint64_t seed, bool special) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<T> x(static_cast<std::size_t>(n));
+  int run = 0;
+  float spread = 1.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (i % 32 == 0) {
+      run = static_cast<int>(gen() % 8);
+      spread = std::ldexp(1.0f, static_cast<int>(gen() % 40) - 20);
+    }
+    float f = normal(gen) * spread;
+    if (run == 0) f = 0.0f;
+    if (run == 1) f = 1.5f;
+    switch (gen() % 24) {
+      case 0:
+        f = (static_cast<float>(gen() % 17) - 8.0f + 0.5f) * 0.25f;
+        break;
+      case 1:
+        f = special ? std::numeric_limits<float>::quiet_NaN() : f;
+        break;
+      case 2:
+        f = special ? (gen() & 1 ? 1.0f : -1.0f) * HUGE_VALF : f;
+        break;
+      case 3:
+        f = (gen() & 1) ? 0.0f : -0.0f;
+        break;
+      case 4:
+        f = std::numeric_limits<float>::denorm_min() * static_cast<float>(gen() % 1000);
+        break;
+      case 5:
+        f = (gen() & 1 ? 448.0f : -57344.0f) * spread;
+        break;
+      default:
+        break;
+    }
+    x[static_cast<std::size_t>(i)] = numeric::from_float<T>(f);
+  }
+  return x;
+}
+
+template <class T>
+std::vector<std::uint16_t> raw(std::vector<T> const& y) {
+  std::vector<std::uint16_t> r;
+  for (T const& v : y) {
+    auto const b = h::bits_of(v);
+    r.push_back(static_cast<std::uint16_t>(b));
+    if constexpr (sizeof(T) == 4) r.push_back(static_cast<std::uint16_t>(b >> 16));
+  }
+  return r;
+}
+
+// Quantize with both executors (same bytes, same count), then dequantize and fake-quantize into
+// every element type with both (same bits).
+template <class T>
+void check_scheme(std::string const& name, std::int64_t rows, std::int64_t cols, bool special,
+                  std::uint64_t offset) {
+  CAPTURE(name);
+  CAPTURE(rows);
+  CAPTURE(cols);
+  CAPTURE(offset);
+  spec const s = spec::parse(name);
+  std::vector<T> const x =
+      values<T>(rows * cols, static_cast<std::uint64_t>(rows * 131 + cols), special);
+  auto const in = matrix_view<T const>(x.data(), rows, cols);
+  quantized_tensor a(s, rows, cols);
+  quantized_tensor b(s, rows, cols);
+  std::memset(a.data(), 0xa5, static_cast<std::size_t>(a.bytes()));
+  std::memset(b.data(), 0x5a, static_cast<std::size_t>(b.bytes()));
+  quantize_options const opt{0x1234abcd9876ull, offset};
+  std::int64_t const na = quantize(portable, in, a.view(), opt);
+  std::int64_t const nb = quantize(host, in, b.view(), opt);
+  REQUIRE(na == nb);
+  quantized_layout const l = a.layout();
+  REQUIRE(std::memcmp(a.data(), b.data(), static_cast<std::size_t>(l.codes_bytes)) == 0);
+  REQUIRE(std::memcmp(a.data() + l.scales_offset, b.data() + l.scales_offset,
+                      static_cast<std::size_t>(l.scales_bytes)) == 0);
+  REQUIRE(std::memcmp(a.data() + l.zero_points_offset, b.data() + l.zero_points_offset,
+                      static_cast<std::size_t>(l.zero_points_bytes)) == 0);
+
+  auto const decode_both = [&](auto tag) {
+    using Out = decltype(tag);
+    std::vector<Out> ya(x.size()), yb(x.size());
+    REQUIRE(
+        dequantize(portable, std::as_const(a).view(), matrix_view<Out>(ya.data(), rows, cols)) ==
+        dequantize(host, std::as_const(a).view(), matrix_view<Out>(yb.data(), rows, cols)));
+    REQUIRE(raw(ya) == raw(yb));
+    REQUIRE(fake_quantize(portable, s, in, matrix_view<Out>(ya.data(), rows, cols), opt) ==
+            fake_quantize(host, s, in, matrix_view<Out>(yb.data(), rows, cols), opt));
+    REQUIRE(raw(ya) == raw(yb));
+  };
+  decode_both(float{});
+  decode_both(bfloat16{});
+  decode_both(half{});
+}
+
+std::vector<std::string> const& codes() {
+  static std::vector<std::string> const c = {"int8", "int4", "int2"};
+  return c;
+}
+
+template <class T>
+void sweep(std::vector<std::string> const& groupings,
+           std::vector<std::pair<std::int64_t, std::int64_t>> const& shapes) {
+  std::vector<std::string> names;
+  for (std::string const& g : groupings) {
+    for (char const* r : {"rne", "sr"}) {
+      for (char const* sc : {"f32", "bf16", "e8m0"}) {
+        for (std::string const& c : codes()) {
+          names.push_back(c + "_" + g + "_sym_" + r + "_" + std::string(sc));
+          names.push_back(c + "_" + g + "_asym_" + r + "_" + std::string(sc));
+        }
+        names.push_back("fp8e4m3_" + g + "_" + r + "_" + std::string(sc));
+        names.push_back("fp8e5m2_" + g + "_" + r + "_" + std::string(sc));
+      }
+    }
+  }
+  for (std::string const& name : names) {
+    for (auto [rows, cols] : shapes) {
+      check_scheme<T>(name, rows, cols, true, 3);
+      check_scheme<T>(name, rows, cols, false, 0);
+    }
+  }
+}
+
+}  // namespace
+
+// Row path: group sizes that are and are not multiples of the 32-element step, odd groups (whose
+// 4-bit codes start mid-byte, so the chunk path takes them), a group wider than the row.
+TEST_CASE_TEMPLATE("row-path quantize and dequantize equal the portable executor", T, float,
+                   bfloat16, half) {
+  sweep<T>({"g128", "g32", "g48", "g7", "g20", "row", "g5000"},
+           {{1, 1}, {1, 33}, {3, 128}, {2, 257}, {5, 300}, {1, 4099}});
+}
+
+// Chunk path (groups spanning rows) with the vector segment loops.
+TEST_CASE_TEMPLATE("chunk-path quantize and dequantize equal the portable executor", T, float,
+                   bfloat16) {
+  sweep<T>({"b3x5", "col", "tensor"}, {{7, 13}, {4, 129}});
+}
+
+TEST_CASE("the benchmarked schemes equal the portable executor on a large tensor") {
+  for (char const* name :
+       {"int8_g128_sym_rne_f32", "int4_g128_sym_rne_f32", "int8_g128_sym_sr_f32",
+        "int8_g128_asym_rne_f32", "int4_g128_asym_rne_f32", "fp8e4m3_g32_rne_e8m0"}) {
+    check_scheme<bfloat16>(name, 16, 8192, true, 0);
+    check_scheme<float>(name, 16, 8192, false, 5);
+  }
+}
+
+TEST_CASE("vector Philox draws equal the portable ones at any start, across counter wraps") {
+  std::vector<std::uint64_t> const firsts = {0,
+                                             1,
+                                             2,
+                                             3,
+                                             61,
+                                             (std::uint64_t{1} << 34) - 4 * 10 - 3,
+                                             (std::uint64_t{1} << 34) - 4 * 16,
+                                             (std::uint64_t{5} << 34) - 1,
+                                             0xfffffffffffffff0ull};
+  for (std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{0x0123456789abcdefull}}) {
+    for (std::uint64_t first : firsts) {
+      for (std::int64_t n : {1, 3, 4, 63, 64, 65, 130, 300}) {
+        CAPTURE(first);
+        CAPTURE(n);
+        std::vector<float> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
+        h::uniforms(seed, first, n, a.data());
+        h::uniforms_simd(seed, first, n, b.data());
+        for (std::int64_t i = 0; i < n; ++i) {
+          REQUIRE(numeric::float_bits(a[static_cast<std::size_t>(i)]) ==
+                  numeric::float_bits(b[static_cast<std::size_t>(i)]));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("vector statistics equal the portable ones with a non-finite value anywhere", T,
+                   float, bfloat16, half) {
+  for (std::int64_t n : {1, 2, 15, 16, 17, 31, 32, 33, 64, 100}) {
+    std::vector<T> const base = values<T>(n, static_cast<std::uint64_t>(n), false);
+    for (float special : {std::numeric_limits<float>::quiet_NaN(), HUGE_VALF, -HUGE_VALF, 0.0f}) {
+      for (std::int64_t at = 0; at < n; at += (n > 20 ? 7 : 1)) {
+        std::vector<T> x = base;
+        x[static_cast<std::size_t>(at)] = numeric::from_float<T>(special);
+        for (int asym = 0; asym < 2; ++asym) {
+          h::segment_stats const a = asym ? h::stats_segment<uint_asym<8>>(x.data(), n)
+                                          : h::stats_segment<int_sym<8>>(x.data(), n);
+          h::segment_stats const b = asym ? h::stats_segment_simd<uint_asym<8>>(x.data(), n)
+                                          : h::stats_segment_simd<int_sym<8>>(x.data(), n);
+          REQUIRE(a.nonfinite == b.nonfinite);
+          REQUIRE(a.any_finite == b.any_finite);
+          REQUIRE(numeric::float_bits(a.stats.absmax) == numeric::float_bits(b.stats.absmax));
+          REQUIRE(numeric::float_bits(a.stats.min) == numeric::float_bits(b.stats.min));
+          REQUIRE(numeric::float_bits(a.stats.max) == numeric::float_bits(b.stats.max));
+        }
+      }
+    }
+  }
+}
+
+// Decoders on bytes quantize never writes (FP8 NaN codes, E5M2 infinities, asymmetric codes off
+// the zero point) and on arbitrary finite or zero scales.
+TEST_CASE("vector decoders equal the portable ones on arbitrary stored bytes") {
+  std::mt19937 gen(11);
+  for (char const* name : {"fp8e4m3_g32_rne_f32", "fp8e5m2_g32_rne_f32", "int8_g64_asym_rne_f32",
+                           "int4_g64_asym_rne_f32", "int4_g64_sym_rne_f32", "int8_g64_sym_rne_f32",
+                           "fp8e4m3_g7_rne_f32"}) {
+    CAPTURE(name);
+    std::int64_t const rows = 3;
+    std::int64_t const cols = 515;
+    quantized_tensor q(spec::parse(name), rows, cols);
+    quantized_layout const l = q.layout();
+    for (std::int64_t i = 0; i < l.total_bytes; ++i) {
+      q.data()[i] = static_cast<std::uint8_t>(gen());
+    }
+    for (std::int64_t g = 0; g < l.groups(); ++g) {
+      float const s = g % 5 == 0 ? 0.0f
+                                 : std::ldexp(static_cast<float>(gen() % 1000 + 1),
+                                              static_cast<int>(gen() % 200) - 140);
+      std::memcpy(q.data() + l.scales_offset + 4 * g, &s, 4);
+    }
+    std::vector<float> a(static_cast<std::size_t>(rows * cols)), b(a.size());
+    std::vector<bfloat16> c(a.size()), d(a.size());
+    dequantize(portable, std::as_const(q).view(), matrix_view<float>(a.data(), rows, cols));
+    dequantize(host, std::as_const(q).view(), matrix_view<float>(b.data(), rows, cols));
+    REQUIRE(raw(a) == raw(b));
+    dequantize(portable, std::as_const(q).view(), matrix_view<bfloat16>(c.data(), rows, cols));
+    dequantize(host, std::as_const(q).view(), matrix_view<bfloat16>(d.data(), rows, cols));
+    REQUIRE(raw(c) == raw(d));
+  }
+}
