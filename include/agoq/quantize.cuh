@@ -170,7 +170,7 @@ void fake_quantize_async(cuda_executor ex, spec const& s, matrix_view<In> in, ma
                          quantize_options opt = {}, std::int64_t* nonfinite = nullptr) {
   s.validate();
   detail::check_extents(in.extent(0), in.extent(1), out.extent(0), out.extent(1),
-                        "fake_quantize_async");
+                        "fake_quantize_async", "the output");
   quantized_layout const l = make_layout(s, in.extent(0), in.extent(1));
   cudaStream_t const stream = ex.stream.get();
   void* tmp = nullptr;

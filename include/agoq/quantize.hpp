@@ -45,12 +45,14 @@ concept readable_elements = element_type<std::remove_const_t<In>>;
 template <class Out>
 concept writable_elements = element_type<Out> && !std::is_const_v<Out>;
 
+/// Throws unless the tensor's extents equal the other operand's (`other` names it in the message).
 inline void check_extents(std::int64_t rows, std::int64_t cols, std::int64_t qrows,
-                          std::int64_t qcols, char const* what) {
+                          std::int64_t qcols, char const* what,
+                          char const* other = "the quantized view") {
   AGOQ_EXPECTS(rows == qrows && cols == qcols,
                std::string(what) + ": the tensor is " + std::to_string(rows) + "x" +
-                   std::to_string(cols) + " but the quantized view is " + std::to_string(qrows) +
-                   "x" + std::to_string(qcols));
+                   std::to_string(cols) + " but " + other + " is " + std::to_string(qrows) + "x" +
+                   std::to_string(qcols));
 }
 
 template <class T>
@@ -109,7 +111,8 @@ template <detail::readable_elements In, detail::writable_elements Out>
 std::int64_t fake_quantize(host_executor ex, spec const& s, matrix_view<In> in,
                            matrix_view<Out> out, quantize_options opt = {}) {
   s.validate();
-  detail::check_extents(in.extent(0), in.extent(1), out.extent(0), out.extent(1), "fake_quantize");
+  detail::check_extents(in.extent(0), in.extent(1), out.extent(0), out.extent(1), "fake_quantize",
+                        "the output");
   detail::check_data(in.data_handle(), in.size(), "fake_quantize");
   detail::check_data(out.data_handle(), out.size(), "fake_quantize");
   if (in.size() == 0) return 0;

@@ -158,7 +158,10 @@ TEST_CASE("floor_stochastic rounds up with probability floor(2^24 f) / 2^24, exa
   CHECK(numeric::floor_stochastic(127.0f, last) == 127.0f);
   CHECK(numeric::floor_stochastic(126.99999f, last) == 127.0f);
   CHECK(numeric::floor_stochastic(126.99999f, 0.0f) == 126.0f);
-  for (float const v : {0.25f, -3.75f, 126.999992f, -0.3f, 5.0f, 1e-7f}) {
+  // v - floor(v) = 1 + v is not a float for tiny negative v: compared as u >= -v instead.
+  CHECK(numeric::floor_stochastic(-0x1p-30f, 0.0f) == -1.0f);
+  CHECK(numeric::floor_stochastic(-0x1p-30f, 5.9604644775390625e-8f) == 0.0f);
+  for (float const v : {0.25f, -3.75f, 126.999992f, -0.3f, 5.0f, 1e-7f, -1e-9f, -0.7f, -1.0f}) {
     double const f = static_cast<double>(v) - std::floor(static_cast<double>(v));
     std::int64_t ups = 0, outside = 0;
     for (std::uint32_t k = 0; k < (1u << 24); ++k) {

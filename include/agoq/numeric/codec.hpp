@@ -41,12 +41,15 @@ AGOQ_HOST_DEVICE constexpr std::uint32_t code_mask(int bits) noexcept {
 }
 
 /// floor(v + u) computed without rounding the sum: floor(v), plus one when 1 - u <= v - floor(v).
-/// Both sides are exact (|v| < 2^22, u a multiple of 2^-24), so the result rounds up with
-/// probability floor(2^24 f) / 2^24 for the fraction f of v: unbiased to within 2^-24 of a step,
-/// never past the next integer (so a clamped v stays in range), and v's floor at u = 0.
+/// Every comparison is exact (|v| < 2^22, u a multiple of 2^-24): v - floor(v) is a Sterbenz
+/// difference except for v in (-1, 0), where the equivalent u >= -v is compared instead. So the
+/// result rounds up with probability floor(2^24 f) / 2^24 for the fraction f of v (unbiased to
+/// within 2^-24 of a step), never moves an integer v (so a clamped v stays in range), and is v's
+/// floor at u = 0.
 AGOQ_HOST_DEVICE inline float floor_stochastic(float v, float u) noexcept {
   float const q = cuda::std::floor(v);
-  return 1.0f - u <= v - q ? q + 1.0f : q;
+  bool const up = q == -1.0f ? u >= -v : 1.0f - u <= v - q;
+  return up ? q + 1.0f : q;
 }
 
 /// Sign-extends a b-bit two's complement field.

@@ -290,12 +290,16 @@ struct encoder {
   }
 
   /// Codes of stochastic rounding (integer codes): numeric::floor_stochastic of the clamped
-  /// x / scale, floor(v) plus one where 1 - u <= v - floor(v).
+  /// x / scale, floor(v) plus one where 1 - u <= v - floor(v) (u >= -v where floor(v) = -1).
   __m512i stochastic(__m512 x, __m512 u) const noexcept {
     __m512 const v = clamped(x);
     __m512 const down = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __mmask16 const up = _mm512_cmp_ps_mask(_mm512_sub_ps(_mm512_set1_ps(1.0f), u),
-                                            _mm512_sub_ps(v, down), _CMP_LE_OQ);
+    __mmask16 const minus_one = _mm512_cmp_ps_mask(down, _mm512_set1_ps(-1.0f), _CMP_EQ_OQ);
+    __mmask16 const up_near_zero =
+        _mm512_cmp_ps_mask(u, _mm512_sub_ps(_mm512_setzero_ps(), v), _CMP_GE_OQ);
+    __mmask16 const up_elsewhere = _mm512_cmp_ps_mask(_mm512_sub_ps(_mm512_set1_ps(1.0f), u),
+                                                      _mm512_sub_ps(v, down), _CMP_LE_OQ);
+    __mmask16 const up = (minus_one & up_near_zero) | (~minus_one & up_elsewhere);
     // NaN lanes compare false and convert to 0x80000000, whose low bits are the code of zero.
     __m512i c = _mm512_cvttps_epi32(down);
     c = _mm512_mask_add_epi32(c, up, c, _mm512_set1_epi32(1));
