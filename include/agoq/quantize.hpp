@@ -29,6 +29,10 @@ struct host_executor {
 /// The default host executor.
 inline constexpr host_executor host{};
 
+/// True when the CPU executor was compiled with its AVX-512 loops (AVX-512 F, BW and VL enabled
+/// for the including translation unit); otherwise it runs the portable loops.
+inline constexpr bool host_simd_available = detail::host::simd_available;
+
 /// Arguments of stochastic rounding: element i (row-major index) of a call draws stream
 /// position `offset + i` under `seed`. Give each step, layer and micro-batch its own seed or
 /// offset range; nearest rounding ignores both.
