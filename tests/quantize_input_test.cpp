@@ -2,6 +2,8 @@
 // the problem), empty tensors, non-finite values, subnormal and huge values, unaligned pointers.
 #include <doctest/doctest.h>
 
+#include "quantized_fields.hpp"
+
 #include <agoq/agoq.hpp>
 
 #include <algorithm>
@@ -17,6 +19,8 @@
 namespace {
 
 using i64 = std::int64_t;
+using agoq::test::code_field;
+using agoq::test::stored_scale;
 using doctest::Contains;
 
 constexpr float flt_max = std::numeric_limits<float>::max();
@@ -47,30 +51,6 @@ std::uint16_t bits16(T x) {
 }
 
 // Code field of element (r, c) (packed LSB first, rows byte-aligned).
-int code_field(agoq::const_quantized_view v, i64 r, i64 c) {
-  i64 const row_bytes = (v.cols * v.spec.bits + 7) / 8;
-  i64 const bit = c * v.spec.bits;
-  return (v.codes[r * row_bytes + bit / 8] >> (bit % 8)) & ((1 << v.spec.bits) - 1);
-}
-
-float stored_scale(agoq::const_quantized_view v, i64 g) {
-  switch (v.spec.scale) {
-    case agoq::scale_format::f32: {
-      float s;
-      std::memcpy(&s, v.scales + 4 * g, 4);
-      return s;
-    }
-    case agoq::scale_format::bf16: {
-      std::uint16_t b;
-      std::memcpy(&b, v.scales + 2 * g, 2);
-      return std::bit_cast<float>(std::uint32_t{b} << 16);
-    }
-    case agoq::scale_format::e8m0:
-      return v.scales[g] == 0 ? 0.0f : std::ldexp(1.0f, v.scales[g] - 127);
-  }
-  return 0.0f;
-}
-
 // The codes documented for the non-finite values (DESIGN §4), as raw fields.
 struct special_codes {
   int zero, largest, smallest;

@@ -4,6 +4,8 @@
 // Philox. Nothing below calls agoq's codec, fp8, scale or philox functions.
 #include <doctest/doctest.h>
 
+#include "quantized_fields.hpp"
+
 #include <agoq/agoq.hpp>
 
 #include <algorithm>
@@ -21,6 +23,8 @@
 namespace {
 
 using i64 = std::int64_t;
+using agoq::test::code_field;
+using agoq::test::stored_scale;
 using u64 = std::uint64_t;
 
 // ---------------------------------------------------------------------------------------------
@@ -378,14 +382,6 @@ std::vector<agoq::spec> all_specs() {
   return out;
 }
 
-// The code field of element (r, c), read from the packed rows (LSB first, rows byte-aligned).
-int code_field(agoq::const_quantized_view v, i64 r, i64 c) {
-  i64 const row_bytes = (v.cols * v.spec.bits + 7) / 8;
-  i64 const bit = c * v.spec.bits;
-  int const byte = v.codes[r * row_bytes + bit / 8];
-  return (byte >> (bit % 8)) & ((1 << v.spec.bits) - 1);
-}
-
 // The field as the reference writes it: signed q for symmetric codes.
 int code_value(agoq::spec const& s, int field) {
   if (s.code != agoq::code_kind::int_sym) return field;
@@ -706,25 +702,6 @@ TEST_CASE_TEMPLATE("quantize matches the scalar reference of the format contract
 }
 
 namespace {
-
-// Reads group g's stored scale (any format) as a float.
-float stored_scale(agoq::const_quantized_view v, i64 g) {
-  switch (v.spec.scale) {
-    case agoq::scale_format::f32: {
-      float s;
-      std::memcpy(&s, v.scales + 4 * g, 4);
-      return s;
-    }
-    case agoq::scale_format::bf16: {
-      std::uint16_t b;
-      std::memcpy(&b, v.scales + 2 * g, 2);
-      return std::bit_cast<float>(std::uint32_t{b} << 16);
-    }
-    case agoq::scale_format::e8m0:
-      return v.scales[g] == 0 ? 0.0f : std::ldexp(1.0f, v.scales[g] - 127);
-  }
-  return 0.0f;
-}
 
 std::vector<int> unpacked_codes(agoq::const_quantized_view v) {
   std::vector<int> out;

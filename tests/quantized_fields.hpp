@@ -1,0 +1,41 @@
+// Reads a quantized view's fields straight from its bytes, independently of agoq's own readers
+// (the tests compare agoq's output with these).
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include <agoq/layout/view.hpp>
+
+namespace agoq::test {
+
+/// The code field of element (r, c), read from the packed rows (LSB first, rows byte-aligned).
+inline int code_field(agoq::const_quantized_view v, std::int64_t r, std::int64_t c) {
+  std::int64_t const row_bytes = (v.cols * v.spec.bits + 7) / 8;
+  std::int64_t const bit = c * v.spec.bits;
+  int const byte = v.codes[r * row_bytes + bit / 8];
+  return (byte >> (bit % 8)) & ((1 << v.spec.bits) - 1);
+}
+
+/// Group g's stored scale (any format) as a float; agoq stores a zero scale as 0 in every format.
+inline float stored_scale(agoq::const_quantized_view v, std::int64_t g) {
+  switch (v.spec.scale) {
+    case agoq::scale_format::f32: {
+      float s;
+      std::memcpy(&s, v.scales + 4 * g, 4);
+      return s;
+    }
+    case agoq::scale_format::bf16: {
+      std::uint16_t b;
+      std::memcpy(&b, v.scales + 2 * g, 2);
+      return std::bit_cast<float>(std::uint32_t{b} << 16);
+    }
+    case agoq::scale_format::e8m0:
+      return v.scales[g] == 0 ? 0.0f : std::ldexp(1.0f, v.scales[g] - 127);
+  }
+  return 0.0f;
+}
+
+}  // namespace agoq::test
