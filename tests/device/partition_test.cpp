@@ -84,3 +84,34 @@ TEST_CASE("64-bit runs beyond 2^31 elements") {
   element_run const r = group_lane_run(units - 1, 128, rows, cols, group);
   CHECK(r.row == 2);
 }
+
+TEST_CASE("divmod takes the 32-bit path when it can and agrees with 64-bit division") {
+  for (std::int64_t a : {std::int64_t{0}, std::int64_t{7}, std::int64_t{4294967295},
+                         std::int64_t{4294967296}, (std::int64_t{1} << 40) + 3}) {
+    for (std::int64_t b :
+         {std::int64_t{1}, std::int64_t{3}, std::int64_t{128}, std::int64_t{4294967297}}) {
+      std::int64_t q = -1, r = -1;
+      divmod(a, b, q, r);
+      REQUIRE(q == a / b);
+      REQUIRE(r == a % b);
+    }
+  }
+}
+
+TEST_CASE("group_cursor walks a run's groups like quantized_layout::group_of") {
+  for (char const* name : {"int8_g128_sym_rne_f32", "int4_col_sym_rne_f32", "int2_g3_sym_rne_f32",
+                           "int8_b3x5_asym_rne_f32", "int8_row_sym_rne_f32",
+                           "int8_tensor_sym_rne_f32", "int4_g7_sym_rne_f32"}) {
+    for (auto [rows, cols] : shapes) {
+      quantized_layout const l = make_layout(spec::parse(name), rows, cols);
+      for (std::int64_t u = 0; u < unit_count(rows, cols); ++u) {
+        element_run const r = unit_run(u, rows, cols);
+        group_cursor cursor(r.row, r.col, l.tile, l.group_grid_cols);
+        for (int i = 0; i < r.count; ++i) {
+          cursor.advance(r.col + i);
+          REQUIRE(cursor.group == l.group_of(r.row, r.col + i));
+        }
+      }
+    }
+  }
+}

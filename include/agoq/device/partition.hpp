@@ -6,8 +6,21 @@
 #include <cstdint>
 
 #include "../config.hpp"
+#include "../scheme/grouping.hpp"
 
 namespace agoq::device {
+
+/// q = a / b and r = a % b for 0 <= a, 0 < b, through 32-bit division when both fit (GPUs emulate
+/// 64-bit division in dozens of instructions). Host and device.
+AGOQ_HOST_DEVICE constexpr void divmod(std::int64_t a, std::int64_t b, std::int64_t& q,
+                                       std::int64_t& r) noexcept {
+  if (((a | b) >> 32) == 0) {
+    q = static_cast<std::uint32_t>(a) / static_cast<std::uint32_t>(b);
+  } else {
+    q = a / b;
+  }
+  r = a - q * b;
+}
 
 /// Elements one thread handles in the CUDA kernels (16 bytes of bf16, one 8-byte int8 store).
 inline constexpr int elements_per_thread = 8;
@@ -28,8 +41,9 @@ AGOQ_HOST_DEVICE constexpr element_run unit_run(std::int64_t u, std::int64_t row
   std::int64_t const per_row = (cols + elements_per_thread - 1) / elements_per_thread;
   element_run r;
   if (per_row == 0 || u >= rows * per_row) return r;
-  r.row = u / per_row;
-  r.col = (u % per_row) * elements_per_thread;
+  std::int64_t unit_in_row = 0;
+  divmod(u, per_row, r.row, unit_in_row);
+  r.col = unit_in_row * elements_per_thread;
   std::int64_t const left = cols - r.col;
   r.count = static_cast<int>(left < elements_per_thread ? left : elements_per_thread);
   return r;
@@ -48,17 +62,46 @@ AGOQ_HOST_DEVICE constexpr element_run group_lane_run(std::int64_t t, std::int64
                                                       std::int64_t& group) noexcept {
   std::int64_t const lanes = group_size / elements_per_thread;
   std::int64_t const per_row = (cols + group_size - 1) / group_size;
-  group = t / lanes;
+  std::int64_t lane = 0;
+  divmod(t, lanes, group, lane);
   element_run r;
   if (per_row == 0 || group >= rows * per_row) return r;
-  r.row = group / per_row;
-  r.col = (group % per_row) * group_size + (t % lanes) * elements_per_thread;
+  std::int64_t group_in_row = 0;
+  divmod(group, per_row, r.row, group_in_row);
+  r.col = group_in_row * group_size + lane * elements_per_thread;
   std::int64_t const left = cols - r.col;
   r.count = static_cast<int>(left <= 0                    ? 0
                              : left < elements_per_thread ? left
                                                           : elements_per_thread);
   return r;
 }
+
+/// Walks the groups of consecutive columns of one row with one division up front: `group` is the
+/// group-grid index of the current column. Host and device.
+struct group_cursor {
+  std::int64_t group = 0;     ///< group of the current column
+  std::int64_t boundary = 0;  ///< first column of the next group along the row
+  std::int64_t tile_cols = 1;
+
+  /// Starts at (row, col) of a tensor tiled by `t` with `grid_cols` groups per grid row.
+  AGOQ_HOST_DEVICE constexpr group_cursor(std::int64_t row, std::int64_t col, tile_shape t,
+                                          std::int64_t grid_cols) noexcept
+      : tile_cols(t.cols) {
+    std::int64_t tile_row = 0, row_in_tile = 0, tile_col = 0, col_in_tile = 0;
+    divmod(row, t.rows, tile_row, row_in_tile);
+    divmod(col, t.cols, tile_col, col_in_tile);
+    group = tile_row * grid_cols + tile_col;
+    boundary = col - col_in_tile + t.cols;
+  }
+
+  /// Moves to column `col` of the same row (not before the current one). Host and device.
+  AGOQ_HOST_DEVICE constexpr void advance(std::int64_t col) noexcept {
+    while (col >= boundary) {
+      ++group;
+      boundary += tile_cols;
+    }
+  }
+};
 
 /// Threads per block and blocks per SM of agoq's elementwise kernels for a compute capability
 /// (major * 10 + minor). Plain values, so the host tests check them.

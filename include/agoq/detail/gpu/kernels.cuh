@@ -111,10 +111,12 @@ AGOQ_KERNEL void stats_kernel(T const* x, quantized_layout l, group_accumulator*
     device::element_run const r = device::unit_run(u, l.rows, l.cols);
     float v[run];
     load_run(x + r.row * l.cols + r.col, r.count, v);
+    device::group_cursor cursor(r.row, r.col, l.tile, l.group_grid_cols);
 #pragma unroll
     for (int i = 0; i < run; ++i) {
       if (i >= r.count) break;
-      std::int64_t const g = l.group_of(r.row, r.col + i);
+      cursor.advance(r.col + i);
+      std::int64_t const g = cursor.group;
       if (g != current) {
         flush();
         current = g;
@@ -157,6 +159,7 @@ AGOQ_KERNEL void encode_kernel(T const* x, quantized_view out, quantized_layout 
     float v[run];
     load_run(x + r.row * l.cols + r.col, r.count, v);
     std::uint8_t q[run] = {};
+    device::group_cursor cursor(r.row, r.col, l.tile, l.group_grid_cols);
     std::int64_t current = -1;
     group_params p;
     float draws[run];
@@ -167,10 +170,10 @@ AGOQ_KERNEL void encode_kernel(T const* x, quantized_view out, quantized_layout 
 #pragma unroll
     for (int i = 0; i < run; ++i) {
       if (i >= r.count) break;
-      std::int64_t const g = l.group_of(r.row, r.col + i);
-      if (g != current) {
-        current = g;
-        p = load_group_params(out, g);
+      cursor.advance(r.col + i);
+      if (cursor.group != current) {
+        current = cursor.group;
+        p = load_group_params(out, current);
       }
       if constexpr (Rounding::kind == rounding_kind::stochastic) {
         q[i] = encode_stochastic<Code>(v[i], p, draws[i]);
@@ -198,18 +201,20 @@ AGOQ_KERNEL void dequantize_kernel(const_quantized_view in, quantized_layout l, 
           load_codes<Code::bits>(in.codes + r.row * l.code_row_bytes + r.col * Code::bits / 8,
                                  r.count),
           q);
-      float v[run];
+      float v[run] = {};
+      device::group_cursor cursor(r.row, r.col, l.tile, l.group_grid_cols);
       std::int64_t current = -1;
       group_params p;
 #pragma unroll
       for (int i = 0; i < run; ++i) {
-        std::int64_t const g = l.group_of(r.row, r.col + (i < r.count ? i : 0));
-        if (g != current) {
-          current = g;
-          p = load_group_params(in, g);
+        if (i >= r.count) break;
+        cursor.advance(r.col + i);
+        if (cursor.group != current) {
+          current = cursor.group;
+          p = load_group_params(in, current);
         }
         v[i] = decode<Code>(q[i], p);
-        if (i < r.count && !numeric::is_finite(p.scale)) ++bad;
+        if (!numeric::is_finite(p.scale)) ++bad;
       }
       store_run(y + r.row * l.cols + r.col, r.count, v);
     }
