@@ -64,6 +64,11 @@ std::int64_t chunk_params(T const* x, std::int64_t cols, tile_shape t, scale_for
   s.params.resize(static_cast<std::size_t>(tiles));
   for (std::int64_t r = r0; r < r1; ++r) {
     T const* row = x + r * cols;
+    if (t.cols == 1) {  // per-column groups: one element of each per row, no segment loops
+      for (std::int64_t k = 0; k < tiles; ++k)
+        fold_value(s.stats[k], numeric::to_float(row[c0 + k]));
+      continue;
+    }
     for (std::int64_t k = 0; k < tiles; ++k) {
       std::int64_t const b = c0 + k * t.cols;
       std::int64_t const e = std::min(c1, b + t.cols);
@@ -93,6 +98,17 @@ void encode_row(T const* row, std::int64_t r, std::int64_t cols, tile_shape t, s
       uniforms(seed, first, c1 - c0, s.draws.data());
     }
   }
+  if (t.cols == 1) {  // per-column groups: each element has its own parameters
+    for (std::int64_t k = 0; k < c1 - c0; ++k) {
+      float const v = numeric::to_float(row[c0 + k]);
+      if constexpr (Rounding::kind == rounding_kind::stochastic) {
+        q[k] = encode_stochastic<Code>(v, s.params[k], s.draws[k]);
+      } else {
+        q[k] = encode_nearest<Code>(v, s.params[k]);
+      }
+    }
+    return;
+  }
   for (std::int64_t b = c0, k = 0; b < c1; b += t.cols, ++k) {
     std::int64_t const e = std::min(c1, b + t.cols);
     if constexpr (Rounding::kind == rounding_kind::stochastic) {
@@ -116,6 +132,14 @@ template <code_format Code, class T>
 std::int64_t decode_row(std::uint8_t const* q, tile_shape t, std::int64_t c0, std::int64_t c1,
                         bool simd, scratch const& s, T* y) {
   std::int64_t nonfinite = 0;
+  if (t.cols == 1) {  // per-column groups
+    for (std::int64_t k = 0; k < c1 - c0; ++k) {
+      group_params const p = s.params[k];
+      nonfinite += numeric::is_finite(p.scale) ? 0 : 1;
+      y[c0 + k] = numeric::from_float<T>(decode<Code>(q[k], p));
+    }
+    return nonfinite;
+  }
   for (std::int64_t b = c0, k = 0; b < c1; b += t.cols, ++k) {
     std::int64_t const e = std::min(c1, b + t.cols);
     group_params const p = s.params[k];

@@ -37,6 +37,24 @@ inline void combine(segment_stats& acc, segment_stats const& s) noexcept {
   acc.stats.max = s.stats.max > acc.stats.max ? s.stats.max : acc.stats.max;
 }
 
+/// Folds one value into a group's statistics (counting it if it is not finite); the per-column
+/// path uses it where every group of a row is a single element.
+inline void fold_value(segment_stats& acc, float v) noexcept {
+  if (!numeric::is_finite(v)) {
+    ++acc.nonfinite;
+    return;
+  }
+  float const a = v < 0.0f ? -v : v;
+  if (!acc.any_finite) {
+    acc.stats = group_stats{a, v, v};
+    acc.any_finite = true;
+    return;
+  }
+  acc.stats.absmax = a > acc.stats.absmax ? a : acc.stats.absmax;
+  acc.stats.min = v < acc.stats.min ? v : acc.stats.min;
+  acc.stats.max = v > acc.stats.max ? v : acc.stats.max;
+}
+
 /// The unsigned integer holding an element's bits and the bits of its +Inf magnitude.
 template <class T>
 struct element_bits;
