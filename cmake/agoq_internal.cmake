@@ -31,3 +31,20 @@ function(agoq_target_options target)
       $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-march=${AGOQ_HOST_ARCH}>)
   endif()
 endfunction()
+
+# NCCL ships with the CUDA toolkit (nccl.h, libnccl). agoq's own NCCL adapter check and device test
+# use it through this imported target; users link NCCL themselves.
+if(AGOQ_HAS_CUDA)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+  if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+    add_library(agoq_nccl UNKNOWN IMPORTED)
+    set_target_properties(agoq_nccl PROPERTIES
+      IMPORTED_LOCATION ${NCCL_LIBRARY}
+      INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
+    set(AGOQ_HAS_NCCL ON)
+  else()
+    set(AGOQ_HAS_NCCL OFF)
+    message(STATUS "agoq: NCCL not found next to the CUDA toolkit; the NCCL adapter is not tested")
+  endif()
+endif()

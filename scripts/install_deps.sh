@@ -3,7 +3,7 @@
 # The CUDA 13 toolkit (nvcc, CCCL) is a prerequisite and is not installed here.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ doctest-dev libbenchmark-dev)
+packages=(cmake ninja-build g++ doctest-dev libbenchmark-dev openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -24,10 +24,8 @@ namespace agoq::comm {
 class in_process_group {
  public:
   /// A group of `size` ranks. \throws agoq::invalid_argument for size < 1.
-  explicit in_process_group(int size) : size_(size), posted_(static_cast<std::size_t>(size)) {
-    AGOQ_EXPECTS(size >= 1,
-                 "in_process_group: the size must be at least 1, got " + std::to_string(size));
-  }
+  explicit in_process_group(int size)
+      : size_(checked_size(size)), posted_(static_cast<std::size_t>(size_)) {}
 
   class member;
 
@@ -52,6 +50,13 @@ class in_process_group {
  private:
   friend class member;
 
+  // The size, validated before anything is allocated for it.
+  static int checked_size(int size) {
+    AGOQ_EXPECTS(size >= 1,
+                 "in_process_group: the size must be at least 1, got " + std::to_string(size));
+    return size;
+  }
+
   // Waits until all ranks arrived at this barrier; throws once the group is aborted.
   void barrier() {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -68,7 +73,7 @@ class in_process_group {
   }
 
   int size_;
-  std::vector<std::byte const*> posted_;
+  std::vector<std::byte const*> posted_;  // sized from size_, declared after it
   std::mutex mutex_;
   std::condition_variable cv_;
   int arrived_ = 0;
