@@ -1,0 +1,290 @@
+/// \file
+/// agoq_plan: prints the per-GPU training memory of a model under a parallel layout (bf16
+/// activations + fp32 gradients against AGoQ's layer-aware activations + 8-bit gradients) and,
+/// given a budget, the activation plan the planner chooses.
+///
+///   agoq_plan --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 60
+///   agoq_plan --config model.cfg        (key=value lines, the flag names without "--")
+///
+/// Host only, single-threaded.
+
+#include <agoq/activation/planner.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace act = agoq::activation;
+
+constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+
+struct options {
+  act::model_shape model;
+  act::parallel_config parallel;
+  act::step_config step;
+  act::state_formats agoq_states{act::gradient_format::int8_g128, act::optimizer_format::fp32};
+  double budget_gib = 0;
+  bool verbose = false;
+};
+
+void usage() {
+  std::puts(
+      "usage: agoq_plan [--config FILE] [--preset llama3-8b|32b|gpt3-1.3b] [--style llama|gpt]\n"
+      "  [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N] [--head-dim N]\n"
+      "  [--vocab N] [--tp N] [--pp N] [--vp N] [--dp N] [--zero 0-3] [--sp] [--no-sp]\n"
+      "  [--micro-batch N] [--seq N] [--micro-batches N] [--grad fp32|bf16|int8]\n"
+      "  [--optim fp32|int8] [--budget-gib X] [--verbose]\n"
+      "A config file holds the same keys as key=value lines (sp=1, verbose=1; # comments).");
+}
+
+void preset(options& o, std::string const& name) {
+  act::model_shape& m = o.model;
+  if (name == "llama3-8b") {
+    m = {act::block_style::llama, 32, 4096, 14336, 32, 8, 128, 128256, false};
+  } else if (name == "32b") {  // Qwen-2.5-32B-like
+    m = {act::block_style::llama, 64, 5120, 27648, 40, 8, 128, 152064, false};
+  } else if (name == "gpt3-1.3b") {
+    m = {act::block_style::gpt, 24, 2048, 8192, 16, 16, 128, 50257, true};
+  } else {
+    throw std::invalid_argument("unknown preset '" + name + "'");
+  }
+}
+
+std::int64_t to_int(std::string const& key, std::string const& v) {
+  std::size_t used = 0;
+  long long const x = std::stoll(v, &used);
+  if (used != v.size()) throw std::invalid_argument("bad integer for " + key + ": '" + v + "'");
+  return x;
+}
+
+void apply(options& o, std::string const& key, std::string const& v) {
+  if (key == "preset") {
+    preset(o, v);
+  } else if (key == "style") {
+    if (v != "llama" && v != "gpt") throw std::invalid_argument("style is llama or gpt");
+    o.model.style = v == "llama" ? act::block_style::llama : act::block_style::gpt;
+  } else if (key == "layers") {
+    o.model.layers = to_int(key, v);
+  } else if (key == "hidden") {
+    o.model.hidden = to_int(key, v);
+  } else if (key == "ffn") {
+    o.model.ffn = to_int(key, v);
+  } else if (key == "heads") {
+    o.model.heads = to_int(key, v);
+  } else if (key == "kv-heads") {
+    o.model.kv_heads = to_int(key, v);
+  } else if (key == "head-dim") {
+    o.model.head_dim = to_int(key, v);
+  } else if (key == "vocab") {
+    o.model.vocab = to_int(key, v);
+  } else if (key == "tp") {
+    o.parallel.tp = to_int(key, v);
+  } else if (key == "pp") {
+    o.parallel.pp = to_int(key, v);
+  } else if (key == "vp") {
+    o.parallel.virtual_stages = to_int(key, v);
+  } else if (key == "dp") {
+    o.parallel.dp = to_int(key, v);
+  } else if (key == "zero") {
+    o.parallel.zero_stage = static_cast<int>(to_int(key, v));
+  } else if (key == "sp") {
+    o.parallel.sp = v != "0";
+  } else if (key == "micro-batch") {
+    o.step.micro_batch = to_int(key, v);
+  } else if (key == "seq") {
+    o.step.seq = to_int(key, v);
+  } else if (key == "micro-batches") {
+    o.step.micro_batches = to_int(key, v);
+  } else if (key == "grad") {
+    o.agoq_states.gradients = v == "fp32"   ? act::gradient_format::fp32
+                              : v == "bf16" ? act::gradient_format::bf16
+                              : v == "int8" ? act::gradient_format::int8_g128
+                                            : throw std::invalid_argument("grad: fp32|bf16|int8");
+  } else if (key == "optim") {
+    o.agoq_states.optimizer = v == "fp32"   ? act::optimizer_format::fp32
+                              : v == "int8" ? act::optimizer_format::int8_g128
+                                            : throw std::invalid_argument("optim: fp32|int8");
+  } else if (key == "budget-gib") {
+    o.budget_gib = std::stod(v);
+  } else if (key == "verbose") {
+    o.verbose = v != "0";
+  } else {
+    throw std::invalid_argument("unknown key '" + key + "'");
+  }
+}
+
+void read_config(options& o, std::string const& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot open config file '" + path + "'");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (auto const hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    auto const trim = [](std::string s) {
+      auto const b = s.find_first_not_of(" \t\r");
+      auto const e = s.find_last_not_of(" \t\r");
+      return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+    };
+    line = trim(line);
+    if (line.empty()) continue;
+    auto const eq = line.find('=');
+    if (eq == std::string::npos) throw std::invalid_argument("config line without '=': " + line);
+    apply(o, trim(line.substr(0, eq)), trim(line.substr(eq + 1)));
+  }
+}
+
+double g(std::int64_t bytes) { return static_cast<double>(bytes) / gib; }
+
+void print_table(char const* title, std::vector<act::stage_memory> const& stages) {
+  std::printf("\n%s (GiB per GPU)\n", title);
+  std::printf("%6s %9s %8s %8s %8s %8s %11s %8s %8s\n", "stage", "in-flight", "weights", "master",
+              "grads", "optim", "activations", "head", "total");
+  for (auto const& s : stages) {
+    std::string flight;
+    for (std::size_t i = 0; i < s.in_flight.size(); ++i)
+      flight += (i ? "," : "") + std::to_string(s.in_flight[i]);
+    std::printf("%6lld %9s %8.2f %8.2f %8.2f %8.2f %11.2f %8.2f %8.2f\n",
+                static_cast<long long>(s.stage), flight.c_str(), g(s.weights), g(s.master_weights),
+                g(s.gradients), g(s.optimizer), g(s.activations), g(s.head_activations),
+                g(s.total()));
+  }
+  std::printf("%6s %9s %8s %8s %8s %8s %11s %8s %8.2f\n", "peak", "", "", "", "", "", "", "",
+              g(act::peak_total(stages)));
+}
+
+void print_plan(options const& o, act::activation_plan const& plan) {
+  std::printf("\nplan for a budget of %.2f GiB per GPU\n", g(plan.budget_bytes()));
+  for (auto const& s : plan.stages()) {
+    std::printf(
+        "stage %lld: total %.2f GiB (activations %.2f), unused %.2f GiB, error %.4g "
+        "(optimum >= %.4g)\n",
+        static_cast<long long>(s.memory.stage), g(s.memory.total()), g(s.memory.activations),
+        g(s.unused_bytes), s.error, s.error_lower_bound);
+    // Per kind: the layers holding each choice, as runs.
+    for (act::tensor_kind const k : act::block_tensors(o.model.style)) {
+      if (act::is_alias(k)) continue;
+      std::string line;
+      std::string run_name;
+      std::int64_t run_first = -1;
+      std::int64_t run_last = -1;
+      auto flush = [&] {
+        if (run_first < 0) return;
+        line += " " + run_name + "[" + std::to_string(run_first) +
+                (run_last > run_first ? "-" + std::to_string(run_last) : "") + "]";
+      };
+      for (auto const& t : s.tensors) {
+        if (t.kind != k) continue;
+        std::string const name = t.choice.name(t.kind == act::tensor_kind::softmax_lse ? 4 : 2);
+        if (name == run_name && t.layer == run_last + 1) {
+          run_last = t.layer;
+        } else {
+          flush();
+          run_name = name;
+          run_first = run_last = t.layer;
+        }
+      }
+      flush();
+      std::printf("  %-17s%s\n", std::string(act::name_of(k)).c_str(), line.c_str());
+    }
+    if (o.verbose) {
+      for (auto const& t : s.tensors)
+        std::printf("    layer %3lld %-17s %-22s %10.2f MiB x %lld  error %.4g\n",
+                    static_cast<long long>(t.layer), std::string(act::name_of(t.kind)).c_str(),
+                    t.choice.name(t.kind == act::tensor_kind::softmax_lse ? 4 : 2).c_str(),
+                    static_cast<double>(t.bytes) / (1024.0 * 1024.0),
+                    static_cast<long long>(t.in_flight), t.error);
+    }
+  }
+}
+
+int run(int argc, char** argv) {
+  options o;
+  preset(o, "llama3-8b");
+  o.step.seq = 8192;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      usage();
+      return 0;
+    }
+    if (a.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + a + "'");
+    a = a.substr(2);
+    if (a == "sp" || a == "verbose") {
+      apply(o, a, "1");
+    } else if (a == "no-sp") {
+      apply(o, "sp", "0");
+    } else {
+      if (i + 1 >= argc) throw std::invalid_argument("--" + a + " needs a value");
+      std::string const v = argv[++i];
+      if (a == "config") {
+        read_config(o, v);
+      } else {
+        apply(o, a, v);
+      }
+    }
+  }
+  o.parallel.validate(o.model);
+  act::model_shape const& m = o.model;
+  act::parallel_config const& p = o.parallel;
+  std::printf(
+      "model: %s, %lld layers, hidden %lld, ffn %lld, heads %lld, kv_heads %lld, "
+      "head_dim %lld, vocab %lld\n",
+      m.style == act::block_style::llama ? "llama" : "gpt", static_cast<long long>(m.layers),
+      static_cast<long long>(m.hidden), static_cast<long long>(m.ffn),
+      static_cast<long long>(m.heads), static_cast<long long>(m.kv_heads),
+      static_cast<long long>(m.head_size()), static_cast<long long>(m.vocab));
+  std::printf(
+      "parallel: tp %lld, pp %lld (%s), dp %lld, ZeRO-%d, sp %s; micro-batch %lld x seq "
+      "%lld, micro-batches %s\n",
+      static_cast<long long>(p.tp), static_cast<long long>(p.pp),
+      p.virtual_stages > 1 ? ("interleaved, v = " + std::to_string(p.virtual_stages)).c_str()
+                           : "1F1B",
+      static_cast<long long>(p.dp), p.zero_stage, p.sp ? "on" : "off",
+      static_cast<long long>(o.step.micro_batch), static_cast<long long>(o.step.seq),
+      o.step.micro_batches > 0 ? std::to_string(o.step.micro_batches).c_str()
+                               : "fill the pipeline");
+
+  auto const baseline =
+      act::estimate_memory(m, p, o.step, act::state_formats{}, act::policy_table::all_precise());
+  auto const agoq = act::estimate_memory(m, p, o.step, o.agoq_states, act::policy_table{});
+  print_table("baseline: bf16 activations, fp32 gradients, fp32 Adam", baseline);
+  std::printf(
+      "\nagoq default policy: residual int8_g128, linear/activation inputs int4_g128, "
+      "attention bf16; gradients %s, Adam %s\n",
+      act::name_of(o.agoq_states.gradients).c_str(), act::name_of(o.agoq_states.optimizer).c_str());
+  print_table("agoq", agoq);
+  double const saving = 1.0 - static_cast<double>(act::peak_total(agoq)) /
+                                  static_cast<double>(act::peak_total(baseline));
+  std::printf("\npeak per-GPU memory: %.2f GiB -> %.2f GiB, saving %.1f%%\n",
+              g(act::peak_total(baseline)), g(act::peak_total(agoq)), 100.0 * saving);
+
+  if (o.budget_gib > 0) {
+    act::planner_input in;
+    in.model = m;
+    in.parallel = p;
+    in.step = o.step;
+    in.states = o.agoq_states;
+    in.budget_bytes = static_cast<std::int64_t>(o.budget_gib * gib);
+    auto const plan = act::make_plan(in);
+    print_plan(o, plan);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "agoq_plan: %s\n", e.what());
+    usage();
+    return 1;
+  }
+}

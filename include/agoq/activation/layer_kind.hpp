@@ -1,0 +1,299 @@
+/// \file
+/// The tensors a transformer block saves for its backward pass (LLaMA-style and GPT-style), their
+/// categories, and their per-rank shapes as functions of the model shape and the tensor- and
+/// sequence-parallel configuration. Host only.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "../error.hpp"
+
+namespace agoq::activation {
+
+/// The block a model is built from.
+enum class block_style : std::uint8_t {
+  llama,  ///< pre-RMSNorm, grouped-query attention, SwiGLU MLP (gate, up, down), no dropout
+  gpt,    ///< pre-LayerNorm, multi-head attention, GeLU MLP (fc1, fc2)
+};
+
+/// One tensor a block saves in the forward pass for the backward pass. Attention is assumed to
+/// be a fused (flash) kernel: it saves Q, K, V, its output and the per-row logsumexp, never the
+/// [seq, seq] probabilities.
+enum class tensor_kind : std::uint8_t {
+  // LLaMA-style block.
+  attn_norm_input,   ///< residual stream entering the attention RMSNorm [tokens, hidden]
+  qkv_input,         ///< attention norm output, input of the QKV projection [tokens, hidden]
+  query,             ///< Q after rotary embedding [tokens, heads * head_dim]
+  key,               ///< K after rotary embedding [tokens, kv_heads * head_dim]
+  value,             ///< V [tokens, kv_heads * head_dim]
+  attention_output,  ///< attention output O, read by the attention backward (rowsum(dO * O))
+  softmax_lse,     ///< per-row logsumexp of the attention softmax, fp32 [micro_batch * heads, seq]
+  o_proj_input,    ///< input of the output projection: the same values as attention_output
+  mlp_norm_input,  ///< residual stream entering the MLP RMSNorm [tokens, hidden]
+  mlp_input,       ///< MLP norm output, input of the gate and up projections [tokens, hidden]
+  gate_output,     ///< gate projection output, the SiLU input of SwiGLU [tokens, ffn]
+  up_output,       ///< up projection output, the linear input of SwiGLU [tokens, ffn]
+  swiglu_output,   ///< silu(gate) * up, input of the down projection [tokens, ffn]
+  // GPT-style block (shares qkv_input .. o_proj_input with the LLaMA-style block).
+  ln1_input,   ///< residual stream entering the attention LayerNorm [tokens, hidden]
+  ln2_input,   ///< residual stream entering the MLP LayerNorm [tokens, hidden]
+  fc1_input,   ///< MLP LayerNorm output, input of FC1 [tokens, hidden]
+  gelu_input,  ///< FC1 output, the GeLU input [tokens, ffn]
+  fc2_input,   ///< GeLU output, input of FC2 [tokens, ffn]
+};
+
+/// Number of tensor kinds.
+inline constexpr int tensor_kind_count = 18;
+
+/// What a saved tensor is, which decides its default precision and its sensitivity.
+enum class tensor_category : std::uint8_t {
+  attention_core,    ///< Q, K, V, attention output, softmax statistics: kept precise
+  linear_input,      ///< the input X of a linear layer, read only for its weight gradient
+  activation_input,  ///< the input of an elementwise nonlinearity (SiLU / SwiGLU, GeLU)
+  residual_stream,   ///< the residual stream entering a normalization
+};
+
+/// Every tensor kind, in declaration order.
+inline constexpr std::array<tensor_kind, tensor_kind_count> all_tensor_kinds = {
+    tensor_kind::attn_norm_input, tensor_kind::qkv_input,
+    tensor_kind::query,           tensor_kind::key,
+    tensor_kind::value,           tensor_kind::attention_output,
+    tensor_kind::softmax_lse,     tensor_kind::o_proj_input,
+    tensor_kind::mlp_norm_input,  tensor_kind::mlp_input,
+    tensor_kind::gate_output,     tensor_kind::up_output,
+    tensor_kind::swiglu_output,   tensor_kind::ln1_input,
+    tensor_kind::ln2_input,       tensor_kind::fc1_input,
+    tensor_kind::gelu_input,      tensor_kind::fc2_input};
+
+/// The tensors a LLaMA-style block saves, in forward order.
+inline constexpr std::array<tensor_kind, 13> llama_block_tensors = {
+    tensor_kind::attn_norm_input, tensor_kind::qkv_input,
+    tensor_kind::query,           tensor_kind::key,
+    tensor_kind::value,           tensor_kind::attention_output,
+    tensor_kind::softmax_lse,     tensor_kind::o_proj_input,
+    tensor_kind::mlp_norm_input,  tensor_kind::mlp_input,
+    tensor_kind::gate_output,     tensor_kind::up_output,
+    tensor_kind::swiglu_output};
+
+/// The tensors a GPT-style block saves, in forward order.
+inline constexpr std::array<tensor_kind, 12> gpt_block_tensors = {
+    tensor_kind::ln1_input,   tensor_kind::qkv_input,    tensor_kind::query,
+    tensor_kind::key,         tensor_kind::value,        tensor_kind::attention_output,
+    tensor_kind::softmax_lse, tensor_kind::o_proj_input, tensor_kind::ln2_input,
+    tensor_kind::fc1_input,   tensor_kind::gelu_input,   tensor_kind::fc2_input};
+
+/// The tensors a block of the given style saves, in forward order.
+inline constexpr std::span<tensor_kind const> block_tensors(block_style s) noexcept {
+  if (s == block_style::llama) return llama_block_tensors;
+  return gpt_block_tensors;
+}
+
+/// The index of a kind in all_tensor_kinds (its enumerator value).
+inline constexpr int index_of(tensor_kind k) noexcept { return static_cast<int>(k); }
+
+/// The short name of a kind (its enumerator name).
+inline constexpr std::string_view name_of(tensor_kind k) noexcept {
+  constexpr std::array<std::string_view, tensor_kind_count> names = {
+      "attn_norm_input", "qkv_input",        "query",       "key",
+      "value",           "attention_output", "softmax_lse", "o_proj_input",
+      "mlp_norm_input",  "mlp_input",        "gate_output", "up_output",
+      "swiglu_output",   "ln1_input",        "ln2_input",   "fc1_input",
+      "gelu_input",      "fc2_input"};
+  return names[static_cast<std::size_t>(index_of(k))];
+}
+
+/// The name of a category.
+inline constexpr std::string_view name_of(tensor_category c) noexcept {
+  switch (c) {
+    case tensor_category::attention_core:
+      return "attention_core";
+    case tensor_category::linear_input:
+      return "linear_input";
+    case tensor_category::activation_input:
+      return "activation_input";
+    default:
+      return "residual_stream";
+  }
+}
+
+/// The category of a kind. The gate and up outputs are both inputs of the SwiGLU nonlinearity;
+/// the SwiGLU and GeLU outputs are the inputs of the down projection and FC2.
+inline constexpr tensor_category category_of(tensor_kind k) noexcept {
+  switch (k) {
+    case tensor_kind::query:
+    case tensor_kind::key:
+    case tensor_kind::value:
+    case tensor_kind::attention_output:
+    case tensor_kind::softmax_lse:
+      return tensor_category::attention_core;
+    case tensor_kind::qkv_input:
+    case tensor_kind::o_proj_input:
+    case tensor_kind::mlp_input:
+    case tensor_kind::swiglu_output:
+    case tensor_kind::fc1_input:
+    case tensor_kind::fc2_input:
+      return tensor_category::linear_input;
+    case tensor_kind::gate_output:
+    case tensor_kind::up_output:
+    case tensor_kind::gelu_input:
+      return tensor_category::activation_input;
+    default:
+      return tensor_category::residual_stream;
+  }
+}
+
+/// True for the kind that owns no storage of its own: the output projection reads the attention
+/// output O that the attention backward keeps anyway, so `o_proj_input` is that buffer (stored
+/// with the scheme of `attention_output`). Frameworks save it once too (Megatron's accounting
+/// counts it once). It is listed so every consumer of a saved tensor has a name.
+inline constexpr bool is_alias(tensor_kind k) noexcept { return k == tensor_kind::o_proj_input; }
+
+/// The kind whose buffer an alias reads (the kind itself when it is not an alias).
+inline constexpr tensor_kind storage_kind(tensor_kind k) noexcept {
+  return is_alias(k) ? tensor_kind::attention_output : k;
+}
+
+/// The shape of a model, independent of how it is parallelized.
+struct model_shape {
+  block_style style = block_style::llama;
+  std::int64_t layers = 32;
+  std::int64_t hidden = 4096;
+  std::int64_t ffn = 14336;   ///< MLP inner width (SwiGLU: of gate and up each)
+  std::int64_t heads = 32;    ///< query heads
+  std::int64_t kv_heads = 8;  ///< key/value heads (= heads without grouped-query attention)
+  std::int64_t head_dim = 0;  ///< 0: hidden / heads
+  std::int64_t vocab = 128256;
+  bool tied_embeddings = false;  ///< input embedding and output head share one matrix
+
+  /// head_dim, or hidden / heads when it is 0.
+  constexpr std::int64_t head_size() const noexcept {
+    return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0);
+  }
+
+  /// Throws agoq::invalid_argument naming the first field out of range.
+  void validate() const {
+    AGOQ_EXPECTS(layers >= 1,
+                 "model_shape: layers must be at least 1, got " + std::to_string(layers));
+    AGOQ_EXPECTS(hidden >= 1 && ffn >= 1 && heads >= 1 && kv_heads >= 1 && vocab >= 1,
+                 "model_shape: hidden, ffn, heads, kv_heads and vocab must be positive");
+    AGOQ_EXPECTS(heads % kv_heads == 0, "model_shape: heads (" + std::to_string(heads) +
+                                            ") must be a multiple of kv_heads (" +
+                                            std::to_string(kv_heads) + ")");
+    AGOQ_EXPECTS(head_size() >= 1, "model_shape: head_dim must be positive");
+    AGOQ_EXPECTS(style != block_style::gpt || kv_heads == heads,
+                 "model_shape: a GPT-style block has kv_heads == heads");
+  }
+};
+
+/// Tensor and sequence parallelism of one micro-batch's activations, and its size.
+struct shard_shape {
+  std::int64_t micro_batch = 1;  ///< sequences per micro-batch (b)
+  std::int64_t seq = 4096;       ///< tokens per sequence (s)
+  std::int64_t tp = 1;           ///< tensor-parallel degree (t)
+  bool sp = false;               ///< sequence parallelism (Korthikanti et al. 2022)
+
+  /// Tokens of one micro-batch, b * s.
+  constexpr std::int64_t tokens() const noexcept { return micro_batch * seq; }
+};
+
+/// The per-rank shape of one saved tensor of one layer and one micro-batch: a row-major
+/// [rows, cols] matrix (the layout agoq quantizes, groups running along a row) and the bytes of one
+/// element when kept precise (bf16: 2, the fp32 logsumexp: 4).
+struct saved_shape {
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  int precise_bytes = 2;
+
+  /// rows * cols.
+  constexpr std::int64_t elements() const noexcept { return rows * cols; }
+  /// Bytes kept precise.
+  constexpr std::int64_t bytes() const noexcept { return elements() * precise_bytes; }
+  friend constexpr bool operator==(saved_shape const&, saved_shape const&) = default;
+};
+
+/// True when tensor parallelism splits the kind: the heads (Q, K, V, O, logsumexp) and the MLP
+/// inner width. The others (residual stream and norm outputs) are replicated across the
+/// tensor-parallel group unless sequence parallelism splits them along the tokens.
+inline constexpr bool split_by_tp(tensor_kind k) noexcept {
+  switch (k) {
+    case tensor_kind::attn_norm_input:
+    case tensor_kind::qkv_input:
+    case tensor_kind::mlp_norm_input:
+    case tensor_kind::mlp_input:
+    case tensor_kind::ln1_input:
+    case tensor_kind::ln2_input:
+    case tensor_kind::fc1_input:
+      return false;
+    default:
+      return true;
+  }
+}
+
+/// Key/value heads held by one tensor-parallel rank: kv_heads / tp, or one replicated head when
+/// there are fewer key/value heads than ranks (Megatron's convention).
+inline std::int64_t kv_heads_per_rank(model_shape const& m, std::int64_t tp) {
+  AGOQ_EXPECTS(m.kv_heads % tp == 0 || tp % m.kv_heads == 0,
+               "shapes: kv_heads (" + std::to_string(m.kv_heads) + ") and tp (" +
+                   std::to_string(tp) + ") must divide one another");
+  return m.kv_heads >= tp ? m.kv_heads / tp : 1;
+}
+
+/// The shape of tensor `k` of one layer and one micro-batch on one rank. Throws
+/// agoq::invalid_argument when the model is invalid, when tp does not divide heads and ffn, when
+/// sequence parallelism is on and tp does not divide the tokens, or when the kind does not
+/// belong to the model's block style.
+///
+/// tokens = micro_batch * seq; h = hidden; f = ffn; a = heads; g = kv_heads; d = head_dim;
+/// t = tp; T = tokens / t with sequence parallelism, else tokens:
+/// - residual stream and norm outputs: [T, h] (split along the tokens only under SP; without
+///   SP the QKV and FC1 inputs are the gathered sequence, and with SP the framework saves its
+///   own shard and all-gathers it again in the backward, as Megatron does);
+/// - Q, O: [tokens, a d / t]; K, V: [tokens, g d / t] (or one head); logsumexp fp32:
+///   [b a / t, s];
+/// - gate, up, SwiGLU output, GeLU input and output: [tokens, f / t].
+inline saved_shape shape_of(tensor_kind k, model_shape const& m, shard_shape const& p) {
+  m.validate();
+  AGOQ_EXPECTS(p.micro_batch >= 1 && p.seq >= 1 && p.tp >= 1,
+               "shapes: micro_batch, seq and tp must be positive");
+  AGOQ_EXPECTS(m.heads % p.tp == 0 && m.ffn % p.tp == 0,
+               "shapes: tp (" + std::to_string(p.tp) + ") must divide heads (" +
+                   std::to_string(m.heads) + ") and ffn (" + std::to_string(m.ffn) + ")");
+  AGOQ_EXPECTS(!p.sp || p.tokens() % p.tp == 0,
+               "shapes: with sequence parallelism tp must divide micro_batch * seq");
+  bool const in_block = [&] {
+    for (tensor_kind const b : block_tensors(m.style))
+      if (b == k) return true;
+    return false;
+  }();
+  AGOQ_EXPECTS(in_block, "shapes: " + std::string(name_of(k)) + " is not saved by a " +
+                             (m.style == block_style::llama ? "LLaMA" : "GPT") + "-style block");
+  std::int64_t const tokens = p.tokens();
+  std::int64_t const t = p.tp;
+  std::int64_t const d = m.head_size();
+  std::int64_t const seq_rows = p.sp ? tokens / t : tokens;
+  switch (k) {
+    case tensor_kind::query:
+    case tensor_kind::attention_output:
+    case tensor_kind::o_proj_input:
+      return {tokens, m.heads / t * d, 2};
+    case tensor_kind::key:
+    case tensor_kind::value:
+      return {tokens, kv_heads_per_rank(m, t) * d, 2};
+    case tensor_kind::softmax_lse:
+      return {p.micro_batch * (m.heads / t), p.seq, 4};
+    case tensor_kind::gate_output:
+    case tensor_kind::up_output:
+    case tensor_kind::swiglu_output:
+    case tensor_kind::gelu_input:
+    case tensor_kind::fc2_input:
+      return {tokens, m.ffn / t, 2};
+    default:
+      return {seq_rows, m.hidden, 2};
+  }
+}
+
+}  // namespace agoq::activation

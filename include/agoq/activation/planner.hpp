@@ -1,0 +1,268 @@
+/// \file
+/// The activation planner: given the model, its parallel layout and schedule, a per-GPU memory
+/// budget, a policy table and an error model, choose the storage of every saved tensor of every
+/// layer so each pipeline device fits the budget with the least modelled error. Host only,
+/// deterministic. The algorithm and its optimality argument are in docs/activations.md.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../error.hpp"
+#include "error_model.hpp"
+#include "layer_kind.hpp"
+#include "memory_model.hpp"
+#include "policy.hpp"
+
+namespace agoq::activation {
+
+/// What the planner is asked.
+struct planner_input {
+  model_shape model;
+  parallel_config parallel;
+  step_config step;
+  state_formats states;
+  std::int64_t budget_bytes = 0;  ///< memory one GPU may use for everything counted
+  policy_table policy;            ///< candidates per kind
+  error_model errors;             ///< sensitivities, outlier factors, observed statistics
+};
+
+/// The choice for one saved tensor of one layer.
+struct planned_tensor {
+  std::int64_t layer = 0;
+  tensor_kind kind = tensor_kind::qkv_input;
+  storage choice;
+  std::int64_t bytes = 0;      ///< one micro-batch's copy on one GPU
+  std::int64_t in_flight = 0;  ///< copies held at once (micro-batches in flight of its chunk)
+  double error = 0;            ///< weighted modelled error (sensitivity x relative error)
+};
+
+/// The plan of one pipeline device.
+struct stage_plan {
+  stage_memory memory;                  ///< with the planned storage
+  std::vector<planned_tensor> tensors;  ///< every owned saved tensor, by layer then block order
+  double error = 0;                     ///< sum of the tensors' weighted errors
+  double error_lower_bound = 0;         ///< no plan within the budget has less modelled error
+  std::int64_t unused_bytes = 0;        ///< budget - memory.total()
+};
+
+/// A plan: one stage_plan per pipeline device.
+class activation_plan {
+ public:
+  activation_plan() = default;
+  activation_plan(std::vector<stage_plan> stages, std::int64_t budget, std::int64_t layers)
+      : stages_(std::move(stages)), budget_(budget), layers_(layers) {
+    index_.assign(static_cast<std::size_t>(layers_ * tensor_kind_count), -1);
+    for (std::size_t s = 0; s < stages_.size(); ++s)
+      for (std::size_t i = 0; i < stages_[s].tensors.size(); ++i) {
+        auto const& t = stages_[s].tensors[i];
+        index_[static_cast<std::size_t>(t.layer * tensor_kind_count + index_of(t.kind))] =
+            static_cast<std::int64_t>(s << 32 | i);
+      }
+  }
+
+  /// One entry per pipeline device.
+  std::vector<stage_plan> const& stages() const noexcept { return stages_; }
+  /// The budget it was planned for.
+  std::int64_t budget_bytes() const noexcept { return budget_; }
+  /// The storage of layer `layer`'s tensor `k` (an alias: its buffer's). Throws
+  /// agoq::invalid_argument for a layer out of range or a kind the block does not save.
+  storage const& storage_of(std::int64_t layer, tensor_kind k) const {
+    return entry(layer, k).choice;
+  }
+  /// The planned entry of layer `layer`'s tensor `k` (an alias: its buffer's).
+  planned_tensor const& entry(std::int64_t layer, tensor_kind k) const {
+    AGOQ_EXPECTS(
+        layer >= 0 && layer < layers_,
+        "plan: layer " + std::to_string(layer) + " outside [0, " + std::to_string(layers_) + ")");
+    std::int64_t const at =
+        index_[static_cast<std::size_t>(layer * tensor_kind_count + index_of(storage_kind(k)))];
+    AGOQ_EXPECTS(at >= 0, "plan: the block does not save " + std::string(name_of(k)));
+    return stages_[static_cast<std::size_t>(at >> 32)]
+        .tensors[static_cast<std::size_t>(at & 0xffffffff)];
+  }
+  /// Sum of every stage's modelled error.
+  double total_error() const noexcept {
+    double e = 0;
+    for (auto const& s : stages_) e += s.error;
+    return e;
+  }
+
+ private:
+  std::vector<stage_plan> stages_;
+  std::int64_t budget_ = 0;
+  std::int64_t layers_ = 0;
+  std::vector<std::int64_t> index_;
+};
+
+namespace detail {
+
+/// One option of one planner item: its bytes (all copies in flight), weighted error, candidate.
+struct plan_option {
+  std::int64_t bytes = 0;
+  double error = 0;
+  std::size_t candidate = 0;
+};
+
+/// The lower convex hull of an item's options in the (bytes, error) plane: options sorted by
+/// bytes, each with strictly less error than the one before, with non-increasing error decrease
+/// per byte from one to the next (collinear points kept). The first is the cheapest option.
+inline std::vector<plan_option> lower_hull(std::vector<plan_option> options) {
+  std::sort(options.begin(), options.end(), [](plan_option const& a, plan_option const& b) {
+    if (a.bytes != b.bytes) return a.bytes < b.bytes;
+    if (a.error != b.error) return a.error < b.error;
+    return a.candidate < b.candidate;
+  });
+  std::vector<plan_option> hull;
+  for (plan_option const& o : options) {
+    if (!hull.empty() && (o.bytes == hull.back().bytes || o.error >= hull.back().error)) continue;
+    // Drop the last point while it lies strictly above the segment from its predecessor to o:
+    // slope(prev, last) < slope(last, o), cross-multiplied (all byte differences positive).
+    while (hull.size() >= 2) {
+      plan_option const& a = hull[hull.size() - 2];
+      plan_option const& b = hull.back();
+      double const lhs = (a.error - b.error) * static_cast<double>(o.bytes - b.bytes);
+      double const rhs = (b.error - o.error) * static_cast<double>(b.bytes - a.bytes);
+      if (lhs < rhs) {
+        hull.pop_back();
+      } else {
+        break;
+      }
+    }
+    hull.push_back(o);
+  }
+  return hull;
+}
+
+/// One step up an item's hull.
+struct plan_upgrade {
+  double gain = 0;         ///< error removed per byte added
+  std::int64_t bytes = 0;  ///< bytes added
+  double error = 0;        ///< error removed
+  std::size_t item = 0;
+  std::size_t step = 0;  ///< from hull[step] to hull[step + 1]
+};
+
+}  // namespace detail
+
+/// Plans every saved tensor (see the file comment). Per pipeline device the problem is a
+/// multiple-choice knapsack: each (layer, kind) takes one candidate; its bytes are the stored
+/// size times the micro-batches its chunk holds in flight, its cost the weighted modelled error.
+/// The planner takes each item's cheapest hull option, then applies hull upgrades in one fixed
+/// order (largest error removed per byte first; ties by layer, kind, step) while they fit,
+/// stopping at the first that does not. Consequences (docs/activations.md): the plan is
+/// deterministic; a larger budget never lowers any tensor's choice; the plan is the exact optimum
+/// of the relaxation whenever it stops on a hull point, and `error_lower_bound` bounds the exact
+/// optimum from below otherwise. Stages holding fewer micro-batches pay less per upgrade, so they
+/// get more bits.
+///
+/// Throws agoq::invalid_argument for an invalid configuration, and when the budget cannot hold
+/// some device even with every tensor at its smallest candidate; the message names that device
+/// and by how many bytes the budget falls short.
+inline activation_plan make_plan(planner_input const& in) {
+  model_shape const& m = in.model;
+  parallel_config const& p = in.parallel;
+  p.validate(m);
+  AGOQ_EXPECTS(in.budget_bytes > 0, "planner: the budget must be positive");
+  shard_shape const sh = shard_of(p, in.step);
+  std::int64_t const lc = p.layers_per_chunk(m);
+
+  // Memory that does not depend on the plan: states and the output head, per device.
+  auto const fixed = estimate_memory(m, p, in.step, in.states,
+                                     [](std::int64_t, tensor_kind) { return storage::precise(); });
+
+  std::vector<tensor_kind> owned;
+  for (tensor_kind const k : block_tensors(m.style))
+    if (!is_alias(k)) owned.push_back(k);
+  std::vector<saved_shape> shapes;
+  for (tensor_kind const k : owned) shapes.push_back(shape_of(k, m, sh));
+
+  std::vector<stage_plan> stages;
+  std::int64_t worst_short = 0;
+  std::int64_t worst_stage = -1;
+  std::int64_t worst_need = 0;
+  for (std::int64_t r = 0; r < p.pp; ++r) {
+    stage_plan sp;
+    sp.memory = fixed[static_cast<std::size_t>(r)];
+    sp.memory.activations = 0;
+    std::int64_t const base = sp.memory.total();
+
+    std::vector<planned_tensor> items;
+    std::vector<std::vector<detail::plan_option>> hulls;
+    std::int64_t used = base;
+    for (std::int64_t c = 0; c < p.virtual_stages; ++c) {
+      std::int64_t const n = sp.memory.in_flight[static_cast<std::size_t>(c)];
+      std::int64_t const first_layer = (c * p.pp + r) * lc;
+      for (std::int64_t l = first_layer; l < first_layer + lc; ++l) {
+        for (std::size_t ki = 0; ki < owned.size(); ++ki) {
+          tensor_kind const k = owned[ki];
+          auto const& cands = in.policy.candidates(k);
+          std::vector<detail::plan_option> opts;
+          for (std::size_t i = 0; i < cands.size(); ++i)
+            opts.push_back({cands[i].bytes(shapes[ki]) * n,
+                            in.errors.weighted(l, k, shapes[ki], cands[i]), i});
+          hulls.push_back(detail::lower_hull(std::move(opts)));
+          detail::plan_option const& start = hulls.back().front();
+          items.push_back({l, k, cands[start.candidate], start.bytes / std::max<std::int64_t>(n, 1),
+                           n, start.error});
+          used += start.bytes;
+        }
+      }
+    }
+    if (used > in.budget_bytes && used - in.budget_bytes > worst_short) {
+      worst_short = used - in.budget_bytes;
+      worst_stage = r;
+      worst_need = used;
+    }
+
+    std::vector<detail::plan_upgrade> ups;
+    for (std::size_t i = 0; i < hulls.size(); ++i)
+      for (std::size_t j = 0; j + 1 < hulls[i].size(); ++j) {
+        std::int64_t const db = hulls[i][j + 1].bytes - hulls[i][j].bytes;
+        double const de = hulls[i][j].error - hulls[i][j + 1].error;
+        ups.push_back({de / static_cast<double>(db), db, de, i, j});
+      }
+    std::sort(ups.begin(), ups.end(),
+              [](detail::plan_upgrade const& a, detail::plan_upgrade const& b) {
+                if (a.gain != b.gain) return a.gain > b.gain;
+                if (a.item != b.item) return a.item < b.item;
+                return a.step < b.step;
+              });
+    std::vector<std::size_t> at(hulls.size(), 0);
+    std::int64_t room = in.budget_bytes - used;
+    double relaxed_gain = 0;
+    for (detail::plan_upgrade const& u : ups) {
+      if (room < 0) break;
+      if (u.bytes > room) {
+        relaxed_gain = u.error * static_cast<double>(room) / static_cast<double>(u.bytes);
+        break;
+      }
+      room -= u.bytes;
+      at[u.item] = u.step + 1;
+    }
+
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      detail::plan_option const& o = hulls[i][at[i]];
+      planned_tensor& t = items[i];
+      t.choice = in.policy.candidates(t.kind)[o.candidate];
+      t.bytes = t.in_flight > 0 ? o.bytes / t.in_flight : 0;
+      t.error = o.error;
+      sp.memory.activations += o.bytes;
+      sp.error += o.error;
+    }
+    sp.error_lower_bound = std::max(0.0, sp.error - relaxed_gain);
+    sp.unused_bytes = in.budget_bytes - sp.memory.total();
+    sp.tensors = std::move(items);
+    stages.push_back(std::move(sp));
+  }
+  AGOQ_EXPECTS(worst_stage < 0, "planner: the budget of " + std::to_string(in.budget_bytes) +
+                                    " bytes falls short by " + std::to_string(worst_short) +
+                                    " bytes on pipeline stage " + std::to_string(worst_stage) +
+                                    " (it needs " + std::to_string(worst_need) +
+                                    " bytes with every saved tensor at its smallest candidate)");
+  return activation_plan(std::move(stages), in.budget_bytes, m.layers);
+}
+
+}  // namespace agoq::activation

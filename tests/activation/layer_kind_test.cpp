@@ -1,0 +1,108 @@
+#include <agoq/activation/layer_kind.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+using namespace agoq::activation;
+
+namespace {
+model_shape llama3_8b() { return {block_style::llama, 32, 4096, 14336, 32, 8, 128, 128256, false}; }
+}  // namespace
+
+TEST_CASE("every kind has a name, a category and belongs to a block") {
+  CHECK(all_tensor_kinds.size() == static_cast<std::size_t>(tensor_kind_count));
+  for (int i = 0; i < tensor_kind_count; ++i) {
+    tensor_kind const k = all_tensor_kinds[static_cast<std::size_t>(i)];
+    CHECK(index_of(k) == i);
+    CHECK(!name_of(k).empty());
+    bool const llama = std::ranges::count(llama_block_tensors, k) == 1;
+    bool const gpt = std::ranges::count(gpt_block_tensors, k) == 1;
+    CHECK((llama || gpt));
+  }
+  CHECK(name_of(tensor_kind::swiglu_output) == "swiglu_output");
+  CHECK(name_of(tensor_kind::fc2_input) == "fc2_input");
+}
+
+TEST_CASE("categories") {
+  for (tensor_kind k : {tensor_kind::query, tensor_kind::key, tensor_kind::value,
+                        tensor_kind::attention_output, tensor_kind::softmax_lse})
+    CHECK(category_of(k) == tensor_category::attention_core);
+  for (tensor_kind k : {tensor_kind::qkv_input, tensor_kind::o_proj_input, tensor_kind::mlp_input,
+                        tensor_kind::swiglu_output, tensor_kind::fc1_input, tensor_kind::fc2_input})
+    CHECK(category_of(k) == tensor_category::linear_input);
+  for (tensor_kind k : {tensor_kind::gate_output, tensor_kind::up_output, tensor_kind::gelu_input})
+    CHECK(category_of(k) == tensor_category::activation_input);
+  for (tensor_kind k : {tensor_kind::attn_norm_input, tensor_kind::mlp_norm_input,
+                        tensor_kind::ln1_input, tensor_kind::ln2_input})
+    CHECK(category_of(k) == tensor_category::residual_stream);
+  CHECK(is_alias(tensor_kind::o_proj_input));
+  CHECK(storage_kind(tensor_kind::o_proj_input) == tensor_kind::attention_output);
+  CHECK(storage_kind(tensor_kind::query) == tensor_kind::query);
+}
+
+TEST_CASE("LLaMA-3-8B shapes without tensor parallelism") {
+  model_shape const m = llama3_8b();
+  shard_shape const sh{2, 4096, 1, false};  // 8192 tokens
+  CHECK(shape_of(tensor_kind::attn_norm_input, m, sh) == saved_shape{8192, 4096, 2});
+  CHECK(shape_of(tensor_kind::qkv_input, m, sh) == saved_shape{8192, 4096, 2});
+  CHECK(shape_of(tensor_kind::query, m, sh) == saved_shape{8192, 4096, 2});
+  CHECK(shape_of(tensor_kind::key, m, sh) == saved_shape{8192, 1024, 2});
+  CHECK(shape_of(tensor_kind::value, m, sh) == saved_shape{8192, 1024, 2});
+  CHECK(shape_of(tensor_kind::softmax_lse, m, sh) == saved_shape{64, 4096, 4});
+  CHECK(shape_of(tensor_kind::gate_output, m, sh) == saved_shape{8192, 14336, 2});
+  CHECK(shape_of(tensor_kind::swiglu_output, m, sh) == saved_shape{8192, 14336, 2});
+  // Bytes per token per layer (o_proj_input is the attention output's buffer):
+  // 2 residual 2*4096*2 + 2 norm outputs + Q + O 4096*2 each + K, V 1024*2 each + 3 * 14336*2
+  // + lse 32 heads * 4 bytes.
+  std::int64_t bytes = 0;
+  for (tensor_kind k : llama_block_tensors)
+    if (!is_alias(k)) bytes += shape_of(k, m, sh).bytes();
+  CHECK(bytes == 8192 * (6 * 4096 * 2 + 2 * 1024 * 2 + 3 * 14336 * 2 + 32 * 4));
+  CHECK(bytes == 8192 * std::int64_t{139392});
+}
+
+TEST_CASE("tensor parallelism splits heads and the MLP; sequence parallelism the rest") {
+  model_shape const m = llama3_8b();
+  shard_shape const tp4{1, 8192, 4, false};
+  CHECK(shape_of(tensor_kind::attn_norm_input, m, tp4) == saved_shape{8192, 4096, 2});
+  CHECK(shape_of(tensor_kind::mlp_input, m, tp4) == saved_shape{8192, 4096, 2});
+  CHECK(shape_of(tensor_kind::query, m, tp4) == saved_shape{8192, 1024, 2});
+  CHECK(shape_of(tensor_kind::key, m, tp4) == saved_shape{8192, 256, 2});  // 2 kv heads
+  CHECK(shape_of(tensor_kind::softmax_lse, m, tp4) == saved_shape{8, 8192, 4});
+  CHECK(shape_of(tensor_kind::up_output, m, tp4) == saved_shape{8192, 3584, 2});
+  shard_shape const sp4{1, 8192, 4, true};
+  CHECK(shape_of(tensor_kind::attn_norm_input, m, sp4) == saved_shape{2048, 4096, 2});
+  CHECK(shape_of(tensor_kind::qkv_input, m, sp4) == saved_shape{2048, 4096, 2});
+  CHECK(shape_of(tensor_kind::query, m, sp4) == saved_shape{8192, 1024, 2});
+  // More ranks than kv heads: one replicated kv head per rank.
+  shard_shape const tp16{1, 8192, 16, false};
+  CHECK(shape_of(tensor_kind::value, m, tp16) == saved_shape{8192, 128, 2});
+  for (tensor_kind k : all_tensor_kinds) {
+    bool const replicated = category_of(k) == tensor_category::residual_stream ||
+                            k == tensor_kind::qkv_input || k == tensor_kind::mlp_input ||
+                            k == tensor_kind::fc1_input;
+    CHECK(split_by_tp(k) == !replicated);
+  }
+}
+
+TEST_CASE("GPT-style shapes") {
+  model_shape const m{block_style::gpt, 24, 2048, 8192, 16, 16, 0, 50257, true};
+  shard_shape const sh{4, 2048, 2, true};
+  CHECK(m.head_size() == 128);
+  CHECK(shape_of(tensor_kind::ln1_input, m, sh) == saved_shape{4096, 2048, 2});
+  CHECK(shape_of(tensor_kind::fc1_input, m, sh) == saved_shape{4096, 2048, 2});
+  CHECK(shape_of(tensor_kind::gelu_input, m, sh) == saved_shape{8192, 4096, 2});
+  CHECK(shape_of(tensor_kind::fc2_input, m, sh) == saved_shape{8192, 4096, 2});
+  CHECK(shape_of(tensor_kind::key, m, sh) == saved_shape{8192, 1024, 2});
+}
+
+TEST_CASE("bad shapes are refused") {
+  model_shape m = llama3_8b();
+  CHECK_THROWS_AS(shape_of(tensor_kind::gelu_input, m, {}), agoq::invalid_argument);
+  CHECK_THROWS_AS(shape_of(tensor_kind::query, m, {1, 4096, 3, false}), agoq::invalid_argument);
+  CHECK_THROWS_AS(shape_of(tensor_kind::query, m, {1, 4095, 2, true}), agoq::invalid_argument);
+  m.kv_heads = 5;
+  CHECK_THROWS_WITH_AS(m.validate(), doctest::Contains("multiple of kv_heads"),
+                       agoq::invalid_argument);
+}

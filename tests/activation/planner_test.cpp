@@ -1,0 +1,271 @@
+#include <agoq/activation/planner.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+using namespace agoq::activation;
+
+namespace {
+
+/// 4 layers on 2 stages (2 in flight on stage 0, 1 on stage 1).
+planner_input small_input() {
+  planner_input in;
+  in.model = {block_style::llama, 4, 256, 512, 4, 2, 0, 1000, false};
+  in.parallel.pp = 2;
+  in.step = {1, 128, 0};
+  in.policy = policy_table::all_precise();
+  return in;
+}
+
+/// Memory of every stage with every tensor at its smallest candidate.
+std::vector<std::int64_t> minimum(planner_input const& in) {
+  auto const s =
+      estimate_memory(in.model, in.parallel, in.step, in.states, [&](std::int64_t, tensor_kind k) {
+        auto const& c = in.policy.candidates(k);
+        auto const sh = shape_of(k, in.model, shard_of(in.parallel, in.step));
+        return *std::min_element(c.begin(), c.end(), [&](storage const& a, storage const& b) {
+          return a.bytes(sh) < b.bytes(sh);
+        });
+      });
+  std::vector<std::int64_t> out;
+  for (auto const& x : s) out.push_back(x.total());
+  return out;
+}
+
+int bits_of(activation_plan const& p, std::int64_t layer, tensor_kind k) {
+  return p.storage_of(layer, k).bits();
+}
+
+}  // namespace
+
+TEST_CASE("2 stages, 4 layers, one choice per layer: by hand") {
+  planner_input in = small_input();
+  in.policy.set(tensor_kind::gate_output, storage::with(int4_g128),
+                {storage::with(int4_g128), storage::precise()});
+  auto const need = minimum(in);
+  saved_shape const gate{128, 512, 2};
+  std::int64_t const delta = gate.bytes() - storage::with(int4_g128).bytes(gate);
+  CHECK(delta == 128 * 512 * 2 - (128 * 256 + 128 * 4 * 4));
+  // Stage s holds 2 - s micro-batches, so one upgrade costs (2 - s) delta there; with budget
+  // need_s + j (2 - s) delta stage s raises exactly j layers (the lower ones first).
+  for (std::int64_t s = 0; s < 2; ++s) {
+    for (std::int64_t j = 0; j <= 2; ++j) {
+      std::int64_t const step = (2 - s) * delta;
+      for (std::int64_t extra : {std::int64_t{0}, step - 1}) {
+        if (j == 2 && extra > 0) continue;
+        in.budget_bytes = need[static_cast<std::size_t>(s)] + j * step + extra;
+        if (in.budget_bytes < std::max(need[0], need[1])) continue;  // the other stage fails
+        auto const plan = make_plan(in);
+        auto const& st = plan.stages()[static_cast<std::size_t>(s)];
+        std::int64_t raised = 0;
+        for (auto const& t : st.tensors)
+          if (t.kind == tensor_kind::gate_output && t.choice.is_precise()) ++raised;
+        CHECK(raised == j);
+        CHECK(st.unused_bytes == extra);
+        CHECK(st.memory.total() <= in.budget_bytes);
+        if (j >= 1) CHECK(plan.storage_of(2 * s, tensor_kind::gate_output).is_precise());
+      }
+    }
+  }
+}
+
+TEST_CASE("the planner matches brute force within its own bound") {
+  planner_input in = small_input();
+  std::vector<storage> const three = {storage::with(int4_g128), storage::with(int8_g128),
+                                      storage::precise()};
+  in.policy.set(tensor_kind::mlp_input, storage::with(int4_g128), three);
+  in.policy.set(tensor_kind::swiglu_output, storage::with(int4_g128), three);
+  in.errors.set_outlier(tensor_kind::swiglu_output, 5.0);
+  shard_shape const sh = shard_of(in.parallel, in.step);
+  tensor_kind const kinds[2] = {tensor_kind::mlp_input, tensor_kind::swiglu_output};
+  auto const need = minimum(in);
+  for (std::int64_t extra = 0; extra <= 600000; extra += 25000) {
+    in.budget_bytes = std::max(need[0], need[1]) + extra;
+    auto const plan = make_plan(in);
+    for (std::int64_t s = 0; s < 2; ++s) {
+      auto const& st = plan.stages()[static_cast<std::size_t>(s)];
+      std::int64_t const n = 2 - s;
+      // 2 layers x 2 kinds x 3 options = 81 plans.
+      double best = std::numeric_limits<double>::infinity();
+      for (int code = 0; code < 81; ++code) {
+        std::int64_t bytes = 0;
+        double err = 0;
+        int c = code;
+        for (std::int64_t l = 2 * s; l < 2 * s + 2; ++l)
+          for (tensor_kind k : kinds) {
+            storage const& o = three[static_cast<std::size_t>(c % 3)];
+            c /= 3;
+            saved_shape const shape = shape_of(k, in.model, sh);
+            bytes += n * (o.bytes(shape) - storage::with(int4_g128).bytes(shape));
+            err += in.errors.weighted(l, k, shape, o);
+          }
+        if (need[static_cast<std::size_t>(s)] + bytes <= in.budget_bytes)
+          best = std::min(best, err);
+      }
+      CHECK(st.error >= best * (1 - 1e-12));
+      CHECK(st.error_lower_bound <= best * (1 + 1e-12));
+      CHECK(st.memory.total() <= in.budget_bytes);
+    }
+  }
+}
+
+TEST_CASE("more memory never lowers a bit width, and stages with fewer micro-batches get more") {
+  planner_input in;
+  in.model = {block_style::llama, 16, 1024, 3584, 8, 2, 0, 32000, false};
+  in.parallel.pp = 4;
+  in.step = {1, 512, 0};
+  in.states.gradients = gradient_format::int8_g128;
+  auto const need = minimum(in);
+  std::int64_t const low = *std::max_element(need.begin(), need.end());
+  auto const full =
+      estimate_memory(in.model, in.parallel, in.step, in.states, policy_table::all_precise());
+  std::int64_t const high = peak_total(full);
+  activation_plan previous;
+  bool first = true;
+  bool saw_stage_order = false;
+  for (int i = 0; i <= 40; ++i) {
+    in.budget_bytes = low + (high - low) * i / 40;
+    auto const plan = make_plan(in);
+    if (!first) {
+      for (std::int64_t l = 0; l < in.model.layers; ++l)
+        for (tensor_kind k : llama_block_tensors)
+          CHECK(bits_of(plan, l, k) >= bits_of(previous, l, k));
+      CHECK(plan.total_error() <= previous.total_error());
+    }
+    // Compare the first and last stage's average bits.
+    auto avg = [&](std::int64_t s) {
+      double b = 0;
+      for (auto const& t : plan.stages()[static_cast<std::size_t>(s)].tensors) b += t.choice.bits();
+      return b;
+    };
+    CHECK(avg(3) >= avg(0));
+    if (avg(3) > avg(0)) saw_stage_order = true;
+    previous = plan;
+    first = false;
+  }
+  CHECK(saw_stage_order);
+  // At the bf16 peak everything is precise.
+  in.budget_bytes = high;
+  auto const top = make_plan(in);
+  for (auto const& s : top.stages()) {
+    CHECK(s.error == 0.0);
+    for (auto const& t : s.tensors) CHECK(t.choice.is_precise());
+  }
+}
+
+TEST_CASE("plan memory equals the memory model, and in-flight counts come from the schedule") {
+  planner_input in;
+  in.model = {block_style::llama, 16, 1024, 3584, 8, 2, 0, 32000, false};
+  in.parallel.pp = 2;
+  in.parallel.virtual_stages = 2;
+  in.parallel.tp = 2;
+  in.parallel.sp = true;
+  in.step = {1, 512, 8};
+  auto const need = minimum(in);
+  in.budget_bytes = std::max(need[0], need[1]) + (std::int64_t{32} << 20);
+  auto const plan = make_plan(in);
+  CHECK(plan.total_error() > 0.0);
+  auto const check =
+      estimate_memory(in.model, in.parallel, in.step, in.states,
+                      [&](std::int64_t l, tensor_kind k) { return plan.storage_of(l, k); });
+  for (std::size_t s = 0; s < 2; ++s) {
+    auto const& st = plan.stages()[s];
+    CHECK(st.memory.total() == check[s].total());
+    CHECK(st.memory.activations == check[s].activations);
+    auto const counts = in_flight_micro_batches(2, 2, static_cast<std::int64_t>(s), 8);
+    for (auto const& t : st.tensors) {
+      layer_place const where = place_of(t.layer, in.model, in.parallel);
+      CHECK(where.stage == static_cast<std::int64_t>(s));
+      CHECK(t.in_flight == counts[static_cast<std::size_t>(where.chunk)]);
+    }
+  }
+  CHECK(plan.storage_of(5, tensor_kind::o_proj_input) ==
+        plan.storage_of(5, tensor_kind::attention_output));
+  CHECK_THROWS_AS(plan.storage_of(16, tensor_kind::query), agoq::invalid_argument);
+  CHECK_THROWS_AS(plan.storage_of(0, tensor_kind::gelu_input), agoq::invalid_argument);
+}
+
+TEST_CASE("observed statistics move bits to the layers that need them") {
+  planner_input in = small_input();
+  in.policy.set(tensor_kind::qkv_input, storage::with(int4_g128),
+                {storage::with(int4_g128), storage::with(int8_g128)});
+  auto const need = minimum(in);
+  // The stage that needs more memory; its two layers differ only in their statistics.
+  std::int64_t const s = need[0] >= need[1] ? 0 : 1;
+  tensor_stats st;
+  st.elements = 128 * 256;
+  st.sum_squares = 128 * 256;
+  st.add_group(128 * 256, 4.0);
+  in.errors.set_statistics(2 * s, tensor_kind::qkv_input, st);
+  st.sum_group_absmax_sq = 0;
+  st.add_group(128 * 256, 40.0);  // the second layer has ten times the group absmax
+  in.errors.set_statistics(2 * s + 1, tensor_kind::qkv_input, st);
+  saved_shape const sh{128, 256, 2};
+  std::int64_t const delta =
+      storage::with(int8_g128).bytes(sh) - storage::with(int4_g128).bytes(sh);
+  in.budget_bytes = need[static_cast<std::size_t>(s)] + (2 - s) * delta;
+  auto const plan = make_plan(in);
+  CHECK(plan.storage_of(2 * s + 1, tensor_kind::qkv_input).bits() == 8);
+  CHECK(plan.storage_of(2 * s, tensor_kind::qkv_input).bits() == 4);
+}
+
+TEST_CASE("an infeasible budget says by how much it falls short") {
+  planner_input in = small_input();
+  in.policy = policy_table{};
+  auto const need = minimum(in);
+  std::int64_t const worst = std::max(need[0], need[1]);
+  std::int64_t const stage = need[0] >= need[1] ? 0 : 1;
+  in.budget_bytes = worst - 1000;
+  std::string const expected =
+      "falls short by 1000 bytes on pipeline stage " + std::to_string(stage);
+  CHECK_THROWS_WITH_AS(make_plan(in), doctest::Contains(expected.c_str()), agoq::invalid_argument);
+  in.budget_bytes = worst;
+  CHECK_NOTHROW(make_plan(in));
+  in.budget_bytes = 0;
+  CHECK_THROWS_AS(make_plan(in), agoq::invalid_argument);
+}
+
+TEST_CASE("the planner is deterministic") {
+  planner_input in;
+  in.model = {block_style::llama, 32, 4096, 14336, 32, 8, 128, 128256, false};
+  in.parallel = {2, 4, 4, 1, 1, true};
+  in.step = {1, 8192, 0};
+  in.states.gradients = gradient_format::int8_g128;
+  in.budget_bytes = std::int64_t{16} << 30;
+  auto const a = make_plan(in);
+  auto const b = make_plan(in);
+  REQUIRE(a.stages().size() == b.stages().size());
+  for (std::size_t s = 0; s < a.stages().size(); ++s) {
+    auto const& x = a.stages()[s];
+    auto const& y = b.stages()[s];
+    CHECK(x.memory.total() == y.memory.total());
+    CHECK(x.error == y.error);
+    REQUIRE(x.tensors.size() == y.tensors.size());
+    for (std::size_t i = 0; i < x.tensors.size(); ++i) {
+      CHECK(x.tensors[i].choice == y.tensors[i].choice);
+      CHECK(x.tensors[i].layer == y.tensors[i].layer);
+    }
+  }
+}
+
+TEST_CASE("128 layers on 16 stages completes") {
+  planner_input in;
+  in.model = {block_style::llama, 128, 8192, 28672, 64, 8, 128, 128256, false};
+  in.parallel = {8, 16, 4, 1, 1, true};
+  in.step = {1, 8192, 64};
+  in.states.gradients = gradient_format::int8_g128;
+  in.budget_bytes = std::int64_t{40} << 30;
+  auto const plan = make_plan(in);
+  CHECK(plan.stages().size() == 16);
+  std::size_t tensors = 0;
+  for (auto const& s : plan.stages()) {
+    tensors += s.tensors.size();
+    CHECK(s.memory.total() <= in.budget_bytes);
+  }
+  CHECK(tensors == 128 * 12);
+}
