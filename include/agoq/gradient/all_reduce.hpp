@@ -429,25 +429,47 @@ inline std::vector<std::byte> zeroed_bytes(std::int64_t n) {
   return std::vector<std::byte>(static_cast<std::size_t>(n));
 }
 
-/// The flat 8-bit all-reduce: validate, pack, all_to_all, reduce, requantize, all_gather, sink.
-template <comm::communicator C, class Source, class Sink>
-all_reduce_result all_reduce(host_executor ex, C& comm, std::int64_t n, Source const& src,
-                             Sink const& sink, all_reduce_options const& opt, local_error err) {
-  check_host(comm, "all_reduce_8bit");
-  std::string const problem =
-      check_group(comm, make_meta(collective_kind::all_reduce, n, opt, err), "all_reduce_8bit");
+/// The first half every 8-bit collective shares: check every rank's arguments together, quantize
+/// this rank's P chunks into payload blocks and exchange them (all_to_all). Afterwards `recv`
+/// holds the P blocks of this rank's chunk, and `send` is free for reuse.
+struct scattered {
+  int p;
+  int rank;
+  chunk_plan plan;
+  spec s;
+  std::int64_t block_bytes;
+  std::vector<std::byte> send, recv;
+  std::int64_t local_nonfinite;
+};
+
+template <comm::communicator C, class Source>
+scattered scatter_chunks(host_executor ex, C& comm, std::int64_t n, Source const& src,
+                         all_reduce_options const& opt, local_error err, collective_kind kind,
+                         char const* what) {
+  check_host(comm, what);
+  std::string const problem = check_group(comm, make_meta(kind, n, opt, err), what);
   AGOQ_EXPECTS(problem.empty(), problem);
   int const p = static_cast<int>(comm.size());
   int const rank = static_cast<int>(comm.rank());
   chunk_plan const plan(n, opt.group_size, p);
   spec const s = payload_spec(opt.group_size, opt.rounding);
   std::int64_t const bb = plan.block_bytes();
-  std::vector<std::byte> send = zeroed_bytes(p * bb), recv = zeroed_bytes(p * bb);
-  std::int64_t const local = pack_blocks(
+  scattered out{p, rank, plan, s, bb, zeroed_bytes(p * bb), zeroed_bytes(p * bb), 0};
+  out.local_nonfinite = pack_blocks(
       ex, plan, src, s,
       stream_key(opt.seed, opt.step, stream_tag::scatter, static_cast<std::uint32_t>(rank)),
-      send.data());
-  comm.all_to_all(send.data(), recv.data(), static_cast<std::size_t>(bb));
+      out.send.data());
+  comm.all_to_all(out.send.data(), out.recv.data(), static_cast<std::size_t>(bb));
+  return out;
+}
+
+/// The flat 8-bit all-reduce: validate, pack, all_to_all, reduce, requantize, all_gather, sink.
+template <comm::communicator C, class Source, class Sink>
+all_reduce_result all_reduce(host_executor ex, C& comm, std::int64_t n, Source const& src,
+                             Sink const& sink, all_reduce_options const& opt, local_error err) {
+  scattered x = scatter_chunks(ex, comm, n, src, opt, err, collective_kind::all_reduce,
+                               "all_reduce_8bit");
+  auto& [p, rank, plan, s, bb, send, recv, local] = x;
   std::vector<float> scratch;
   float const divisor = opt.average ? static_cast<float>(p) : 1.0f;
   requantize_chunk(ex, plan, rank, s, stream_key(opt.seed, opt.step, stream_tag::gather, 0), 0,
@@ -469,21 +491,9 @@ all_reduce_result all_reduce(host_executor ex, C& comm, std::int64_t n, Source c
 template <comm::communicator C, class Source, class Out>
 reduce_scatter_result reduce_scatter(host_executor ex, C& comm, std::int64_t n, Source const& src,
                                      Out* shard, all_reduce_options const& opt, local_error err) {
-  check_host(comm, "reduce_scatter_8bit");
-  std::string const problem = check_group(
-      comm, make_meta(collective_kind::reduce_scatter, n, opt, err), "reduce_scatter_8bit");
-  AGOQ_EXPECTS(problem.empty(), problem);
-  int const p = static_cast<int>(comm.size());
-  int const rank = static_cast<int>(comm.rank());
-  chunk_plan const plan(n, opt.group_size, p);
-  spec const s = payload_spec(opt.group_size, opt.rounding);
-  std::int64_t const bb = plan.block_bytes();
-  std::vector<std::byte> send = zeroed_bytes(p * bb), recv = zeroed_bytes(p * bb);
-  std::int64_t const local = pack_blocks(
-      ex, plan, src, s,
-      stream_key(opt.seed, opt.step, stream_tag::scatter, static_cast<std::uint32_t>(rank)),
-      send.data());
-  comm.all_to_all(send.data(), recv.data(), static_cast<std::size_t>(bb));
+  scattered x = scatter_chunks(ex, comm, n, src, opt, err, collective_kind::reduce_scatter,
+                               "reduce_scatter_8bit");
+  auto& [p, rank, plan, s, bb, send, recv, local] = x;
   std::vector<float> scratch;
   float const divisor = opt.average ? static_cast<float>(p) : 1.0f;
   std::uint8_t const flags = reduce_blocks(ex, plan, rank, recv.data(), s, divisor, scratch,
