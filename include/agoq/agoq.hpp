@@ -1,11 +1,26 @@
 /// \file
-/// Everything of agoq that a host compiler builds: schemes, layouts, and the CPU executor.
+/// Everything of agoq that a host compiler builds: schemes, layouts, the CPU executor, the
+/// communicator concept with its in-process group and byte counter, 8-bit gradients and their
+/// all-reduce, the activation planner and memory model, and the 8-bit optimizer. Not included:
+/// the CUDA headers (`*.cuh`, nvcc) and the MPI adapter (comm/mpi.hpp, needs mpi.h).
 #pragma once
 
+#include "activation/error_model.hpp"
+#include "activation/layer_kind.hpp"
+#include "activation/memory_model.hpp"
+#include "activation/planner.hpp"
+#include "activation/policy.hpp"
+#include "comm/communicator.hpp"
+#include "comm/counting.hpp"
+#include "comm/in_process.hpp"
 #include "config.hpp"
 #include "error.hpp"
+#include "gradient/all_reduce.hpp"
+#include "gradient/buffer.hpp"
+#include "gradient/payload.hpp"
 #include "layout/layout.hpp"
 #include "layout/matrix.hpp"
+#include "layout/params.hpp"
 #include "layout/tensor.hpp"
 #include "layout/view.hpp"
 #include "numeric/codec.hpp"
@@ -15,6 +30,8 @@
 #include "numeric/philox.hpp"
 #include "numeric/rounding.hpp"
 #include "numeric/scale.hpp"
+#include "optim/adamw.hpp"
+#include "optim/weights.hpp"
 #include "quantize.hpp"
 #include "scheme/dispatch.hpp"
 #include "scheme/grouping.hpp"
