@@ -27,8 +27,8 @@ float nv_decode(std::uint8_t code, __nv_fp8_interpretation_t nv) {
 }  // namespace
 
 TEST_CASE("fp8 decoding is exact for all 256 codes") {
-  for (format_case const fc : {format_case{fp8_e4m3_format, __NV_E4M3},
-                               format_case{fp8_e5m2_format, __NV_E5M2}}) {
+  for (format_case const fc :
+       {format_case{fp8_e4m3_format, __NV_E4M3}, format_case{fp8_e5m2_format, __NV_E5M2}}) {
     for (std::uint32_t c = 0; c < 256; ++c) {
       auto const code = static_cast<std::uint8_t>(c);
       float const ref = nv_decode(code, fc.nv);
@@ -43,13 +43,13 @@ TEST_CASE("fp8 decoding is exact for all 256 codes") {
   }
   CHECK(fp8_to_float(0x7e, fp8_e4m3_format) == 448.0f);
   CHECK(fp8_to_float(0x7b, fp8_e5m2_format) == 57344.0f);
-  CHECK(fp8_to_float(0x01, fp8_e4m3_format) == 0.001953125f);     // 2^-9
+  CHECK(fp8_to_float(0x01, fp8_e4m3_format) == 0.001953125f);       // 2^-9
   CHECK(fp8_to_float(0x01, fp8_e5m2_format) == 1.52587890625e-5f);  // 2^-16
 }
 
 TEST_CASE("fp8 encoding rounds to nearest even and saturates like __NV_SATFINITE") {
-  for (format_case const fc : {format_case{fp8_e4m3_format, __NV_E4M3},
-                               format_case{fp8_e5m2_format, __NV_E5M2}}) {
+  for (format_case const fc :
+       {format_case{fp8_e4m3_format, __NV_E4M3}, format_case{fp8_e5m2_format, __NV_E5M2}}) {
     auto check = [&](std::uint32_t u) {
       float const x = bits_float(u);
       if (std::isnan(x)) return;

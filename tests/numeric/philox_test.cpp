@@ -22,8 +22,8 @@ TEST_CASE("philox4x32_10 matches the Random123 known-answer vectors") {
 TEST_CASE("stream positions map to blocks and words") {
   std::uint64_t const seed = 0x0123456789abcdefull;
   for (std::uint64_t p = 0; p < 64; ++p) {
-    philox_block const b = philox4x32_10(
-        {static_cast<std::uint32_t>(p / 4), 0u, 0u, 0u}, 0x89abcdefu, 0x01234567u);
+    philox_block const b =
+        philox4x32_10({static_cast<std::uint32_t>(p / 4), 0u, 0u, 0u}, 0x89abcdefu, 0x01234567u);
     REQUIRE(uniform_at(seed, p) == uniform24(b[p % 4]));
   }
   // Positions beyond 2^32 blocks use the counter's second word.

@@ -17,7 +17,7 @@ TEST_CASE_TEMPLATE("round_up gives the smallest storable value not below the sca
   for (int i = 0; i < 200000; ++i) {
     float const s = bits_float(dist(gen));
     float const r = S::round_up(s);
-    REQUIRE(S::load(S::store(r)) == r);  // storable
+    REQUIRE(S::load(S::store(r)) == r);                                          // storable
     if (r == bits_float(0x7f7f0000u) || r == bits_float(0x7f000000u)) continue;  // clamped top
     REQUIRE(r >= s);
     // No storable value lies in [s, r): the float just below r is either below s or not storable.

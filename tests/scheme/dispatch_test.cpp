@@ -24,8 +24,7 @@ std::vector<spec> dispatch_set_specs() {
         if (!is_int && std::string(sym) == "_asym") continue;
         for (char const* r : {"_rne", "_sr"}) {
           for (char const* sc : {"_f32", "_bf16", "_e8m0"}) {
-            out.push_back(
-                spec::parse(std::string(code) + g + (is_int ? sym : "") + r + sc));
+            out.push_back(spec::parse(std::string(code) + g + (is_int ? sym : "") + r + sc));
           }
         }
       }
@@ -67,9 +66,9 @@ TEST_CASE("specs outside the dispatch set throw unsupported_scheme") {
   CHECK_THROWS_WITH_AS(dispatch(spec::parse("int4_g48_sym_rne_f32"), [](auto) { return 0; }),
                        doctest::Contains("grouping outside the dispatch set"),
                        agoq::unsupported_scheme);
-  CHECK_THROWS_WITH_AS(
-      dispatch(spec::parse("int4_b64x64_sym_rne_f32"), [](auto) { return 0; }),
-      doctest::Contains("grouping outside the dispatch set"), agoq::unsupported_scheme);
+  CHECK_THROWS_WITH_AS(dispatch(spec::parse("int4_b64x64_sym_rne_f32"), [](auto) { return 0; }),
+                       doctest::Contains("grouping outside the dispatch set"),
+                       agoq::unsupported_scheme);
   spec bad;
   bad.bits = 3;
   CHECK_THROWS_AS(dispatch(bad, [](auto) { return 0; }), agoq::invalid_argument);

@@ -8,10 +8,10 @@
 using namespace agoq;
 
 TEST_CASE("spec names round-trip") {
-  std::vector<std::string> const names = {
-      "int4_g128_sym_rne_f32", "int8_row_sym_sr_bf16",  "int2_col_asym_rne_e8m0",
-      "int8_tensor_asym_sr_f32", "fp8e4m3_g32_rne_e8m0", "fp8e5m2_b128x128_sr_bf16",
-      "int4_g7_asym_rne_f32",  "int8_b3x5_sym_rne_f32"};
+  std::vector<std::string> const names = {"int4_g128_sym_rne_f32",  "int8_row_sym_sr_bf16",
+                                          "int2_col_asym_rne_e8m0", "int8_tensor_asym_sr_f32",
+                                          "fp8e4m3_g32_rne_e8m0",   "fp8e5m2_b128x128_sr_bf16",
+                                          "int4_g7_asym_rne_f32",   "int8_b3x5_sym_rne_f32"};
   for (auto const& n : names) {
     INFO(n);
     CHECK(spec::parse(n).name() == n);

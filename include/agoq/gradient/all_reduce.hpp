@@ -467,8 +467,8 @@ scattered scatter_chunks(host_executor ex, C& comm, std::int64_t n, Source const
 template <comm::communicator C, class Source, class Sink>
 all_reduce_result all_reduce(host_executor ex, C& comm, std::int64_t n, Source const& src,
                              Sink const& sink, all_reduce_options const& opt, local_error err) {
-  scattered x = scatter_chunks(ex, comm, n, src, opt, err, collective_kind::all_reduce,
-                               "all_reduce_8bit");
+  scattered x =
+      scatter_chunks(ex, comm, n, src, opt, err, collective_kind::all_reduce, "all_reduce_8bit");
   auto& [p, rank, plan, s, bb, send, recv, local] = x;
   std::vector<float> scratch;
   float const divisor = opt.average ? static_cast<float>(p) : 1.0f;

@@ -30,8 +30,9 @@ struct basic_quantized_view {
 
   /// The read-only view of the same tensor.
   template <class To>
-    requires(!std::is_const_v<Byte> && std::is_same_v<To, basic_quantized_view<std::uint8_t const>>)
-  AGOQ_HOST_DEVICE constexpr operator To() const noexcept {
+  requires(!std::is_const_v<Byte> &&
+           std::is_same_v<To, basic_quantized_view<std::uint8_t const>>) AGOQ_HOST_DEVICE constexpr
+  operator To() const noexcept {
     return {spec, rows, cols, codes, scales, zero_points};
   }
 

@@ -41,7 +41,9 @@ struct spec {
   friend constexpr bool operator==(spec const&, spec const&) = default;
 
   /// True for codes with an integer zero point (unsigned asymmetric).
-  AGOQ_HOST_DEVICE constexpr bool has_zero_point() const noexcept { return code == code_kind::uint_asym; }
+  AGOQ_HOST_DEVICE constexpr bool has_zero_point() const noexcept {
+    return code == code_kind::uint_asym;
+  }
 
   /// The rectangle one group covers in a [rows, cols] tensor. Host and device.
   AGOQ_HOST_DEVICE constexpr tile_shape tile(std::int64_t rows, std::int64_t cols) const noexcept {

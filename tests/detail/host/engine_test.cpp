@@ -14,9 +14,9 @@ using agoq::detail::host::for_each_chunk;
 
 TEST_CASE("chunks cover every element exactly once and stay group-aligned") {
   std::vector<std::string> const specs = {
-      "int4_g128_sym_rne_f32", "int2_g7_sym_rne_f32",    "int8_row_sym_rne_f32",
-      "int4_col_asym_rne_f32", "int2_tensor_sym_rne_f32", "int4_b3x5_sym_rne_f32",
-      "int4_b128x128_sym_rne_f32", "int8_g1_sym_rne_f32", "int4_g5000_sym_rne_f32"};
+      "int4_g128_sym_rne_f32",     "int2_g7_sym_rne_f32",     "int8_row_sym_rne_f32",
+      "int4_col_asym_rne_f32",     "int2_tensor_sym_rne_f32", "int4_b3x5_sym_rne_f32",
+      "int4_b128x128_sym_rne_f32", "int8_g1_sym_rne_f32",     "int4_g5000_sym_rne_f32"};
   std::vector<std::pair<std::int64_t, std::int64_t>> const shapes = {
       {1, 1}, {1, 7}, {3, 5}, {7, 300}, {2, 4097}, {130, 129}, {1, 20011}, {5, 8192}, {1, 12001}};
   for (auto const& name : specs) {

@@ -23,12 +23,23 @@ std::vector<T> adversarial(std::int64_t n, float scale, std::uint64_t seed) {
   for (auto& v : x) {
     float f = normal(gen);
     switch (gen() % 16) {
-      case 0: f = (static_cast<float>(gen() % 17) - 8.0f + 0.5f) * scale; break;  // ties
-      case 1: f = std::numeric_limits<float>::quiet_NaN(); break;
-      case 2: f = (gen() & 1 ? 1.0f : -1.0f) * std::numeric_limits<float>::infinity(); break;
-      case 3: f = (gen() & 1) ? 0.0f : -0.0f; break;
-      case 4: f = std::numeric_limits<float>::denorm_min() * static_cast<float>(gen() % 1000); break;
-      default: break;
+      case 0:
+        f = (static_cast<float>(gen() % 17) - 8.0f + 0.5f) * scale;
+        break;  // ties
+      case 1:
+        f = std::numeric_limits<float>::quiet_NaN();
+        break;
+      case 2:
+        f = (gen() & 1 ? 1.0f : -1.0f) * std::numeric_limits<float>::infinity();
+        break;
+      case 3:
+        f = (gen() & 1) ? 0.0f : -0.0f;
+        break;
+      case 4:
+        f = std::numeric_limits<float>::denorm_min() * static_cast<float>(gen() % 1000);
+        break;
+      default:
+        break;
     }
     v = numeric::from_float<T>(f);
   }
@@ -46,8 +57,9 @@ void check_code() {
     REQUIRE(numeric::float_bits(a.stats.absmax) == numeric::float_bits(b.stats.absmax));
     REQUIRE(numeric::float_bits(a.stats.min) == numeric::float_bits(b.stats.min));
     REQUIRE(numeric::float_bits(a.stats.max) == numeric::float_bits(b.stats.max));
-    for (group_params const p : {group_params{0.25f, 0}, make_group_params<Code, scale_f32>(a.stats),
-                                 group_params{0.0f, 0}, group_params{1e-30f, 0}}) {
+    for (group_params const p :
+         {group_params{0.25f, 0}, make_group_params<Code, scale_f32>(a.stats),
+          group_params{0.0f, 0}, group_params{1e-30f, 0}}) {
       std::vector<std::uint8_t> qa(x.size()), qb(x.size());
       h::encode_nearest_segment<Code>(x.data(), n, p, qa.data());
       h::encode_nearest_segment_simd<Code>(x.data(), n, p, qb.data());
