@@ -171,11 +171,13 @@ void bm_dequantize(benchmark::State& state, std::string const& name) {
 }
 
 /// The schemes measured: the two targets (int8 and int4, g128) and, so that their cost is known,
-/// stochastic rounding, an asymmetric code and MXFP8.
+/// stochastic rounding, an asymmetric code, MXFP8 and FP8 stochastic rounding (the 8-bit AdamW
+/// second moment's format).
 std::vector<std::string> const& schemes() {
   static std::vector<std::string> const s = {"int8_g128_sym_rne_f32",  "int4_g128_sym_rne_f32",
                                              "int8_g128_sym_sr_f32",   "int8_g128_asym_rne_f32",
-                                             "int4_g128_asym_rne_f32", "fp8e4m3_g32_rne_e8m0"};
+                                             "int4_g128_asym_rne_f32", "fp8e4m3_g32_rne_e8m0",
+                                             "fp8e4m3_g128_sr_f32"};
   return s;
 }
 

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <random>
 #include <span>
 #include <vector>
 
@@ -619,5 +620,80 @@ TEST_CASE("a gradient_buffer travels as it is: 8-bit in, 8-bit or float out") {
     CHECK(std::memcmp(from_buffer_out[static_cast<std::size_t>(r)].data(), want.out[0].data(),
                       n * 4) == 0);
     CHECK(sent[static_cast<std::size_t>(r)] == want.sent[0]);
+  }
+}
+
+// The fused reduce step on the vector loop (host) and the portable one (host_executor{false})
+// against dequantizing every block and adding in rank order, bit for bit: random codes, scales
+// over the whole float range (zero, subnormal, values whose products saturate at ±FLT_MAX and
+// sums overflow to ±Inf, +Inf), chunks with a partial last group, several pieces, divisors.
+TEST_CASE("the reduce step's vector and portable loops equal dequantize-then-add bit for bit") {
+  std::mt19937 gen(17);
+  constexpr host_executor portable{false};
+  for (int p : {1, 2, 3, 8}) {
+    for (std::int64_t g : {32, 128, 100}) {
+      for (std::int64_t n : {std::int64_t{1}, std::int64_t{37}, 3 * g * p + 5, 20000 + g / 2}) {
+        CAPTURE(p);
+        CAPTURE(g);
+        CAPTURE(n);
+        chunk_plan const plan(n, g, p);
+        spec const s = payload_spec(static_cast<int>(g), rounding_kind::nearest);
+        std::int64_t const j = p - 1 > 0 ? 1 : 0;
+        std::int64_t const count = plan.count(j);
+        std::int64_t const bb = plan.block_bytes();
+        std::vector<std::byte> recv(static_cast<std::size_t>(bb * p));
+        for (int r = 0; r < p; ++r) {
+          std::byte* block = recv.data() + r * bb;
+          write_payload_header(block, 0, g, count);
+          quantized_view const v = payload_view(s, plan, block, count);
+          for (std::int64_t i = 0; i < count; ++i) v.codes[i] = static_cast<std::uint8_t>(gen());
+          for (std::int64_t k = 0; k < (count + g - 1) / g; ++k) {
+            float sc;
+            switch (gen() % 8) {
+              case 0:
+                sc = 0.0f;
+                break;
+              case 1:
+                sc = std::numeric_limits<float>::denorm_min() * static_cast<float>(gen() % 100);
+                break;
+              case 2:
+                sc = std::numeric_limits<float>::max() / static_cast<float>(gen() % 200 + 1);
+                break;
+              case 3:
+                sc = gen() % 4 == 0 ? HUGE_VALF : 1.0f;
+                break;
+              default:
+                sc = std::ldexp(static_cast<float>(gen() % 1000 + 1),
+                                static_cast<int>(gen() % 60) - 40);
+                break;
+            }
+            std::memcpy(v.scales + 4 * k, &sc, 4);
+          }
+        }
+        for (float divisor : {1.0f, 3.0f}) {
+          CAPTURE(divisor);
+          // Reference: each block dequantized whole, added in rank order, then divided.
+          std::vector<float> want(static_cast<std::size_t>(count)), x(want.size());
+          for (int r = 0; r < p; ++r) {
+            dequantize(portable, payload_view(s, plan, std::as_const(recv).data() + r * bb, count),
+                       as_row(x.data(), count));
+            for (std::size_t i = 0; i < x.size(); ++i) want[i] = r == 0 ? x[i] : want[i] + x[i];
+          }
+          if (divisor != 1.0f) {
+            for (float& w : want) w = w / divisor;
+          }
+          for (host_executor ex : {portable, host}) {
+            std::vector<float> got(want.size(), -1.0f), scratch;
+            gradient::detail::reduce_blocks(ex, plan, j, recv.data(), s, divisor, scratch,
+                                            [&](std::int64_t b, float const* sum, std::int64_t m) {
+                                              std::copy(sum, sum + m, got.begin() + b);
+                                            });
+            for (std::size_t i = 0; i < want.size(); ++i) {
+              REQUIRE(numeric::float_bits(got[i]) == numeric::float_bits(want[i]));
+            }
+          }
+        }
+      }
+    }
   }
 }

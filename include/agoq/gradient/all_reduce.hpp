@@ -33,9 +33,12 @@
 #include <vector>
 
 #include "../comm/communicator.hpp"
+#include "../detail/host/simd.hpp"
 #include "../error.hpp"
 #include "../layout/matrix.hpp"
+#include "../layout/params.hpp"
 #include "../layout/view.hpp"
+#include "../numeric/codec.hpp"
 #include "../numeric/element.hpp"
 #include "../numeric/rounding.hpp"
 #include "../quantize.hpp"
@@ -314,22 +317,79 @@ inline payload_header checked_header(std::byte const* block, chunk_plan const& p
   return h;
 }
 
-/// s[i] = s[i] + x[i]: one fp32 addition per element, rounded to nearest (the only arithmetic of
-/// the reduction besides the optional division).
-inline void add_into(float* s, float const* x, std::int64_t n) noexcept {
-  for (std::int64_t i = 0; i < n; ++i) s[i] = s[i] + x[i];
-}
+/// The code family of every payload (payload_spec).
+using payload_code = int_sym<8>;
 
-/// s[i] = s[i] / d: one IEEE fp32 division per element.
-inline void divide_by(float* s, float d, std::int64_t n) noexcept {
-  for (std::int64_t i = 0; i < n; ++i) s[i] = s[i] / d;
+/// sum[0, n) = the decoded elements [b, b + n) of the P blocks of `recv` (chunk j of `count`
+/// elements; b a multiple of the group size) added in rank order, ((x0 + x1) + x2) + ..., each
+/// x_r = numeric::decode of block r's code (what dequantize writes), then divided by `divisor`
+/// unless it is 1: one fp32 rounding per addition and division, in the same order on every
+/// executor, so the same bits. The portable loop decodes each block straight into the running
+/// sums; the AVX-512 loop (host executor with simd, where compiled) keeps 16 sums in a register
+/// across the P blocks, so each sum is stored once.
+inline void sum_blocks(host_executor ex, chunk_plan const& plan, std::byte const* recv,
+                       spec const& s, std::int64_t count, std::int64_t b, std::int64_t n,
+                       float divisor, float* sum) noexcept {
+  std::int64_t const bb = plan.block_bytes();
+  std::int64_t const g = plan.group_size;
+  std::int64_t const g0 = b / g;
+#if defined(AGOQ_HOST_AVX512)
+  if (ex.simd) {
+    namespace h = agoq::detail::host;
+    // Block r's codes of element b + i at codes + r * bb + i, its scale of group g0 + k at
+    // scales + r * bb + 4 * k (payload_view's layout, f32 scales as load_group_params reads them).
+    auto const* base = reinterpret_cast<std::uint8_t const*>(recv);
+    std::uint8_t const* codes = base + payload_header_bytes + b;
+    std::uint8_t const* scales = base + plan.scales_offset() + 4 * g0;
+    __m512i const zero_point = _mm512_setzero_si512();
+    __m512 const d = _mm512_set1_ps(divisor);
+    for (std::int64_t k = 0; k * g < n; ++k) {
+      std::int64_t const end = std::min(n, (k + 1) * g);
+      for (std::int64_t i = k * g; i < end; i += 16) {
+        __mmask16 const live = h::tail_mask16(end - i);
+        __m512 acc = _mm512_setzero_ps();
+        for (std::int64_t r = 0; r < plan.ranks; ++r) {
+          float scale;
+          std::memcpy(&scale, scales + r * bb + 4 * k, 4);
+          __m512i const c = _mm512_slli_epi32(
+              _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(live, codes + r * bb + i)), 24);
+          __m512 const x = h::decode_vec<payload_code>(c, _mm512_set1_ps(scale), zero_point);
+          acc = r == 0 ? x : _mm512_add_ps(acc, x);
+        }
+        if (divisor != 1.0f) acc = _mm512_div_ps(acc, d);
+        _mm512_mask_storeu_ps(sum + i, live, acc);
+      }
+    }
+    return;
+  }
+#else
+  (void)ex;
+#endif
+  for (std::int64_t r = 0; r < plan.ranks; ++r) {
+    const_quantized_view const v = payload_view(s, plan, recv + r * bb, count);
+    std::uint8_t const* codes = v.codes + b;
+    for (std::int64_t k = 0; k * g < n; ++k) {
+      group_params const p = load_group_params(v, g0 + k);
+      std::int64_t const end = std::min(n, (k + 1) * g);
+      if (r == 0) {
+        for (std::int64_t i = k * g; i < end; ++i) sum[i] = decode<payload_code>(codes[i], p);
+      } else {
+        for (std::int64_t i = k * g; i < end; ++i) {
+          sum[i] = sum[i] + decode<payload_code>(codes[i], p);
+        }
+      }
+    }
+  }
+  if (divisor != 1.0f) {
+    for (std::int64_t i = 0; i < n; ++i) sum[i] = sum[i] / divisor;
+  }
 }
 
 /// The fused dequantize-sum(-divide) step of the rank owning chunk j: reads the P blocks of
 /// `recv` (block r from rank r), and for each piece of whole groups (about 4096 elements) calls
 /// emit(b, s, n) with the fp32 sums s[0, n) of chunk elements [b, b + n), summed in rank order
-/// 0..P-1 and divided by `divisor` unless it is 1. Returns the OR of the blocks' header flags.
-/// `scratch` is resized to at most two pieces.
+/// 0..P-1 and divided by `divisor` unless it is 1 (sum_blocks). Returns the OR of the blocks'
+/// header flags. `scratch` is resized to at most one piece.
 template <class Emit>
 std::uint8_t reduce_blocks(host_executor ex, chunk_plan const& plan, std::int64_t j,
                            std::byte const* recv, spec const& s, float divisor,
@@ -341,17 +401,11 @@ std::uint8_t reduce_blocks(host_executor ex, chunk_plan const& plan, std::int64_
     flags |= checked_header(recv + r * bb, plan, j).flags;
   if (count == 0) return flags;
   std::int64_t const piece = std::min(count, piece_elements(plan.group_size));
-  scratch.resize(static_cast<std::size_t>(2 * piece));
+  scratch.resize(static_cast<std::size_t>(piece));
   float* acc = scratch.data();
-  float* tmp = acc + piece;
   for (std::int64_t b = 0; b < count; b += piece) {
     std::int64_t const n = std::min(piece, count - b);
-    dequantize(ex, sub_view(payload_view(s, plan, recv, count), b, n), as_row(acc, n));
-    for (std::int64_t r = 1; r < plan.ranks; ++r) {
-      dequantize(ex, sub_view(payload_view(s, plan, recv + r * bb, count), b, n), as_row(tmp, n));
-      add_into(acc, tmp, n);
-    }
-    if (divisor != 1.0f) divide_by(acc, divisor, n);
+    sum_blocks(ex, plan, recv, s, count, b, n, divisor, acc);
     emit(b, static_cast<float const*>(acc), n);
   }
   return flags;

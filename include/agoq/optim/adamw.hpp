@@ -220,6 +220,107 @@ AGOQ_HOST_DEVICE inline bool adamw_update(adamw_coefficients const& c, float g, 
 
 namespace detail {
 
+/// adamw_update over elements [0, k): gradient g, moments m and v (updated in place), parameters
+/// read from `master` when given (else from w) and written to both. Returns the number of
+/// elements whose gradient is finite. The portable per-element loop.
+template <bool SqrtV, class P>
+std::int64_t adamw_update_run(adamw_coefficients const& c, float const* g, P* w, float* master,
+                              float* m, float* v, std::int64_t k) noexcept {
+  std::int64_t ok = 0;
+  if constexpr (std::is_same_v<P, float>) {
+    float* p = master ? master : w;
+    for (std::int64_t i = 0; i < k; ++i) ok += adamw_update<SqrtV>(c, g[i], p[i], m[i], v[i]);
+  } else {
+    for (std::int64_t i = 0; i < k; ++i) {
+      float p = master ? master[i] : numeric::to_float(w[i]);
+      ok += adamw_update<SqrtV>(c, g[i], p, m[i], v[i]);
+      if (master) master[i] = p;
+      w[i] = numeric::from_float<P>(p);
+    }
+  }
+  return ok;
+}
+
+#if defined(AGOQ_HOST_AVX512)
+
+/// adamw_update_run on 16 lanes at a time. g++ does not vectorize the portable loop (sqrt keeps
+/// its errno branch under the default -fmath-errno), so this is written with intrinsics:
+/// _mm512_fmadd_ps, _mm512_sqrt_ps, _mm512_div_ps and _mm512_mul_ps round exactly like the
+/// scalar fma, sqrt, / and *, in the same order, so every bit equals adamw_update's. bfloat16
+/// weights are widened by a shift and narrowed by detail::host::bf16_rounded_high, the bit-exact
+/// twin of numeric::from_float<bfloat16> (NaN quieted alike).
+template <bool SqrtV, class P>
+std::int64_t adamw_update_run_simd(adamw_coefficients const& c, float const* g, P* w, float* master,
+                                   float* m, float* v, std::int64_t k) noexcept {
+  static_assert(std::is_same_v<P, float> || std::is_same_v<P, bfloat16>);
+  __m512 const beta1 = _mm512_set1_ps(c.beta1);
+  __m512 const one_minus_beta1 = _mm512_set1_ps(c.one_minus_beta1);
+  __m512 const beta2 = _mm512_set1_ps(c.beta2);
+  __m512 const one_minus_beta2 = _mm512_set1_ps(c.one_minus_beta2);
+  __m512 const minus_step = _mm512_set1_ps(-c.step_size);
+  __m512 const inv_sqrt_bc2 = _mm512_set1_ps(c.inv_sqrt_bc2);
+  __m512 const eps = _mm512_set1_ps(c.eps);
+  __m512 const decay = _mm512_set1_ps(c.decay);
+  __m512i const magnitude = _mm512_set1_epi32(0x7fffffff);
+  __m512i const inf = _mm512_set1_epi32(0x7f800000);
+  // Where the fp32 parameters live: the master copy, or float weights themselves.
+  float* pf = master;
+  if constexpr (std::is_same_v<P, float>) {
+    if (!pf) pf = w;
+  }
+  std::int64_t ok = 0;
+  for (std::int64_t i = 0; i < k; i += 16) {
+    __mmask16 const live = agoq::detail::host::tail_mask16(k - i);
+    __m512 const gv = _mm512_maskz_loadu_ps(live, g + i);
+    __m512 const mv = _mm512_maskz_loadu_ps(live, m + i);
+    __m512 const vv = _mm512_maskz_loadu_ps(live, v + i);
+    __m512 pv = _mm512_setzero_ps();
+    if (pf) {
+      pv = _mm512_maskz_loadu_ps(live, pf + i);
+    } else if constexpr (std::is_same_v<P, bfloat16>) {
+      pv = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, w + i)), 16));
+    }
+    __mmask16 const finite = _mm512_mask_cmplt_epu32_mask(
+        live, _mm512_and_si512(_mm512_castps_si512(gv), magnitude), inf);
+    __m512 const v0 = SqrtV ? _mm512_mul_ps(vv, vv) : vv;
+    __m512 const m1 = _mm512_fmadd_ps(beta1, mv, _mm512_mul_ps(one_minus_beta1, gv));
+    __m512 const v1 =
+        _mm512_fmadd_ps(beta2, v0, _mm512_mul_ps(_mm512_mul_ps(one_minus_beta2, gv), gv));
+    __m512 const r = _mm512_sqrt_ps(v1);
+    __m512 const denom = _mm512_fmadd_ps(r, inv_sqrt_bc2, eps);
+    __m512 const p1 =
+        _mm512_fmadd_ps(minus_step, _mm512_div_ps(m1, denom), _mm512_mul_ps(pv, decay));
+    // A lane with a non-finite gradient keeps its parameter and moments: only finite lanes are
+    // stored, except the bfloat16 weights, which the scalar loop rewrites from p in every lane.
+    _mm512_mask_storeu_ps(m + i, finite, m1);
+    _mm512_mask_storeu_ps(v + i, finite, SqrtV ? r : v1);
+    if (pf) _mm512_mask_storeu_ps(pf + i, finite, p1);
+    if constexpr (std::is_same_v<P, bfloat16>) {
+      __m512 const p = _mm512_mask_mov_ps(pv, finite, p1);
+      _mm256_mask_storeu_epi16(
+          w + i, live,
+          _mm512_cvtepi32_epi16(_mm512_srli_epi32(agoq::detail::host::bf16_rounded_high(p), 16)));
+    }
+    ok += __builtin_popcount(static_cast<unsigned>(finite));
+  }
+  return ok;
+}
+
+#endif  // AGOQ_HOST_AVX512
+
+/// adamw_update_run, on 16 lanes at a time where compiled and `simd` is set.
+template <bool SqrtV, class P>
+std::int64_t adamw_update_run(adamw_coefficients const& c, float const* g, P* w, float* master,
+                              float* m, float* v, std::int64_t k, bool simd) noexcept {
+#if defined(AGOQ_HOST_AVX512)
+  if (simd) return adamw_update_run_simd<SqrtV>(c, g, w, master, m, v, k);
+#else
+  (void)simd;
+#endif
+  return adamw_update_run<SqrtV>(c, g, w, master, m, v, k);
+}
+
 /// Elements per chunk of the fused step, rounded down to whole blocks (at least one block).
 inline constexpr std::int64_t adamw_chunk_target = 8192;
 
@@ -285,8 +386,8 @@ class moment_storage {
   }
 
   /// The stored numbers of elements [b, b + n) as floats (sqrt(v) for the sqrt formats): a
-  /// pointer into the storage for f32, otherwise `scratch` filled by decoding.
-  float const* load(std::int64_t b, std::int64_t n, float* scratch) const {
+  /// pointer into the storage for f32, otherwise `scratch` filled by decoding on executor `ex`.
+  float const* load(std::int64_t b, std::int64_t n, float* scratch, host_executor ex = host) const {
     switch (format_) {
       case moment_format::f32:
         return f32_.data() + b;
@@ -294,7 +395,7 @@ class moment_storage {
         for (std::int64_t i = 0; i < n; ++i) scratch[i] = numeric::bf16_bits_to_float(bf16_[b + i]);
         return scratch;
       default: {
-        dequantize(host, detail::row_part(codes_.view(), b, n), as_row(scratch, n));
+        dequantize(ex, detail::row_part(codes_.view(), b, n), as_row(scratch, n));
         return scratch;
       }
     }
@@ -307,8 +408,10 @@ class moment_storage {
 
   /// Stores elements [b, b + n) from `x` (a no-op when x is the f32 storage itself); the 8-bit
   /// formats requantize with fresh block scales, stochastic rounding drawing stream positions
-  /// b .. b + n - 1 under `seed`. Returns the non-finite count of quantize (0 for valid steps).
-  std::int64_t store(std::int64_t b, std::int64_t n, float const* x, std::uint64_t seed) {
+  /// b .. b + n - 1 under `seed`, on executor `ex`. Returns the non-finite count of quantize (0 for
+  /// valid steps).
+  std::int64_t store(std::int64_t b, std::int64_t n, float const* x, std::uint64_t seed,
+                     host_executor ex = host) {
     switch (format_) {
       case moment_format::f32:
         if (x != f32_.data() + b) std::memcpy(f32_.data() + b, x, static_cast<std::size_t>(n) * 4);
@@ -317,7 +420,7 @@ class moment_storage {
         for (std::int64_t i = 0; i < n; ++i) bf16_[b + i] = numeric::float_to_bf16_bits(x[i]);
         return 0;
       default:
-        return quantize(host, as_row(x, n), detail::row_part(codes_.view(), b, n),
+        return quantize(ex, as_row(x, n), detail::row_part(codes_.view(), b, n),
                         quantize_options{seed, static_cast<std::uint64_t>(b)});
     }
   }
@@ -385,7 +488,8 @@ class adamw_state {
 
  private:
   template <class P, class Source>
-  friend std::int64_t adamw_step_impl(adamw_state&, adamw_hyper const&, P*, float*, Source&&);
+  friend std::int64_t adamw_step_impl(host_executor, adamw_state&, adamw_hyper const&, P*, float*,
+                                      Source&&);
 
   static moment_format check_m(moment_format f) {
     AGOQ_EXPECTS(
@@ -410,10 +514,10 @@ namespace detail {
 
 /// Decodes elements [b, b + n) (row-major order) of an 8-bit quantized tensor of any grouping
 /// into y, run by run of elements that share a row and a group (numeric::decode per element, the
-/// vectorized segment loop where compiled).
+/// vectorized segment loop where compiled and `simd` is set).
 template <code_format Code>
 void decode_flat(const_quantized_view const& q, quantized_layout const& l, std::int64_t b,
-                 std::int64_t n, float* y) {
+                 std::int64_t n, float* y, bool simd) {
   std::int64_t i = b;
   std::int64_t const end = b + n;
   while (i < end) {
@@ -422,8 +526,12 @@ void decode_flat(const_quantized_view const& q, quantized_layout const& l, std::
     std::int64_t const tile_end = std::min(l.cols, (c / l.tile.cols + 1) * l.tile.cols);
     std::int64_t const run = std::min(tile_end - c, end - i);
     group_params const p = load_group_params(q, l.group_of(r, c));
-    agoq::detail::host::decode_segment_simd<Code>(q.codes + r * l.code_row_bytes + c, run, p,
-                                                  y + (i - b));
+    std::uint8_t const* codes = q.codes + r * l.code_row_bytes + c;
+    if (simd) {
+      agoq::detail::host::decode_segment_simd<Code>(codes, run, p, y + (i - b));
+    } else {
+      agoq::detail::host::decode_segment<Code>(codes, run, p, y + (i - b));
+    }
     i += run;
   }
 }
@@ -432,7 +540,7 @@ void decode_flat(const_quantized_view const& q, quantized_layout const& l, std::
 template <class T>
 struct span_gradient {
   T const* g;
-  float const* chunk(std::int64_t b, std::int64_t n, float* scratch) const {
+  float const* chunk(std::int64_t b, std::int64_t n, float* scratch, host_executor) const {
     if constexpr (std::is_same_v<T, float>) {
       return g + b;
     } else {
@@ -446,10 +554,10 @@ struct span_gradient {
 struct quantized_gradient {
   const_quantized_view q;
   quantized_layout l;
-  float const* chunk(std::int64_t b, std::int64_t n, float* scratch) const {
+  float const* chunk(std::int64_t b, std::int64_t n, float* scratch, host_executor ex) const {
     dispatch_code(q.spec, [&](auto code) {
       using Code = decltype(code);
-      if constexpr (Code::bits == 8) decode_flat<Code>(q, l, b, n, scratch);
+      if constexpr (Code::bits == 8) decode_flat<Code>(q, l, b, n, scratch, ex.simd);
     });
     return scratch;
   }
@@ -459,10 +567,10 @@ struct quantized_gradient {
 
 /// The fused loop behind every adamw_step overload: weights w (float or bfloat16), an optional
 /// fp32 master copy, a gradient source. Returns the number of skipped (non-finite gradient)
-/// elements.
+/// elements. The executor's `simd` flag picks the vector or the portable loops (same bits).
 template <class P, class Source>
-std::int64_t adamw_step_impl(adamw_state& s, adamw_hyper const& h, P* w, float* master,
-                             Source&& grad) {
+std::int64_t adamw_step_impl(host_executor ex, adamw_state& s, adamw_hyper const& h, P* w,
+                             float* master, Source&& grad) {
   adamw_coefficients const c = make_coefficients(h, s.step_ + 1);
   std::int64_t const n = s.size();
   std::uint64_t const t = static_cast<std::uint64_t>(s.step_ + 1);
@@ -472,37 +580,20 @@ std::int64_t adamw_step_impl(adamw_state& s, adamw_hyper const& h, P* w, float* 
   std::int64_t skipped = 0;
   for (std::int64_t b = 0; b < n; b += s.chunk_) {
     std::int64_t const k = std::min(s.chunk_, n - b);
-    float const* g = grad.chunk(b, k, s.scratch_g_.data());
-    float const* m_in = s.m_.load(b, k, s.scratch_m_.data());
-    float const* v_in = s.v_.load(b, k, s.scratch_v_.data());
+    float const* g = grad.chunk(b, k, s.scratch_g_.data(), ex);
+    float const* m_in = s.m_.load(b, k, s.scratch_m_.data(), ex);
+    float const* v_in = s.v_.load(b, k, s.scratch_v_.data(), ex);
     float* m = s.m_.target(b, s.scratch_m_.data());
     float* v = s.v_.target(b, s.scratch_v_.data());
     if (m != m_in) std::memmove(m, m_in, static_cast<std::size_t>(k) * 4);
     if (v != v_in) std::memmove(v, v_in, static_cast<std::size_t>(k) * 4);
-    std::int64_t ok = 0;
-    auto loop = [&](auto sq) {
-      constexpr bool sqrt_code = decltype(sq)::value;
-      if constexpr (std::is_same_v<P, float>) {
-        float* p = master ? master + b : w + b;
-        for (std::int64_t i = 0; i < k; ++i)
-          ok += adamw_update<sqrt_code>(c, g[i], p[i], m[i], v[i]) ? 1 : 0;
-      } else {
-        for (std::int64_t i = 0; i < k; ++i) {
-          float p = master ? master[b + i] : numeric::to_float(w[b + i]);
-          ok += adamw_update<sqrt_code>(c, g[i], p, m[i], v[i]) ? 1 : 0;
-          if (master) master[b + i] = p;
-          w[b + i] = numeric::from_float<P>(p);
-        }
-      }
-    };
-    if (sqrt_v) {
-      loop(std::true_type{});
-    } else {
-      loop(std::false_type{});
-    }
+    float* const mb = master ? master + b : nullptr;
+    std::int64_t const ok =
+        sqrt_v ? detail::adamw_update_run<true>(c, g, w + b, mb, m, v, k, ex.simd)
+               : detail::adamw_update_run<false>(c, g, w + b, mb, m, v, k, ex.simd);
     skipped += k - ok;
-    s.m_.store(b, k, m, seed_m);
-    s.v_.store(b, k, v, seed_v);
+    s.m_.store(b, k, m, seed_m, ex);
+    s.v_.store(b, k, v, seed_v, ex);
   }
   ++s.step_;
   return skipped;
@@ -536,11 +627,12 @@ void check_pointer(T const* p, std::int64_t n, char const* what) {
 /// One fused AdamW step on fp32 parameters with a float, bfloat16 or half gradient (same size).
 /// Increments the state's step count and returns the number of elements skipped because their
 /// gradient was NaN or ±Inf (their parameter and moments are left unchanged). Host only;
-/// synchronous.
+/// synchronous. The executor's `simd` flag picks the AVX-512 loops (where compiled) or the
+/// portable ones; both give the same bits.
 /// \throws agoq::invalid_argument on mismatched sizes, null pointers or invalid hyper-parameters
 /// (then nothing is modified).
 template <class Grad>
-requires element_type<std::remove_const_t<Grad>> std::int64_t adamw_step(host_executor,
+requires element_type<std::remove_const_t<Grad>> std::int64_t adamw_step(host_executor ex,
                                                                          adamw_state& state,
                                                                          adamw_hyper const& h,
                                                                          std::span<float> params,
@@ -551,7 +643,7 @@ requires element_type<std::remove_const_t<Grad>> std::int64_t adamw_step(host_ex
   detail::check_pointer(params.data(), np, "parameter");
   detail::check_pointer(grads.data(), ng, "gradient");
   using G = std::remove_const_t<Grad>;
-  return adamw_step_impl(state, h, params.data(), static_cast<float*>(nullptr),
+  return adamw_step_impl(ex, state, h, params.data(), static_cast<float*>(nullptr),
                          detail::span_gradient<G>{grads.data()});
 }
 
@@ -562,12 +654,12 @@ requires element_type<std::remove_const_t<Grad>> std::int64_t adamw_step(host_ex
 /// works. Host only; synchronous; returns the skipped-element count as above.
 /// \throws agoq::invalid_argument on an invalid view, codes that are not 8-bit, mismatched
 /// sizes, null pointers or invalid hyper-parameters.
-inline std::int64_t adamw_step(host_executor, adamw_state& state, adamw_hyper const& h,
+inline std::int64_t adamw_step(host_executor ex, adamw_state& state, adamw_hyper const& h,
                                std::span<float> params, const_quantized_view grads) {
   detail::check_step_sizes(state, static_cast<std::int64_t>(params.size()), grads.size(),
                            "the parameter");
   detail::check_pointer(params.data(), static_cast<std::int64_t>(params.size()), "parameter");
-  return adamw_step_impl(state, h, params.data(), static_cast<float*>(nullptr),
+  return adamw_step_impl(ex, state, h, params.data(), static_cast<float*>(nullptr),
                          detail::check_quantized_gradient(grads));
 }
 
@@ -579,7 +671,7 @@ inline std::int64_t adamw_step(host_executor, adamw_state& state, adamw_hyper co
 /// \throws agoq::invalid_argument on mismatched sizes, null pointers or invalid hyper-parameters.
 template <class Grad>
 requires element_type<std::remove_const_t<Grad>> std::int64_t adamw_step(
-    host_executor, adamw_state& state, adamw_hyper const& h, std::span<bfloat16> weights,
+    host_executor ex, adamw_state& state, adamw_hyper const& h, std::span<bfloat16> weights,
     std::span<float> master, std::span<Grad> grads) {
   auto const nw = static_cast<std::int64_t>(weights.size());
   detail::check_step_sizes(state, nw, static_cast<std::int64_t>(grads.size()), "the weight");
@@ -589,13 +681,13 @@ requires element_type<std::remove_const_t<Grad>> std::int64_t adamw_step(
   detail::check_pointer(weights.data(), nw, "weight");
   detail::check_pointer(grads.data(), nw, "gradient");
   using G = std::remove_const_t<Grad>;
-  return adamw_step_impl(state, h, weights.data(), master.empty() ? nullptr : master.data(),
+  return adamw_step_impl(ex, state, h, weights.data(), master.empty() ? nullptr : master.data(),
                          detail::span_gradient<G>{grads.data()});
 }
 
 /// The bfloat16-weight step reading an 8-bit quantized gradient (see the overloads above).
 /// \throws agoq::invalid_argument as they do.
-inline std::int64_t adamw_step(host_executor, adamw_state& state, adamw_hyper const& h,
+inline std::int64_t adamw_step(host_executor ex, adamw_state& state, adamw_hyper const& h,
                                std::span<bfloat16> weights, std::span<float> master,
                                const_quantized_view grads) {
   auto const nw = static_cast<std::int64_t>(weights.size());
@@ -604,7 +696,7 @@ inline std::int64_t adamw_step(host_executor, adamw_state& state, adamw_hyper co
                "adamw_step: the master copy has " + std::to_string(master.size()) +
                    " elements, the weights " + std::to_string(nw));
   detail::check_pointer(weights.data(), nw, "weight");
-  return adamw_step_impl(state, h, weights.data(), master.empty() ? nullptr : master.data(),
+  return adamw_step_impl(ex, state, h, weights.data(), master.empty() ? nullptr : master.data(),
                          detail::check_quantized_gradient(grads));
 }
 

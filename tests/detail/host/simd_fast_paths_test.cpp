@@ -258,3 +258,108 @@ TEST_CASE("vector decoders equal the portable ones on arbitrary stored bytes") {
     REQUIRE(raw(c) == raw(d));
   }
 }
+
+namespace {
+
+// FP8 stochastic rounding inputs aimed at every branch of numeric::encode_stochastic: values at
+// and between neighbouring FP8 points (fractions of a gap in eighths, so that (1 - u) * gap equals
+// |v| - lo exactly for some draws), subnormal and float-subnormal magnitudes, the largest finite
+// value and beyond, ±Inf, NaN and signed zeros, each with a draw from {0, k / 8, 1 - 2^-24}.
+template <class Code, class T>
+void fp8_stochastic_inputs(std::int64_t n, float scale, std::uint64_t seed, std::vector<T>& x,
+                           std::vector<float>& u) {
+  constexpr numeric::fp8_format f = Code::format;
+  std::mt19937_64 gen(seed);
+  x.resize(static_cast<std::size_t>(n));
+  u.resize(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    auto const mag = static_cast<std::uint32_t>(gen() % (f.max_code + 1u));
+    float const lo = numeric::fp8_magnitude_to_float(mag, f);
+    float const hi = numeric::fp8_magnitude_to_float(mag + 1u, f);
+    float a = lo + (hi - lo) * static_cast<float>(gen() % 9) / 8.0f;
+    switch (gen() % 16) {
+      case 0:
+        a = std::numeric_limits<float>::quiet_NaN();
+        break;
+      case 1:
+        a = HUGE_VALF;
+        break;
+      case 2:
+        a = f.max_value * (gen() & 1 ? 1.0f : 1.0625f);
+        break;
+      case 3:
+        a = 0.0f;
+        break;
+      case 4:
+        a = std::numeric_limits<float>::denorm_min() * static_cast<float>(gen() % 1000);
+        break;
+      case 5:
+        a = std::ldexp(static_cast<float>(gen() % 64), -static_cast<int>(gen() % 30));
+        break;
+      default:
+        break;
+    }
+    float const v = (gen() & 1) ? -a : a;
+    x[static_cast<std::size_t>(i)] = numeric::from_float<T>(v * scale);
+    std::uint64_t const d = gen() % 10;
+    u[static_cast<std::size_t>(i)] =
+        d == 9 ? 1.0f - 5.9604644775390625e-8f : static_cast<float>(d % 9) / 8.0f;
+  }
+}
+
+template <class Code, class T>
+void check_fp8_stochastic() {
+  std::vector<float> const scales = {
+      0.0f, 1.0f, 0.5f, 1.0f / 448.0f, 0.37f, 3.0e-39f, 1e30f, std::ldexp(1.0f, -126), HUGE_VALF};
+  for (float scale : scales) {
+    for (std::int64_t n : {1, 15, 16, 17, 31, 32, 33, 100, 1000}) {
+      CAPTURE(scale);
+      CAPTURE(n);
+      std::vector<T> x;
+      std::vector<float> u;
+      fp8_stochastic_inputs<Code, T>(n, scale, static_cast<std::uint64_t>(n) * 7 + 1, x, u);
+      for (std::int32_t zero_point : {0, 3}) {
+        group_params const p{scale, zero_point};
+        std::vector<std::uint8_t> a(static_cast<std::size_t>(n), 0xa5);
+        std::vector<std::uint8_t> b(static_cast<std::size_t>(n), 0x5a);
+        h::encode_stochastic_segment<Code>(x.data(), n, p, u.data(), a.data());
+        h::encode_stochastic_segment_simd<Code>(x.data(), n, p, u.data(), b.data());
+        REQUIRE(a == b);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("vector FP8 stochastic rounding equals the portable loop on adversarial values",
+                   T, float, bfloat16, half) {
+  check_fp8_stochastic<fp8_e4m3, T>();
+  check_fp8_stochastic<fp8_e5m2, T>();
+}
+
+TEST_CASE("vector FP8 stochastic rounding rounds up exactly where the scalar comparison does") {
+  // Every E4M3 magnitude, every eighth of its gap, every draw k / 8 (the equality cases) and
+  // u = 1 - 2^-24: the vector codes equal numeric::encode_stochastic's.
+  std::vector<float> x, u;
+  for (std::uint32_t mag = 0; mag < 0x7e; ++mag) {
+    float const lo = numeric::fp8_magnitude_to_float(mag, numeric::fp8_e4m3_format);
+    float const hi = numeric::fp8_magnitude_to_float(mag + 1u, numeric::fp8_e4m3_format);
+    for (int j = 0; j <= 8; ++j) {
+      for (int k = 0; k <= 8; ++k) {
+        x.push_back(lo + (hi - lo) * static_cast<float>(j) / 8.0f);
+        u.push_back(k == 8 ? 1.0f - 5.9604644775390625e-8f : static_cast<float>(k) / 8.0f);
+      }
+    }
+  }
+  auto const n = static_cast<std::int64_t>(x.size());
+  group_params const p{1.0f, 0};
+  std::vector<std::uint8_t> q(x.size());
+  h::encode_stochastic_segment_simd<fp8_e4m3>(x.data(), n, p, u.data(), q.data());
+  std::int64_t ups = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    REQUIRE(q[i] == encode_stochastic<fp8_e4m3>(x[i], p, u[i]));
+    ups += q[i] != encode_stochastic<fp8_e4m3>(x[i], p, 0.0f) ? 1 : 0;
+  }
+  CHECK(ups > 0);
+}

@@ -289,22 +289,90 @@ struct encoder {
     }
   }
 
-  /// Codes of stochastic rounding (integer codes): numeric::floor_stochastic of the clamped
+  /// Codes of stochastic rounding. Integer codes: numeric::floor_stochastic of the clamped
   /// x / scale, floor(v) plus one where 1 - u <= v - floor(v) (u >= -v where floor(v) = -1).
+  /// FP8 codes: fp8_stochastic of x / scale.
   __m512i stochastic(__m512 x, __m512 u) const noexcept {
-    __m512 const v = clamped(x);
-    __m512 const down = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __mmask16 const minus_one = _mm512_cmp_ps_mask(down, _mm512_set1_ps(-1.0f), _CMP_EQ_OQ);
-    __mmask16 const up_near_zero =
-        _mm512_cmp_ps_mask(u, _mm512_sub_ps(_mm512_setzero_ps(), v), _CMP_GE_OQ);
-    __mmask16 const up_elsewhere = _mm512_cmp_ps_mask(_mm512_sub_ps(_mm512_set1_ps(1.0f), u),
-                                                      _mm512_sub_ps(v, down), _CMP_LE_OQ);
-    __mmask16 const up = (minus_one & up_near_zero) | (~minus_one & up_elsewhere);
-    // NaN lanes compare false and convert to 0x80000000, whose low bits are the code of zero.
-    __m512i c = _mm512_cvttps_epi32(down);
-    c = _mm512_mask_add_epi32(c, up, c, _mm512_set1_epi32(1));
-    if constexpr (Code::has_zero_point) return _mm512_add_epi32(c, zero_point);
-    return c;
+    if constexpr (is_fp8_code<Code>) {
+      return fp8_stochastic(_mm512_div_ps(x, scale), u);
+    } else {
+      __m512 const v = clamped(x);
+      __m512 const down = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+      __mmask16 const minus_one = _mm512_cmp_ps_mask(down, _mm512_set1_ps(-1.0f), _CMP_EQ_OQ);
+      __mmask16 const up_near_zero =
+          _mm512_cmp_ps_mask(u, _mm512_sub_ps(_mm512_setzero_ps(), v), _CMP_GE_OQ);
+      __mmask16 const up_elsewhere = _mm512_cmp_ps_mask(_mm512_sub_ps(_mm512_set1_ps(1.0f), u),
+                                                        _mm512_sub_ps(v, down), _CMP_LE_OQ);
+      __mmask16 const up = (minus_one & up_near_zero) | (~minus_one & up_elsewhere);
+      // NaN lanes compare false and convert to 0x80000000, whose low bits are the code of zero.
+      __m512i c = _mm512_cvttps_epi32(down);
+      c = _mm512_mask_add_epi32(c, up, c, _mm512_set1_epi32(1));
+      if constexpr (Code::has_zero_point) return _mm512_add_epi32(c, zero_point);
+      return c;
+    }
+  }
+
+  /// numeric::fp8_magnitude_to_float of magnitude codes up to 0x7f, lane by lane (exact).
+  static __m512 fp8_magnitude_values(__m512i mag) noexcept {
+    constexpr numeric::fp8_format f = Code::format;
+    constexpr int mbits = f.mantissa_bits;
+    constexpr std::uint32_t step_exp =
+        127u + 1u - static_cast<std::uint32_t>(f.exponent_bias) - static_cast<std::uint32_t>(mbits);
+    // Normal: the exponent rebiased into the float's, the mantissa moved to the top of the float's.
+    __m512 const normal = _mm512_castsi512_ps(_mm512_add_epi32(
+        _mm512_slli_epi32(mag, 23 - mbits),
+        _mm512_set1_epi32(
+            static_cast<int>((127u - static_cast<std::uint32_t>(f.exponent_bias)) << 23))));
+    // Subnormal: the mantissa times the subnormal step (a power of two), exact.
+    __m512 const sub =
+        _mm512_mul_ps(_mm512_cvtepi32_ps(mag),
+                      _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(step_exp << 23))));
+    return _mm512_mask_mov_ps(normal, _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(1 << mbits)),
+                              sub);
+  }
+
+  /// numeric::encode_stochastic of an FP8 code on v = x / scale, lane by lane: the magnitude
+  /// truncated as numeric::fp8_magnitude_truncate does (saturating at the largest finite value,
+  /// ±Inf and NaN included), then one up where (1 - u) * (hi - lo) <= |v| - lo for its
+  /// neighbours lo and hi. Both sides are exact (a 24-bit 1 - u times a power of two, a Sterbenz
+  /// difference), so the comparison decides exactly as the scalar one; NaN encodes to 0.
+  static __m512i fp8_stochastic(__m512 v, __m512 u) noexcept {
+    constexpr numeric::fp8_format f = Code::format;
+    constexpr std::uint32_t min_normal_exp =
+        127u + 1u - static_cast<std::uint32_t>(f.exponent_bias);
+    constexpr std::uint32_t inv_step_bits = (127u + static_cast<std::uint32_t>(f.exponent_bias) -
+                                             1u + static_cast<std::uint32_t>(f.mantissa_bits))
+                                            << 23;
+    constexpr unsigned drop = 23u - static_cast<unsigned>(f.mantissa_bits);
+    constexpr std::uint32_t rebias = (127u - static_cast<std::uint32_t>(f.exponent_bias))
+                                     << f.mantissa_bits;
+    __m512i const bits = _mm512_castps_si512(v);
+    __m512i const a = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+    __m512 const af = _mm512_castsi512_ps(a);
+    __m512i const sign = _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80));
+    // Truncation: the dropped bits cut off (normal range), or an exact power-of-two multiply
+    // converted toward zero (subnormal range).
+    __m512i mag =
+        _mm512_sub_epi32(_mm512_srli_epi32(a, drop), _mm512_set1_epi32(static_cast<int>(rebias)));
+    __mmask16 const sub =
+        _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(static_cast<int>(min_normal_exp << 23)));
+    mag = _mm512_mask_mov_epi32(
+        mag, sub,
+        _mm512_cvttps_epi32(_mm512_mul_ps(
+            af, _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(inv_step_bits))))));
+    __m512i const max_code = _mm512_set1_epi32(f.max_code);
+    mag = _mm512_mask_mov_epi32(
+        mag, _mm512_cmp_ps_mask(af, _mm512_set1_ps(f.max_value), _CMP_NLT_UQ), max_code);
+    // Below the largest finite value: round up with probability (|v| - lo) / (hi - lo).
+    __mmask16 const below = _mm512_cmplt_epu32_mask(mag, max_code);
+    __m512 const lo = fp8_magnitude_values(mag);
+    __m512 const hi = fp8_magnitude_values(_mm512_add_epi32(mag, _mm512_set1_epi32(1)));
+    __mmask16 const up = _mm512_mask_cmp_ps_mask(
+        below, _mm512_mul_ps(_mm512_sub_ps(_mm512_set1_ps(1.0f), u), _mm512_sub_ps(hi, lo)),
+        _mm512_sub_ps(af, lo), _CMP_LE_OQ);
+    mag = _mm512_mask_add_epi32(mag, up, mag, _mm512_set1_epi32(1));
+    __mmask16 const nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000));
+    return _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nan), _mm512_or_si512(sign, mag));
   }
 
   /// numeric::float_to_fp8_rne_sat, lane by lane.
@@ -400,14 +468,9 @@ inline void store_codes(std::uint8_t* dst, __m512i c0, __m512i c1, std::int64_t 
 template <code_format Code, rounding_kind Rounding, int Width, element_type T>
 inline void encode_simd(T const* x, std::int64_t n, group_params p, float const* u,
                         std::uint8_t* dst) noexcept {
-  if constexpr (Rounding == rounding_kind::stochastic && is_fp8_code<Code>) {
-    // FP8 stochastic rounding has no vector loop; its codes are whole bytes either way.
-    encode_stochastic_segment<Code>(x, n, p, u, dst);
-    return;
-  }
   if (p.scale == 0.0f) {
-    // Every code is that of zero.
-    auto const z = static_cast<std::uint8_t>(p.zero_point);
+    // Every code is that of zero (FP8: +0, whatever the zero point field holds).
+    auto const z = static_cast<std::uint8_t>(is_fp8_code<Code> ? 0 : p.zero_point);
     if constexpr (Width == 8) {
       std::memset(dst, z, static_cast<std::size_t>(n));
     } else {
@@ -687,7 +750,7 @@ inline void encode_nearest_segment_simd(T const* x, std::int64_t n, group_params
 #endif
 }
 
-/// encode_stochastic_segment, vectorized where compiled (FP8 codes stay portable).
+/// encode_stochastic_segment, vectorized where compiled.
 template <code_format Code, element_type T>
 inline void encode_stochastic_segment_simd(T const* x, std::int64_t n, group_params p,
                                            float const* u, std::uint8_t* q) noexcept {
