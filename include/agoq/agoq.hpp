@@ -6,6 +6,7 @@
 #pragma once
 
 #include "activation/error_model.hpp"
+#include "activation/fused.hpp"
 #include "activation/layer_kind.hpp"
 #include "activation/memory_model.hpp"
 #include "activation/planner.hpp"

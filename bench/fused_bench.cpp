@@ -1,0 +1,180 @@
+/// \file
+/// The CPU executor's fused activation ops (activation/fused.hpp) on [4096, 4096] bfloat16, single
+/// thread, each in three forms:
+///   plain   the op without saving anything;
+///   fused   the op writing its output and the quantized saved copy in one pass;
+///   unfused the plain op, then agoq::quantize of the saved tensor(s) (a second read).
+/// The saved schemes are the default policy's: int8_g128 for the residual stream (the RMSNorm
+/// input, the residual sum), int4_g128 for activation-function inputs (SwiGLU gate and up, GeLU).
+///
+/// The fused and unfused benchmarks also time the plain op in every iteration (outside the
+/// reported time) and report `vs_plain` = their summed time over the plain op's summed time, so
+/// the ratio is read from one run even on a busy machine. Target for fused: vs_plain <= 1.15.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <agoq/activation/fused.hpp>
+#include <agoq/activation/policy.hpp>
+#include <agoq/layout/tensor.hpp>
+
+namespace {
+
+using agoq::bfloat16;
+using agoq::matrix_view;
+using agoq::quantized_tensor;
+namespace act = agoq::activation;
+
+constexpr std::int64_t rows = 4096;
+constexpr std::int64_t cols = 4096;
+constexpr agoq::quantize_options opt{7, 0};
+
+/// A [rows, cols] bfloat16 tensor of normal values (fixed seed), built once per seed.
+std::vector<bfloat16> const& input(std::uint32_t seed) {
+  static std::vector<std::vector<bfloat16>> cache(4);
+  auto& v = cache[seed];
+  if (v.empty()) {
+    v.resize(static_cast<std::size_t>(rows * cols));
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto& e : v) e = agoq::numeric::from_float<bfloat16>(normal(gen));
+  }
+  return v;
+}
+
+matrix_view<bfloat16 const> in(std::uint32_t seed) {
+  return matrix_view<bfloat16 const>(input(seed).data(), rows, cols);
+}
+
+/// The three forms of one op. `plain`, `fused` and `unfused` are callables run once per
+/// iteration.
+template <class Plain, class Run>
+void run(benchmark::State& state, Plain&& plain, Run&& measured, std::int64_t bytes) {
+  using clock = std::chrono::steady_clock;
+  plain();
+  measured();  // outputs and saved buffers touched before timing
+  double measured_s = 0, plain_s = 0;
+  for (auto _ : state) {
+    auto const t0 = clock::now();
+    measured();
+    auto const t1 = clock::now();
+    plain();
+    auto const t2 = clock::now();
+    double const m = std::chrono::duration<double>(t1 - t0).count();
+    measured_s += m;
+    plain_s += std::chrono::duration<double>(t2 - t1).count();
+    state.SetIterationTime(m);
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["vs_plain"] = measured_s / plain_s;
+}
+
+constexpr std::int64_t tensor_bytes = rows * cols * 2;
+
+void rmsnorm(benchmark::State& state, int form) {
+  std::vector<bfloat16> w(static_cast<std::size_t>(cols),
+                          agoq::numeric::from_float<bfloat16>(1.0f));
+  std::vector<bfloat16> y(static_cast<std::size_t>(rows * cols));
+  std::vector<float> rstd(static_cast<std::size_t>(rows));
+  quantized_tensor saved(act::int8_g128, rows, cols);
+  matrix_view<bfloat16> const yv(y.data(), rows, cols);
+  std::span<bfloat16 const> const ws(w);
+  auto plain = [&] {
+    act::rmsnorm_forward(agoq::host, in(1), ws, 1e-5f, yv, std::span<float>(rstd));
+  };
+  auto fused = [&] {
+    act::rmsnorm_forward(agoq::host, in(1), ws, 1e-5f, yv, saved.view(), std::span<float>(rstd),
+                         opt);
+  };
+  auto unfused = [&] {
+    plain();
+    agoq::quantize(agoq::host, in(1), saved.view(), opt);
+  };
+  if (form == 0) run(state, plain, plain, 2 * tensor_bytes);
+  if (form == 1) run(state, plain, fused, 2 * tensor_bytes);
+  if (form == 2) run(state, plain, unfused, 2 * tensor_bytes);
+}
+
+void swiglu(benchmark::State& state, int form) {
+  std::vector<bfloat16> out(static_cast<std::size_t>(rows * cols));
+  quantized_tensor sg(act::int4_g128, rows, cols), su(act::int4_g128, rows, cols);
+  matrix_view<bfloat16> const ov(out.data(), rows, cols);
+  auto plain = [&] { act::swiglu_forward(agoq::host, in(1), in(2), ov); };
+  auto fused = [&] {
+    act::swiglu_forward(agoq::host, in(1), in(2), ov, sg.view(), su.view(), opt);
+  };
+  auto unfused = [&] {
+    plain();
+    agoq::quantize(agoq::host, in(1), sg.view(), opt);
+    agoq::quantize(agoq::host, in(2), su.view(), {opt.seed, opt.offset + rows * cols});
+  };
+  if (form == 0) run(state, plain, plain, 3 * tensor_bytes);
+  if (form == 1) run(state, plain, fused, 3 * tensor_bytes);
+  if (form == 2) run(state, plain, unfused, 3 * tensor_bytes);
+}
+
+void gelu(benchmark::State& state, int form) {
+  std::vector<bfloat16> y(static_cast<std::size_t>(rows * cols));
+  quantized_tensor saved(act::int4_g128, rows, cols);
+  matrix_view<bfloat16> const yv(y.data(), rows, cols);
+  auto plain = [&] { act::gelu_forward(agoq::host, in(1), yv); };
+  auto fused = [&] { act::gelu_forward(agoq::host, in(1), yv, saved.view(), opt); };
+  auto unfused = [&] {
+    plain();
+    agoq::quantize(agoq::host, in(1), saved.view(), opt);
+  };
+  if (form == 0) run(state, plain, plain, 2 * tensor_bytes);
+  if (form == 1) run(state, plain, fused, 2 * tensor_bytes);
+  if (form == 2) run(state, plain, unfused, 2 * tensor_bytes);
+}
+
+void residual(benchmark::State& state, int form) {
+  std::vector<bfloat16> sum(static_cast<std::size_t>(rows * cols));
+  quantized_tensor saved(act::int8_g128, rows, cols);
+  matrix_view<bfloat16> const sv(sum.data(), rows, cols);
+  auto plain = [&] { act::residual_add(agoq::host, in(1), in(2), sv); };
+  auto fused = [&] { act::residual_add(agoq::host, in(1), in(2), sv, saved.view(), opt); };
+  auto unfused = [&] {
+    plain();
+    agoq::quantize(agoq::host, matrix_view<bfloat16 const>(sum.data(), rows, cols), saved.view(),
+                   opt);
+  };
+  if (form == 0) run(state, plain, plain, 3 * tensor_bytes);
+  if (form == 1) run(state, plain, fused, 3 * tensor_bytes);
+  if (form == 2) run(state, plain, unfused, 3 * tensor_bytes);
+}
+
+void register_all() {
+  char const* forms[] = {"plain", "fused", "unfused"};
+  for (int f = 0; f < 3; ++f) {
+    std::string const s = std::string("/") + forms[f] + "/bf16_4096x4096";
+    benchmark::RegisterBenchmark(("rmsnorm_forward" + s).c_str(), rmsnorm, f)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("swiglu_forward" + s).c_str(), swiglu, f)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("gelu_forward" + s).c_str(), gelu, f)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("residual_add" + s).c_str(), residual, f)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,630 @@
+#include <agoq/activation/fused.hpp>
+#include <agoq/activation/policy.hpp>
+#include <agoq/layout/tensor.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+using namespace agoq::activation;
+using agoq::bfloat16;
+using agoq::half;
+using agoq::matrix_view;
+using agoq::quantized_tensor;
+using agoq::spec;
+namespace numeric = agoq::numeric;
+
+namespace {
+
+/// Unit roundoff of fp32 and gamma_n = n u / (1 - n u), the classic bound on the relative error of
+/// n rounded fp32 operations in a chain (Higham, Accuracy and Stability, §3.1).
+constexpr double u32 = 1.0 / 16777216.0;
+double gamma(double n) { return n * u32 / (1.0 - n * u32); }
+
+/// Half an ulp of T relative to the value (the rounding of the fp32 result to T), and the absolute
+/// half-ulp of T's smallest subnormal (half underflows inside the tested range; float and bfloat16
+/// share fp32's exponent range, so their fp32 result is already subject to it).
+template <class T>
+constexpr double unit_round() {
+  if constexpr (std::is_same_v<T, bfloat16>) return 1.0 / 256.0;
+  if constexpr (std::is_same_v<T, half>) return 1.0 / 2048.0;
+  return 0.0;
+}
+template <class T>
+constexpr double subnormal_half() {
+  if constexpr (std::is_same_v<T, half>) return 1.0 / 33554432.0;
+  return 0.0;
+}
+
+template <class T>
+double d(T x) {
+  return numeric::to_float(x);
+}
+
+/// The output y (type T) of an fp32 computation is within `err` of `ref` (the exact value of the
+/// same formula on the same inputs, or the unquantized one), plus T's rounding of the result.
+template <class T>
+bool within(T y, double ref, double err) {
+  double const bound = err + unit_round<T>() * (std::abs(ref) + err) + subnormal_half<T>();
+  return std::abs(d(y) - ref) <= bound;
+}
+
+/// Normal values whose spread changes every 16 elements, so that group scales differ; fixed seed.
+template <class T>
+std::vector<T> random_tensor(std::int64_t n, std::uint32_t seed, float center = 0.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> spread(-2.0f, 1.5f);
+  std::vector<T> x(static_cast<std::size_t>(n));
+  float s = 1.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (i % 16 == 0) s = std::exp2(spread(gen));
+    x[static_cast<std::size_t>(i)] = numeric::from_float<T>(center + normal(gen) * s);
+  }
+  return x;
+}
+
+template <class T>
+matrix_view<T const> cview(std::vector<T> const& v, std::int64_t rows, std::int64_t cols) {
+  return matrix_view<T const>(v.data(), rows, cols);
+}
+template <class T>
+matrix_view<T> mview(std::vector<T>& v, std::int64_t rows, std::int64_t cols) {
+  return matrix_view<T>(v.data(), rows, cols);
+}
+
+/// The saved copy equals agoq::quantize of the same tensor, every byte (codes, scales, zero
+/// points and the zeroed padding).
+template <class T>
+void check_saved_bits(quantized_tensor const& saved, std::vector<T> const& x, std::int64_t rows,
+                      std::int64_t cols, agoq::quantize_options opt, std::int64_t nonfinite) {
+  quantized_tensor expected(saved.spec(), rows, cols);
+  std::int64_t const n = agoq::quantize(agoq::host, cview(x, rows, cols), expected.view(), opt);
+  CHECK(n == nonfinite);
+  REQUIRE(saved.bytes() == expected.bytes());
+  CHECK(std::memcmp(saved.data(), expected.data(), static_cast<std::size_t>(saved.bytes())) == 0);
+}
+
+/// The decoded saved tensor and each element's error bound under the scheme: half a step
+/// (symmetric codes, nearest rounding), one step (stochastic rounding: floor(v + u) moves less than
+/// one step; asymmetric codes: the rounded zero point shifts the grid by up to half a step, so a
+/// value at the clamped end may be up to one step away). Symmetric scales are absmax / qmax
+/// rounded up, so no finite value is clamped. The fp32 quotient x / s and the decoded product
+/// q s are each rounded once, which adds u (|x| + |x̂|) (u the fp32 unit roundoff).
+struct decoded {
+  std::vector<double> value;
+  std::vector<double> err;
+};
+template <class T>
+decoded decode_with_bounds(quantized_tensor const& q, std::vector<T> const& x) {
+  std::int64_t const rows = q.rows();
+  std::int64_t const cols = q.cols();
+  std::vector<float> y(static_cast<std::size_t>(rows * cols));
+  agoq::dequantize(agoq::host, q.view(), mview(y, rows, cols));
+  bool const half_step = q.spec().code == agoq::code_kind::int_sym &&
+                         q.spec().rounding == agoq::rounding_kind::nearest;
+  agoq::quantized_layout const l = q.layout();
+  decoded out;
+  out.value.assign(y.begin(), y.end());
+  out.err.resize(y.size());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      double const s = agoq::load_group_params(q.view(), l.group_of(r, c)).scale;
+      std::size_t const k = static_cast<std::size_t>(r * cols + c);
+      out.err[k] = (half_step ? 0.5 * s : s) + u32 * (std::abs(d(x[k])) + std::abs(out.value[k]));
+    }
+  }
+  return out;
+}
+
+/// The scheme's bound itself holds (a precondition of every propagated bound below).
+template <class T>
+void check_scheme_bound(decoded const& q, std::vector<T> const& x) {
+  std::int64_t bad = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) bad += std::abs(q.value[i] - d(x[i])) > q.err[i];
+  CHECK(bad == 0);
+}
+
+/// Saved-tensor schemes: the two defaults of the policy (row-wise), stochastic and asymmetric
+/// variants, FP8, and two groupings that span rows (the separate-pass path).
+std::vector<spec> forward_specs() {
+  return {int4_g128,
+          int8_g128,
+          spec::parse("int4_g128_sym_sr_f32"),
+          spec::parse("int4_g64_asym_rne_bf16"),
+          spec::parse("int2_g128_sym_sr_e8m0"),
+          spec::parse("int8_row_sym_rne_f32"),
+          spec::parse("fp8e4m3_g32_rne_e8m0"),
+          spec::parse("int8_b16x64_sym_rne_f32"),
+          spec::parse("int8_col_sym_sr_f32")};
+}
+/// Integer schemes whose per-element bound decode_with_bounds states (backward tests).
+std::vector<spec> backward_specs() {
+  return {int4_g128, int8_g128, spec::parse("int4_g128_sym_sr_f32"),
+          spec::parse("int4_g64_asym_rne_bf16"), spec::parse("int8_b16x64_sym_rne_f32")};
+}
+
+constexpr agoq::quantize_options opts{1234, 77};
+constexpr agoq::host_executor portable{false};
+
+/// Shapes: whole groups, a last partial group, and a long row of many groups.
+struct shape {
+  std::int64_t rows, cols;
+};
+constexpr shape shapes[] = {{19, 256}, {5, 200}, {3, 1100}};
+
+template <class T>
+bool same_bits(std::vector<T> const& a, std::vector<T> const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// ---- RMSNorm -------------------------------------------------------------------------------
+
+constexpr float eps = 1e-5f;
+
+TEST_CASE_TEMPLATE("rmsnorm_forward: plain output and rstd, saved input bit for bit", T, float,
+                   bfloat16, half) {
+  for (shape const sh : shapes) {
+    auto const x = random_tensor<T>(sh.rows * sh.cols, 1);
+    auto const w = random_tensor<T>(sh.cols, 2, 1.0f);
+    std::vector<T> y_plain(x.size());
+    std::vector<float> rstd_plain(static_cast<std::size_t>(sh.rows));
+    CHECK(rmsnorm_forward(agoq::host, cview(x, sh.rows, sh.cols), std::span<T const>(w), eps,
+                          mview(y_plain, sh.rows, sh.cols), std::span<float>(rstd_plain)) == 0);
+    // Forward bound: the squares and their 16-lane sum (cols/16 + 4 + 1 roundings on positive
+    // terms), the mean, + eps, sqrt and the reciprocal (4), then x * rstd * w (2).
+    double const g_rstd = gamma(static_cast<double>(sh.cols) / 16 + 9);
+    double const g_y = gamma(static_cast<double>(sh.cols) / 16 + 11);
+    for (std::int64_t r = 0; r < sh.rows; ++r) {
+      double ss = 0;
+      for (std::int64_t c = 0; c < sh.cols; ++c)
+        ss += d(x[r * sh.cols + c]) * d(x[r * sh.cols + c]);
+      double const rs = 1.0 / std::sqrt(ss / static_cast<double>(sh.cols) + eps);
+      CHECK(std::abs(rstd_plain[r] - rs) <= g_rstd * rs);
+      std::int64_t bad = 0;
+      for (std::int64_t c = 0; c < sh.cols; ++c) {
+        double const ref = d(x[r * sh.cols + c]) * rs * d(w[c]);
+        bad += !within(y_plain[r * sh.cols + c], ref, g_y * std::abs(ref));
+      }
+      CHECK(bad == 0);
+    }
+    for (spec const& s : forward_specs()) {
+      CAPTURE(s.name());
+      for (agoq::host_executor ex : {agoq::host, portable}) {
+        quantized_tensor saved(s, sh.rows, sh.cols);
+        std::vector<T> y(x.size());
+        std::vector<float> rstd(static_cast<std::size_t>(sh.rows));
+        std::int64_t const n =
+            rmsnorm_forward(ex, cview(x, sh.rows, sh.cols), std::span<T const>(w), eps,
+                            mview(y, sh.rows, sh.cols), saved.view(), std::span<float>(rstd), opts);
+        CHECK(n == 0);
+        CHECK(same_bits(y, y_plain));
+        CHECK(same_bits(rstd, rstd_plain));
+        check_saved_bits(saved, x, sh.rows, sh.cols, opts, n);
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("rmsnorm_backward from the quantized input is within the propagated bound", T,
+                   float, bfloat16) {
+  shape const sh{13, 384};
+  std::int64_t const rows = sh.rows, cols = sh.cols;
+  auto const x = random_tensor<T>(rows * cols, 3);
+  auto const w = random_tensor<T>(cols, 4, 1.0f);
+  auto const dy = random_tensor<T>(rows * cols, 5);
+  for (spec const& s : backward_specs()) {
+    CAPTURE(s.name());
+    quantized_tensor saved(s, rows, cols);
+    std::vector<T> y(x.size());
+    std::vector<float> rstd(static_cast<std::size_t>(rows));
+    rmsnorm_forward(agoq::host, cview(x, rows, cols), std::span<T const>(w), eps,
+                    mview(y, rows, cols), saved.view(), std::span<float>(rstd), opts);
+    decoded const q = decode_with_bounds(saved, x);
+    check_scheme_bound(q, x);
+    std::vector<T> dx(x.size());
+    std::vector<float> dw(static_cast<std::size_t>(cols), 0.0f);
+    CHECK(rmsnorm_backward(agoq::host, cview(dy, rows, cols), saved.view(),
+                           std::span<float const>(rstd), std::span<T const>(w),
+                           mview(dx, rows, cols), std::span<float>(dw)) == 0);
+    // Reference: the same formula in double on the exact x with the forward's rstd r. With e_j the
+    // scheme's bound on |x̂_j - x_j|, c = (1/H) Σ w_j dy_j x_j moves by at most
+    // C_e = (1/H) Σ |w_j dy_j| e_j, so dx_i = r (w_i dy_i - x_i r² c) moves by at most
+    // r³ (e_i (|c| + C_e) + |x_i| C_e), and dweight_i = Σ_t dy_ti x_ti r_t by Σ_t |dy_ti| e_ti r_t.
+    // The fp32 evaluation on x̂ adds gamma_n times the same formula in absolute values: the
+    // 16-lane sum for c (H/16 + 4 + 2 products + 2 for 1/H), r² c (2), and w dy, x̂ k, the
+    // difference and the factor r (4); dweight: two products, then one add per token.
+    double const g_dx = gamma(static_cast<double>(cols) / 16 + 14);
+    double const g_dw = gamma(static_cast<double>(rows) + 2);
+    std::vector<double> dw_ref(static_cast<std::size_t>(cols), 0.0);
+    std::vector<double> dw_err(static_cast<std::size_t>(cols), 0.0);
+    std::vector<double> dw_mag(static_cast<std::size_t>(cols), 0.0);
+    std::int64_t bad = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double const rs = rstd[r];
+      double c = 0, ce = 0, ca = 0;
+      for (std::int64_t j = 0; j < cols; ++j) {
+        std::size_t const k = static_cast<std::size_t>(r * cols + j);
+        double const wd = d(w[j]) * d(dy[k]);
+        c += wd * d(x[k]);
+        ce += std::abs(wd) * q.err[k];
+        ca += std::abs(wd * q.value[k]);
+      }
+      c /= static_cast<double>(cols);
+      ce /= static_cast<double>(cols);
+      ca /= static_cast<double>(cols);
+      for (std::int64_t i = 0; i < cols; ++i) {
+        std::size_t const k = static_cast<std::size_t>(r * cols + i);
+        double const ref = rs * (d(w[i]) * d(dy[k]) - d(x[k]) * rs * rs * c);
+        double const quant =
+            rs * rs * rs * (q.err[k] * (std::abs(c) + ce) + std::abs(d(x[k])) * ce);
+        double const mag =
+            rs * (std::abs(d(w[i]) * d(dy[k])) + std::abs(q.value[k]) * rs * rs * ca);
+        bad += !within(dx[k], ref, quant + g_dx * mag);
+        dw_ref[i] += d(dy[k]) * d(x[k]) * rs;
+        dw_err[i] += std::abs(d(dy[k])) * q.err[k] * rs;
+        dw_mag[i] += std::abs(d(dy[k]) * q.value[k] * rs);
+      }
+    }
+    CHECK(bad == 0);
+    std::int64_t bad_dw = 0;
+    for (std::int64_t i = 0; i < cols; ++i) {
+      bad_dw += !within(dw[i], dw_ref[i], dw_err[i] + g_dw * dw_mag[i]);
+    }
+    CHECK(bad_dw == 0);
+  }
+}
+
+// ---- SwiGLU --------------------------------------------------------------------------------
+
+double silu(double g) { return g / (1.0 + std::exp(-g)); }
+double sigmoid(double g) { return 1.0 / (1.0 + std::exp(-g)); }
+
+TEST_CASE_TEMPLATE("swiglu_forward: plain output, saved gate and up bit for bit", T, float,
+                   bfloat16, half) {
+  for (shape const sh : shapes) {
+    std::int64_t const n = sh.rows * sh.cols;
+    auto const gate = random_tensor<T>(n, 6);
+    auto const up = random_tensor<T>(n, 7);
+    std::vector<T> out_plain(static_cast<std::size_t>(n));
+    swiglu_forward(agoq::host, cview(gate, sh.rows, sh.cols), cview(up, sh.rows, sh.cols),
+                   mview(out_plain, sh.rows, sh.cols));
+    // exp (counted as 2 roundings), 1 + e, g / (...) and the product with up: products only, so
+    // gamma_5 of the value.
+    std::int64_t bad = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      double const ref = silu(d(gate[i])) * d(up[i]);
+      bad += !within(out_plain[i], ref, gamma(5) * std::abs(ref));
+    }
+    CHECK(bad == 0);
+    for (spec const& s : forward_specs()) {
+      CAPTURE(s.name());
+      for (agoq::host_executor ex : {agoq::host, portable}) {
+        quantized_tensor sg(s, sh.rows, sh.cols), su(s, sh.rows, sh.cols);
+        std::vector<T> out(static_cast<std::size_t>(n));
+        std::int64_t const nf =
+            swiglu_forward(ex, cview(gate, sh.rows, sh.cols), cview(up, sh.rows, sh.cols),
+                           mview(out, sh.rows, sh.cols), sg.view(), su.view(), opts);
+        CHECK(nf == 0);
+        CHECK(same_bits(out, out_plain));
+        check_saved_bits(sg, gate, sh.rows, sh.cols, opts, 0);
+        // up draws the stream positions after gate's.
+        check_saved_bits(su, up, sh.rows, sh.cols,
+                         {opts.seed, opts.offset + static_cast<std::uint64_t>(n)}, 0);
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("swiglu_backward from the quantized inputs is within the propagated bound", T,
+                   float, bfloat16) {
+  std::int64_t const rows = 11, cols = 256, n = rows * cols;
+  auto const gate = random_tensor<T>(n, 8);
+  auto const up = random_tensor<T>(n, 9);
+  auto const dout = random_tensor<T>(n, 10);
+  for (spec const& s : backward_specs()) {
+    CAPTURE(s.name());
+    quantized_tensor sg(s, rows, cols), su(s, rows, cols);
+    std::vector<T> out(static_cast<std::size_t>(n));
+    swiglu_forward(agoq::host, cview(gate, rows, cols), cview(up, rows, cols),
+                   mview(out, rows, cols), sg.view(), su.view(), opts);
+    decoded const qg = decode_with_bounds(sg, gate);
+    decoded const qu = decode_with_bounds(su, up);
+    check_scheme_bound(qg, gate);
+    check_scheme_bound(qu, up);
+    std::vector<T> dgate(static_cast<std::size_t>(n)), dup(static_cast<std::size_t>(n));
+    CHECK(swiglu_backward(agoq::host, cview(dout, rows, cols), sg.view(), su.view(),
+                          mview(dgate, rows, cols), mview(dup, rows, cols)) == 0);
+    // With h = silu' (sup |h| = 1.09984, sup |h'| = 0.5, at g = 0; a dense scan of [-40, 40]
+    // confirms both), the mean value theorem gives |Δdup| <= |dout| 1.0999 e_g and
+    // |Δdgate| = |dout| |û h(ĝ) - u h(g)| <= |dout| (1.0999 e_u + |u| 0.5 e_g).
+    // fp32 on ĝ, û: the sigmoid takes 4 roundings (exp counted as 2); dup adds 2 products;
+    // dgate adds 1 - s, ĝ (1 - s), 1 + ..., s (...), and two products with dout and û (6), all
+    // bounded by the formula in absolute values.
+    std::int64_t bad_g = 0, bad_u = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      double const dd = d(dout[i]);
+      double const g = d(gate[i]), u = d(up[i]);
+      double const gh = qg.value[i], uh = qu.value[i];
+      double const sh = sigmoid(gh);
+      double const ref_u = dd * silu(g);
+      double const ref_g = dd * u * sigmoid(g) * (1.0 + g * (1.0 - sigmoid(g)));
+      double const mag_u = std::abs(dd * gh * sh);
+      double const mag_g = std::abs(dd * uh) * sh * (1.0 + std::abs(gh) * (1.0 + sh));
+      bad_u += !within(dup[i], ref_u, std::abs(dd) * 1.0999 * qg.err[i] + gamma(6) * mag_u);
+      bad_g += !within(
+          dgate[i], ref_g,
+          std::abs(dd) * (1.0999 * qu.err[i] + std::abs(u) * 0.5 * qg.err[i]) + gamma(10) * mag_g);
+    }
+    CHECK(bad_u == 0);
+    CHECK(bad_g == 0);
+  }
+}
+
+// ---- GeLU ----------------------------------------------------------------------------------
+
+constexpr double gk = 0.7978845608028654;
+constexpr double gc = 0.044715;
+/// The tanh approximation in double, written with 1 + tanh z = 2 sigmoid(2z) (the same function)
+/// because 1 + tanh z cancels in double too for very negative z.
+double gelu(double x) { return x * sigmoid(2.0 * gk * (x + gc * x * x * x)); }
+/// Its derivative, 1/2 (1 + t) + 1/2 x (1 - t²) k (1 + 3c x²) with the same rewriting
+/// (1/2 (1 - t²) = 2 s (1 - s)).
+double gelu_grad(double x) {
+  double const s = sigmoid(2.0 * gk * (x + gc * x * x * x));
+  return s + 2.0 * x * s * (1.0 - s) * gk * (1.0 + 3.0 * gc * x * x);
+}
+
+TEST_CASE("the double-precision GeLU reference is the tanh approximation") {
+  for (double v = -1.0; v <= 8.0; v += 0.125) {
+    double const tanh_form = 0.5 * v * (1.0 + std::tanh(gk * (v + gc * v * v * v)));
+    CHECK(std::abs(gelu(v) - tanh_form) <= 1e-14 * (1.0 + std::abs(v)));
+  }
+}
+
+TEST_CASE_TEMPLATE("gelu_forward: plain output, saved input bit for bit", T, float, bfloat16,
+                   half) {
+  for (shape const sh : shapes) {
+    std::int64_t const n = sh.rows * sh.cols;
+    auto const x = random_tensor<T>(n, 11);
+    std::vector<T> y_plain(static_cast<std::size_t>(n));
+    gelu_forward(agoq::host, cview(x, sh.rows, sh.cols), mview(y_plain, sh.rows, sh.cols));
+    // The op computes x sigmoid(2z), z = k (x + c x³) (the same function): 2z takes 5 roundings
+    // of same-sign terms and the fp32 constants k and c are each off by one rounding, so
+    // e = exp(-2z) is off by 2|z| gamma_7 + 1 ulp relatively and s = 1 / (1 + e) by (1 - s)
+    // times that plus 2 roundings; the product with x adds one:
+    // |Δy| <= gamma_8 |x| s (1 + 2 |z| (1 - s)). Below 2^-126, s is subnormal or 0 (exp(-2z)
+    // overflows past 2z < -88.7): an absolute error of at most 2^-126 in s, |x| 2^-126 in y.
+    std::int64_t bad = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      double const v = d(x[i]);
+      double const z = gk * (v + gc * v * v * v);
+      double const sg = sigmoid(2.0 * z);
+      double const mag = std::abs(v) * sg * (1.0 + 2.0 * std::abs(z) * (1.0 - sg));
+      bad += !within(y_plain[i], gelu(v), gamma(8) * mag + std::abs(v) * 0x1p-126);
+    }
+    CHECK(bad == 0);
+    for (spec const& s : forward_specs()) {
+      CAPTURE(s.name());
+      for (agoq::host_executor ex : {agoq::host, portable}) {
+        quantized_tensor saved(s, sh.rows, sh.cols);
+        std::vector<T> y(static_cast<std::size_t>(n));
+        std::int64_t const nf = gelu_forward(ex, cview(x, sh.rows, sh.cols),
+                                             mview(y, sh.rows, sh.cols), saved.view(), opts);
+        CHECK(nf == 0);
+        CHECK(same_bits(y, y_plain));
+        check_saved_bits(saved, x, sh.rows, sh.cols, opts, 0);
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("gelu_backward from the quantized input is within the propagated bound", T,
+                   float, bfloat16) {
+  std::int64_t const rows = 9, cols = 384, n = rows * cols;
+  auto const x = random_tensor<T>(n, 12);
+  auto const dy = random_tensor<T>(n, 13);
+  for (spec const& s : backward_specs()) {
+    CAPTURE(s.name());
+    quantized_tensor saved(s, rows, cols);
+    std::vector<T> y(static_cast<std::size_t>(n)), dx(static_cast<std::size_t>(n));
+    gelu_forward(agoq::host, cview(x, rows, cols), mview(y, rows, cols), saved.view(), opts);
+    decoded const q = decode_with_bounds(saved, x);
+    check_scheme_bound(q, x);
+    CHECK(gelu_backward(agoq::host, cview(dy, rows, cols), saved.view(), mview(dx, rows, cols)) ==
+          0);
+    // sup |gelu''| of the tanh approximation is sqrt(2/pi) = 0.79789 (at 0; dense scan of
+    // [-40, 40]), so |Δdx| <= |dy| 0.7979 e. fp32 on x̂: s = sigmoid(2z) is off by at most
+    // gamma_8 s (1 + 2|z|) (as in the forward), which the derivative s + 2 x̂ s (1 - s) p,
+    // p = k (1 + 3c x̂²), scales by at most 1 + 2|x̂| p; the derivative's own 8 roundings and the
+    // product with dy are bounded by gamma_9 times its absolute-value form. Where s underflows
+    // (below 2^-126, as in the forward) its absolute error 2^-126 is scaled by the same factor.
+    std::int64_t bad = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      double const v = q.value[i];
+      double const z = gk * (v + gc * v * v * v);
+      double const sg = sigmoid(2.0 * z);
+      double const p = gk * (1.0 + 3.0 * gc * v * v);
+      double const mag_dg = sg + 2.0 * std::abs(v) * sg * (1.0 - sg) * p;
+      double const mag_s =
+          (1.0 + 2.0 * std::abs(v) * p) * (sg * (1.0 + 2.0 * std::abs(z)) * gamma(8) + 0x1p-126);
+      double const dd = std::abs(d(dy[i]));
+      bad += !within(dx[i], d(dy[i]) * gelu_grad(d(x[i])),
+                     dd * 0.7979 * q.err[i] + dd * (gamma(9) * mag_dg + mag_s));
+    }
+    CHECK(bad == 0);
+  }
+}
+
+// ---- Residual add --------------------------------------------------------------------------
+
+TEST_CASE_TEMPLATE("residual_add: plain sum, saved sum bit for bit, in place", T, float, bfloat16,
+                   half) {
+  for (shape const sh : shapes) {
+    std::int64_t const n = sh.rows * sh.cols;
+    auto const a = random_tensor<T>(n, 14);
+    auto const b = random_tensor<T>(n, 15);
+    std::vector<T> sum_plain(static_cast<std::size_t>(n));
+    residual_add(agoq::host, cview(a, sh.rows, sh.cols), cview(b, sh.rows, sh.cols),
+                 mview(sum_plain, sh.rows, sh.cols));
+    // One fp32 addition (correctly rounded), then T's rounding.
+    std::int64_t bad = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      double const ref = d(a[i]) + d(b[i]);
+      bad += !within(sum_plain[i], ref, gamma(1) * std::abs(ref));
+    }
+    CHECK(bad == 0);
+    for (spec const& s : forward_specs()) {
+      CAPTURE(s.name());
+      for (agoq::host_executor ex : {agoq::host, portable}) {
+        quantized_tensor saved(s, sh.rows, sh.cols);
+        std::vector<T> sum = a;  // the residual stream updated in place
+        std::int64_t const nf =
+            residual_add(ex, cview(sum, sh.rows, sh.cols), cview(b, sh.rows, sh.cols),
+                         mview(sum, sh.rows, sh.cols), saved.view(), opts);
+        CHECK(nf == 0);
+        CHECK(same_bits(sum, sum_plain));
+        check_saved_bits(saved, sum, sh.rows, sh.cols, opts, 0);
+      }
+    }
+  }
+}
+
+// ---- Bad input, empty tensors, non-finite values -------------------------------------------
+
+TEST_CASE("fused ops refuse mismatched extents, null pointers and overlapping buffers") {
+  std::int64_t const rows = 4, cols = 128;
+  std::vector<float> x(rows * cols, 1.0f), y(rows * cols), w(cols, 1.0f), rstd(rows);
+  quantized_tensor saved(int4_g128, rows, cols);
+  quantized_tensor wrong(int4_g128, rows, cols * 2);
+  auto const xv = cview(x, rows, cols);
+  auto const yv = mview(y, rows, cols);
+  std::span<float const> const ws(w);
+  CHECK_THROWS_AS(
+      rmsnorm_forward(agoq::host, xv, ws, eps, yv, wrong.view(), std::span<float>(rstd)),
+      agoq::invalid_argument);
+  CHECK_THROWS_AS(rmsnorm_forward(agoq::host, xv, ws.first(cols - 1), eps, yv, saved.view(),
+                                  std::span<float>(rstd)),
+                  agoq::invalid_argument);
+  CHECK_THROWS_AS(rmsnorm_forward(agoq::host, xv, ws, eps, yv, saved.view(),
+                                  std::span<float>(rstd).first(rows - 1)),
+                  agoq::invalid_argument);
+  CHECK_THROWS_AS(
+      rmsnorm_forward(agoq::host, xv, ws, -1.0f, yv, saved.view(), std::span<float>(rstd)),
+      agoq::invalid_argument);
+  CHECK_THROWS_AS(rmsnorm_forward(agoq::host, matrix_view<float const>(nullptr, rows, cols), ws,
+                                  eps, yv, saved.view(), std::span<float>(rstd)),
+                  agoq::invalid_argument);
+  CHECK_THROWS_AS(rmsnorm_forward(agoq::host, xv, ws, eps, mview(y, rows - 1, cols), saved.view(),
+                                  std::span<float>(rstd)),
+                  agoq::invalid_argument);
+  // y shifted by one element over x: a partial overlap.
+  CHECK_THROWS_AS(
+      rmsnorm_forward(agoq::host, xv, ws, eps, matrix_view<float>(x.data() + 1, rows - 1, cols),
+                      saved.view(), std::span<float>(rstd)),
+      agoq::invalid_argument);
+  agoq::quantized_view no_codes = saved.view();
+  no_codes.codes = nullptr;
+  CHECK_THROWS_AS(gelu_forward(agoq::host, xv, yv, no_codes), agoq::invalid_argument);
+  CHECK_THROWS_AS(gelu_forward(agoq::host, xv, mview(y, rows, cols - 1), saved.view()),
+                  agoq::invalid_argument);
+  CHECK_THROWS_AS(residual_add(agoq::host, xv, cview(y, rows, cols - 1), yv, saved.view()),
+                  agoq::invalid_argument);
+  CHECK_THROWS_AS(swiglu_forward(agoq::host, xv, xv, yv, saved.view(), wrong.view()),
+                  agoq::invalid_argument);
+  std::vector<float> g(rows * cols), u(rows * cols);
+  CHECK_THROWS_AS(swiglu_backward(agoq::host, cview(x, rows, cols), saved.view(), saved.view(),
+                                  mview(g, rows, cols), mview(g, rows, cols)),
+                  agoq::invalid_argument);  // dgate and dup the same buffer
+  CHECK_THROWS_AS(swiglu_backward(agoq::host, cview(x, rows, cols), saved.view(), wrong.view(),
+                                  mview(g, rows, cols), mview(u, rows, cols)),
+                  agoq::invalid_argument);
+  std::vector<float> dw(cols);
+  CHECK_THROWS_AS(
+      rmsnorm_backward(agoq::host, cview(x, rows, cols), saved.view(), std::span<float const>(rstd),
+                       ws, yv, std::span<float>(dw).first(cols - 1)),
+      agoq::invalid_argument);
+  CHECK_THROWS_AS(gelu_backward(agoq::host, cview(x, rows, cols), wrong.view(), yv),
+                  agoq::invalid_argument);
+  agoq::quantized_view bad_spec = saved.view();
+  bad_spec.spec.bits = 3;
+  CHECK_THROWS_AS(gelu_forward(agoq::host, xv, yv, bad_spec), agoq::invalid_argument);
+}
+
+TEST_CASE("fused ops on empty tensors are no-ops") {
+  quantized_tensor saved(int4_g128, 0, 128);
+  std::vector<float> w(128, 1.0f);
+  auto const x = matrix_view<float const>(nullptr, 0, 128);
+  auto const y = matrix_view<float>(nullptr, 0, 128);
+  CHECK(rmsnorm_forward(agoq::host, x, std::span<float const>(w), eps, y, saved.view(),
+                        std::span<float>()) == 0);
+  std::vector<float> dw(128, 3.0f);
+  CHECK(rmsnorm_backward(agoq::host, x, saved.view(), std::span<float const>(),
+                         std::span<float const>(w), y, std::span<float>(dw)) == 0);
+  CHECK(dw[0] == 3.0f);
+  CHECK(swiglu_forward(agoq::host, x, x, y, saved.view(), saved.view()) == 0);
+  CHECK(swiglu_backward(agoq::host, x, saved.view(), saved.view(), y,
+                        matrix_view<float>(nullptr, 0, 128)) == 0);
+  CHECK(gelu_forward(agoq::host, x, y, saved.view()) == 0);
+  CHECK(gelu_backward(agoq::host, x, saved.view(), y) == 0);
+  CHECK(residual_add(agoq::host, x, x, y, saved.view()) == 0);
+  quantized_tensor none(int4_g128, 3, 0);
+  auto const x0 = matrix_view<float const>(nullptr, 3, 0);
+  auto const y0 = matrix_view<float>(nullptr, 3, 0);
+  std::vector<float> rstd(3, 7.0f);
+  CHECK(rmsnorm_forward(agoq::host, x0, std::span<float const>(), eps, y0, none.view(),
+                        std::span<float>(rstd)) == 0);
+  CHECK(rstd[0] == 7.0f);
+  CHECK(gelu_forward(agoq::host, x0, y0, none.view()) == 0);
+}
+
+TEST_CASE_TEMPLATE("fused ops count non-finite inputs and keep the saved copy exact", T, float,
+                   bfloat16) {
+  std::int64_t const rows = 6, cols = 256, n = rows * cols;
+  auto x = random_tensor<T>(n, 16);
+  float const inf = std::numeric_limits<float>::infinity();
+  x[3] = numeric::from_float<T>(std::numeric_limits<float>::quiet_NaN());
+  x[300] = numeric::from_float<T>(inf);
+  x[1000] = numeric::from_float<T>(-inf);
+  auto const other = random_tensor<T>(n, 17);
+  auto const w = random_tensor<T>(cols, 18, 1.0f);
+  for (spec const& s : {int4_g128, spec::parse("int8_b16x64_sym_rne_f32")}) {
+    CAPTURE(s.name());
+    quantized_tensor a(s, rows, cols), b(s, rows, cols);
+    std::vector<T> y(static_cast<std::size_t>(n));
+    std::vector<float> rstd(rows);
+    CHECK(rmsnorm_forward(agoq::host, cview(x, rows, cols), std::span<T const>(w), eps,
+                          mview(y, rows, cols), a.view(), std::span<float>(rstd), opts) == 3);
+    check_saved_bits(a, x, rows, cols, opts, 3);
+    CHECK(std::isnan(rstd[0]));  // NaN and Inf in row 0 / row 1 reach their rows only
+    CHECK(std::isinf(rstd[1]) == false);
+    CHECK(std::isfinite(rstd[5]));
+    CHECK(gelu_forward(agoq::host, cview(x, rows, cols), mview(y, rows, cols), a.view(), opts) ==
+          3);
+    check_saved_bits(a, x, rows, cols, opts, 3);
+    CHECK(swiglu_forward(agoq::host, cview(x, rows, cols), cview(x, rows, cols),
+                         mview(y, rows, cols), a.view(), b.view(), opts) == 6);
+    std::vector<T> sum(static_cast<std::size_t>(n));
+    CHECK(residual_add(agoq::host, cview(x, rows, cols), cview(other, rows, cols),
+                       mview(sum, rows, cols), a.view(), opts) == 3);
+    check_saved_bits(a, sum, rows, cols, opts, 3);
+    // Backward counts the non-finite incoming gradients.
+    std::vector<T> dx(static_cast<std::size_t>(n)), dx2(static_cast<std::size_t>(n));
+    std::vector<float> dw(cols, 0.0f);
+    CHECK(gelu_backward(agoq::host, cview(x, rows, cols), a.view(), mview(dx, rows, cols)) == 3);
+    CHECK(swiglu_backward(agoq::host, cview(x, rows, cols), a.view(), b.view(),
+                          mview(dx, rows, cols), mview(dx2, rows, cols)) == 3);
+    CHECK(rmsnorm_backward(agoq::host, cview(x, rows, cols), a.view(), std::span<float const>(rstd),
+                           std::span<T const>(w), mview(dx, rows, cols),
+                           std::span<float>(dw)) == 3);
+  }
+}
+
+}  // namespace
