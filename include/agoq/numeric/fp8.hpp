@@ -16,6 +16,26 @@ struct fp8_format {
   int exponent_bias;
   std::uint8_t max_code;
   float max_value;
+
+  /// Float bits of the smallest normal FP8 value, 2^(1 - bias): below it the code is subnormal.
+  AGOQ_HOST_DEVICE constexpr std::uint32_t min_normal_bits() const noexcept {
+    return (127u + 1u - static_cast<std::uint32_t>(exponent_bias)) << 23;
+  }
+  /// Float bits of 1 / (subnormal step) = 2^(bias - 1 + mantissa_bits); multiplying by it is
+  /// exact, and gives a subnormal magnitude in units of the step.
+  AGOQ_HOST_DEVICE constexpr std::uint32_t inv_step_bits() const noexcept {
+    return (127u + static_cast<std::uint32_t>(exponent_bias) - 1u +
+            static_cast<std::uint32_t>(mantissa_bits))
+           << 23;
+  }
+  /// Float mantissa bits an FP8 normal value drops.
+  AGOQ_HOST_DEVICE constexpr std::uint32_t drop() const noexcept {
+    return 23u - static_cast<std::uint32_t>(mantissa_bits);
+  }
+  /// What to subtract from (float bits >> drop()) to get the FP8 magnitude code of a normal value.
+  AGOQ_HOST_DEVICE constexpr std::uint32_t rebias() const noexcept {
+    return (127u - static_cast<std::uint32_t>(exponent_bias)) << mantissa_bits;
+  }
 };
 
 /// E4M3: 4 exponent bits, 3 mantissa bits, bias 7, largest finite 448, no infinities.
@@ -56,17 +76,12 @@ AGOQ_HOST_DEVICE constexpr float fp8_to_float(std::uint8_t code, fp8_format f) n
 /// (truncation), saturating at the largest finite value. Helper of the rounding modes.
 AGOQ_HOST_DEVICE constexpr std::uint32_t fp8_magnitude_truncate(float a, fp8_format f) noexcept {
   if (!(a < f.max_value)) return f.max_code;
-  std::uint32_t const min_normal_exp = 127u + 1u - static_cast<std::uint32_t>(f.exponent_bias);
   std::uint32_t const u = float_bits(a);
-  if (u < (min_normal_exp << 23)) {
+  if (u < f.min_normal_bits()) {
     // Subnormal range: a / step < 2^mantissa_bits; a power-of-two multiply, exact.
-    float const inv_step = bits_float((127u + static_cast<std::uint32_t>(f.exponent_bias) - 1u +
-                                       static_cast<std::uint32_t>(f.mantissa_bits))
-                                      << 23);
-    return static_cast<std::uint32_t>(a * inv_step);
+    return static_cast<std::uint32_t>(a * bits_float(f.inv_step_bits()));
   }
-  std::uint32_t const drop = 23u - static_cast<std::uint32_t>(f.mantissa_bits);
-  return (u >> drop) - ((127u - static_cast<std::uint32_t>(f.exponent_bias)) << f.mantissa_bits);
+  return (u >> f.drop()) - f.rebias();
 }
 
 /// float -> FP8 code, round to nearest even, saturating to the largest finite value (±Inf too);
@@ -81,17 +96,11 @@ AGOQ_HOST_DEVICE constexpr std::uint8_t float_to_fp8_rne_sat(float x, fp8_format
   if (!(af < f.max_value)) {
     mag = f.max_code;
   } else {
-    std::uint32_t const min_normal_exp = 127u + 1u - static_cast<std::uint32_t>(f.exponent_bias);
-    if (a < (min_normal_exp << 23)) {
-      float const inv_step = bits_float((127u + static_cast<std::uint32_t>(f.exponent_bias) - 1u +
-                                         static_cast<std::uint32_t>(f.mantissa_bits))
-                                        << 23);
-      mag = static_cast<std::uint32_t>(rne_small(af * inv_step));
+    if (a < f.min_normal_bits()) {
+      mag = static_cast<std::uint32_t>(rne_small(af * bits_float(f.inv_step_bits())));
     } else {
-      std::uint32_t const drop = 23u - static_cast<std::uint32_t>(f.mantissa_bits);
-      std::uint32_t const rounded = a + ((1u << (drop - 1u)) - 1u) + ((a >> drop) & 1u);
-      mag = (rounded >> drop) -
-            ((127u - static_cast<std::uint32_t>(f.exponent_bias)) << f.mantissa_bits);
+      std::uint32_t const rounded = a + ((1u << (f.drop() - 1u)) - 1u) + ((a >> f.drop()) & 1u);
+      mag = (rounded >> f.drop()) - f.rebias();
     }
     if (mag > f.max_code) mag = f.max_code;
   }

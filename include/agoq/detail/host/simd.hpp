@@ -338,14 +338,10 @@ struct encoder {
   /// difference), so the comparison decides exactly as the scalar one; NaN encodes to 0.
   static __m512i fp8_stochastic(__m512 v, __m512 u) noexcept {
     constexpr numeric::fp8_format f = Code::format;
-    constexpr std::uint32_t min_normal_exp =
-        127u + 1u - static_cast<std::uint32_t>(f.exponent_bias);
-    constexpr std::uint32_t inv_step_bits = (127u + static_cast<std::uint32_t>(f.exponent_bias) -
-                                             1u + static_cast<std::uint32_t>(f.mantissa_bits))
-                                            << 23;
-    constexpr unsigned drop = 23u - static_cast<unsigned>(f.mantissa_bits);
-    constexpr std::uint32_t rebias = (127u - static_cast<std::uint32_t>(f.exponent_bias))
-                                     << f.mantissa_bits;
+    constexpr std::uint32_t min_normal_bits = f.min_normal_bits();
+    constexpr std::uint32_t inv_step_bits = f.inv_step_bits();
+    constexpr unsigned drop = f.drop();
+    constexpr std::uint32_t rebias = f.rebias();
     __m512i const bits = _mm512_castps_si512(v);
     __m512i const a = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
     __m512 const af = _mm512_castsi512_ps(a);
@@ -355,7 +351,7 @@ struct encoder {
     __m512i mag =
         _mm512_sub_epi32(_mm512_srli_epi32(a, drop), _mm512_set1_epi32(static_cast<int>(rebias)));
     __mmask16 const sub =
-        _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(static_cast<int>(min_normal_exp << 23)));
+        _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(static_cast<int>(min_normal_bits)));
     mag = _mm512_mask_mov_epi32(
         mag, sub,
         _mm512_cvttps_epi32(_mm512_mul_ps(
@@ -378,14 +374,10 @@ struct encoder {
   /// numeric::float_to_fp8_rne_sat, lane by lane.
   static __m512i fp8_nearest(__m512 v) noexcept {
     constexpr numeric::fp8_format f = Code::format;
-    constexpr std::uint32_t min_normal_exp =
-        127u + 1u - static_cast<std::uint32_t>(f.exponent_bias);
-    constexpr std::uint32_t inv_step_bits = (127u + static_cast<std::uint32_t>(f.exponent_bias) -
-                                             1u + static_cast<std::uint32_t>(f.mantissa_bits))
-                                            << 23;
-    constexpr unsigned drop = 23u - static_cast<unsigned>(f.mantissa_bits);
-    constexpr std::uint32_t rebias = (127u - static_cast<std::uint32_t>(f.exponent_bias))
-                                     << f.mantissa_bits;
+    constexpr std::uint32_t min_normal_bits = f.min_normal_bits();
+    constexpr std::uint32_t inv_step_bits = f.inv_step_bits();
+    constexpr unsigned drop = f.drop();
+    constexpr std::uint32_t rebias = f.rebias();
     __m512i const u = _mm512_castps_si512(v);
     __m512i const a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
     __m512i const sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
@@ -397,7 +389,7 @@ struct encoder {
                                    _mm512_set1_epi32(static_cast<int>(rebias)));
     // Subnormal range: an exact power-of-two multiply, then round half to even.
     __mmask16 const sub =
-        _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(static_cast<int>(min_normal_exp << 23)));
+        _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(static_cast<int>(min_normal_bits)));
     __m512i const sub_mag = _mm512_cvt_roundps_epi32(
         _mm512_mul_ps(_mm512_castsi512_ps(a),
                       _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(inv_step_bits)))),
