@@ -43,3 +43,20 @@ for name, size, gbps, t in rows:
     ratio = gbps / copy[size] if copy.get(size) else float("nan")
     tratio = t / copy_time[size] if copy_time.get(size) else float("nan")
     print(f"| {name.split('/')[0]} | {size >> 20} | {gbps:.0f} | {ratio:.2f} | {tratio:.2f} |")
+
+# The AdamW step beside a copy moving the same bytes (bench/optim_device_bench.cu; target >= 0.80).
+optim = out / "optim_bench.json"
+if optim.exists():
+    print("\n## AdamW step (bytes moved per second; ratio to a copy of the same bytes)\n")
+    steps, copies = {}, {}
+    for b in json.loads(optim.read_text())["benchmarks"]:
+        if b.get("error_occurred"):
+            continue
+        size = int(re.search(r"/(\d+)/", b["name"] + "/").group(1))
+        target = copies if b["name"].startswith("bm_adamw_copy") else steps
+        target[size] = b["bytes_per_second"] / 1e9
+    print("| Mi parameters | step GB/s | copy GB/s | step / copy |")
+    print("|---|---|---|---|")
+    for size in sorted(steps):
+        c = copies.get(size, float("nan"))
+        print(f"| {size >> 20} | {steps[size]:.0f} | {c:.0f} | {steps[size] / c:.2f} |")

@@ -6,6 +6,7 @@
 #include <limits>
 #include <random>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -332,4 +333,43 @@ TEST_CASE("adamw: bad arguments throw before anything changes") {
   CHECK(adamw_step(host, empty, adamw_hyper{}, std::span<float>(none),
                    std::span<float const>(none)) == 0);
   CHECK(empty.bytes_per_parameter() == 0.0);
+}
+
+TEST_CASE("decode_flat_run decodes row-major runs across rows like dequantize") {
+  for (auto const& [name, rows, cols] :
+       {std::tuple{"int8_g128_sym_sr_f32", 3, 300}, std::tuple{"fp8e4m3_g32_rne_e8m0", 9, 13},
+        std::tuple{"int8_row_asym_rne_bf16", 5, 7}, std::tuple{"int8_col_sym_rne_f32", 4, 3},
+        std::tuple{"fp8e5m2_b3x5_rne_f32", 7, 11}}) {
+    INFO(name << " " << rows << "x" << cols);
+    spec const s = spec::parse(name);
+    std::int64_t const n = std::int64_t{rows} * cols;
+    std::mt19937 gen(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (float& f : x) f = normal(gen);
+    quantized_tensor q(s, rows, cols);
+    quantize(host, matrix_view<float const>(x.data(), rows, cols), q.view(), {3, 0});
+    std::vector<float> want(x.size());
+    dequantize(host, q.view(), matrix_view<float>(want.data(), rows, cols));
+    const_quantized_view const v = q.view();
+    quantized_layout const l = v.layout();
+    dispatch_code(s, [&](auto code) {
+      using Code = decltype(code);
+      if constexpr (Code::bits == 8) {
+        for (std::int64_t first = 0; first < n; ++first) {
+          for (int count = 0; count <= 8; ++count) {
+            if (first + count > n) break;
+            float got[8];
+            optim::detail::decode_flat_run<Code>(v, l, first, count, got);
+            for (int i = 0; i < 8; ++i) {
+              float const expect = i < count ? want[static_cast<std::size_t>(first + i)] : 0.0f;
+              REQUIRE(std::memcmp(&got[i], &expect, 4) == 0);
+            }
+          }
+        }
+      } else {
+        FAIL("not an 8-bit code");
+      }
+    });
+  }
 }

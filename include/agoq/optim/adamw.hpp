@@ -16,7 +16,7 @@
 /// reads the gradient (float, bfloat16 or half, or the codes of an 8-bit quantized view, decoded
 /// group by group), updates in fp32 and requantizes m and v with fresh block scales. No full-size
 /// fp32 temporary is made. The per-element math is adamw_update (host and device), so a CUDA
-/// step can be its bit-exact twin; only the host executor exists so far.
+/// step can be its bit-exact twin: optim/adamw.cuh is that step (default formats only).
 #pragma once
 
 #include <algorithm>
@@ -32,6 +32,7 @@
 
 #include "../detail/host/segment.hpp"
 #include "../detail/host/simd.hpp"
+#include "../device/partition.hpp"
 #include "../error.hpp"
 #include "../layout/matrix.hpp"
 #include "../layout/params.hpp"
@@ -533,6 +534,39 @@ void decode_flat(const_quantized_view const& q, quantized_layout const& l, std::
       agoq::detail::host::decode_segment<Code>(codes, run, p, y + (i - b));
     }
     i += run;
+  }
+}
+
+/// Decodes elements [first, first + count) (row-major order, 0 <= count <= N) of an 8-bit
+/// quantized view of any grouping into v[0, count) and zeroes v[count, N); the run may cross rows.
+/// Element by element with numeric::decode, so the floats equal decode_flat's. Host and device:
+/// the CUDA step (optim/adamw.cuh) reads a quantized gradient through it.
+template <code_format Code, int N>
+AGOQ_HOST_DEVICE inline void decode_flat_run(const_quantized_view const& q,
+                                             quantized_layout const& l, std::int64_t first,
+                                             int count, float (&v)[N]) noexcept {
+  static_assert(Code::bits == 8, "decode_flat_run: one code per byte");
+  AGOQ_UNROLL
+  for (int i = 0; i < N; ++i) v[i] = 0.0f;
+  if (count <= 0) return;
+  std::int64_t row = first / l.cols;
+  std::int64_t col = first - row * l.cols;
+  device::group_cursor cursor(row, col, l.tile, l.group_grid_cols);
+  std::int64_t current = cursor.group;
+  group_params p = load_group_params(q, current);
+  for (int i = 0; i < count && i < N; ++i) {
+    if (col == l.cols) {
+      ++row;
+      col = 0;
+      cursor = device::group_cursor(row, 0, l.tile, l.group_grid_cols);
+    }
+    cursor.advance(col);
+    if (cursor.group != current) {
+      current = cursor.group;
+      p = load_group_params(q, current);
+    }
+    v[i] = decode<Code>(q.codes[row * l.code_row_bytes + col], p);
+    ++col;
   }
 }
 

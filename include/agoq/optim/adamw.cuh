@@ -1,0 +1,321 @@
+/// \file
+/// The CUDA executor of the 8-bit AdamW step (optim/adamw.hpp): the same update on device
+/// buffers, bit-identical to the host step. Needs nvcc.
+///
+/// One kernel reads each parameter, gradient and moment once and writes each once: 16
+/// consecutive lanes hold one 128-element block (8 elements each); every lane decodes its m and v
+/// codes with numeric::decode, runs adamw_update (the host step's function) per element, the
+/// lanes reduce the block's new absolute maxima with shuffles (device::group_allreduce, exact in
+/// any order) and each lane encodes its own elements (device::quantize_group_lanes). Stochastic
+/// rounding draws what the host step draws: stream_seed(seed, t, 0) for m and
+/// stream_seed(seed, t, 1) for v, element i at stream position i. So params, codes and scales
+/// equal the host step's bit for bit: tests/device/adamw_device_test.cu checks it, and is
+/// unverified until it runs on a GPU (bench/device_check.sh).
+///
+/// Supported state formats are adamw_state's defaults: m as int8_g128_sym_sr_f32 (int8_linear),
+/// v as fp8e4m3_g128_sr_f32 codes of sqrt(v) (e4m3_sqrt). Other moment formats, block sizes or
+/// roundings throw agoq::unsupported_scheme (the host step takes them).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include <cuda_runtime_api.h>
+
+#include "../detail/gpu/kernels.cuh"
+#include "../device/epilogue.cuh"
+#include "../quantize.cuh"
+#include "adamw.hpp"
+
+namespace agoq::optim {
+
+/// A non-owning view of an AdamW state in device memory: the two quantized moments (views of
+/// [1, n] tensors, e.g. from view_of_buffer over a cudaMalloc'ed buffer of
+/// make_layout(adamw_device_m_spec(), 1, n).total_bytes bytes, zero-filled for a fresh state), the
+/// steps taken so far and the stochastic rounding seed. Trivially copyable; lives on the host
+/// (each adamw_step_async reads `step` and increments it there, the kernel receives the rest by
+/// value). Copying an adamw_state's moment bytes into such views continues its run exactly.
+struct adamw_device_state {
+  quantized_view m;        ///< first moment: int8_g128_sym_sr_f32 codes of m, device memory
+  quantized_view v;        ///< second moment: fp8e4m3_g128_sr_f32 codes of sqrt(v), device memory
+  std::int64_t step = 0;   ///< steps taken so far (the next step is step + 1)
+  std::uint64_t seed = 0;  ///< as adamw_state_options::seed
+
+  /// Number of parameters.
+  std::int64_t size() const noexcept { return m.cols; }
+};
+
+/// The spec of the first moment of adamw_device_state (int8_g128_sym_sr_f32, adamw_state's
+/// default). Host only.
+inline spec adamw_device_m_spec() {
+  return moment_spec(moment_format::int8_linear, 128, rounding_kind::stochastic);
+}
+
+/// The spec of the second moment of adamw_device_state (fp8e4m3_g128_sr_f32 of sqrt(v),
+/// adamw_state's default). Host only.
+inline spec adamw_device_v_spec() {
+  return moment_spec(moment_format::e4m3_sqrt, 128, rounding_kind::stochastic);
+}
+
+namespace detail::gpu {
+
+// The executor's device helpers (load_run, store_run, grid_for, ...).
+namespace base = agoq::detail::gpu;
+
+/// Lanes per 128-element block of the device step (8 elements per lane).
+inline constexpr int adamw_lanes = 16;
+/// Elements per block scale of the device step.
+inline constexpr std::int64_t adamw_block = std::int64_t{adamw_lanes} * base::run;
+
+/// Gradient source of the device step over a span of float, bfloat16 or half.
+template <class T>
+struct span_gradient_source {
+  T const* g;
+  /// Loads elements [first, first + count) as floats (0 past count).
+  __device__ void load(std::int64_t first, int count, float (&v)[base::run]) const noexcept {
+    base::load_run(g + first, count, v);
+  }
+};
+
+/// Gradient source over an 8-bit quantized view of any grouping, elements in row-major order
+/// (a run may cross a row of the view), decoded like the host step's decode_flat.
+template <class Code>
+struct quantized_gradient_source {
+  const_quantized_view q;
+  quantized_layout l;
+  /// Loads elements [first, first + count) as floats (0 past count).
+  __device__ void load(std::int64_t first, int count, float (&v)[base::run]) const noexcept {
+    optim::detail::decode_flat_run<Code>(q, l, first, count, v);
+  }
+};
+
+/// Decodes the 8-bit codes of elements [first, first + count) of a [1, n] moment whose block
+/// `group` holds them (0 past count). Device only.
+template <class Code>
+__device__ inline void load_moment(quantized_view const& q, std::int64_t first, int count,
+                                   std::int64_t group, float (&v)[base::run]) noexcept {
+  constexpr int n = base::run;
+  AGOQ_UNROLL
+  for (int i = 0; i < n; ++i) v[i] = 0.0f;
+  if (count <= 0) return;
+  std::uint8_t codes[n];
+  device::unpack_fragment<8>(base::load_codes<8>(q.codes + first, count), codes);
+  group_params const p = load_group_params(q, group);
+  AGOQ_UNROLL
+  for (int i = 0; i < n; ++i) {
+    if (i < count) v[i] = decode<Code>(codes[i], p);
+  }
+}
+
+/// The fused step: thread t is lane t % 16 of block t / 16. Weights w (float or bfloat16) and
+/// the optional fp32 master copy are read and written in place; `skipped` (may be null) counts
+/// the elements whose gradient was not finite.
+template <class P, class Source>
+AGOQ_KERNEL void adamw_step_kernel(adamw_coefficients c, P* w, float* master, Source grad,
+                                   quantized_view m, quantized_view v, std::uint64_t seed_m,
+                                   std::uint64_t seed_v, unsigned long long* skipped) {
+  constexpr int n_run = base::run;
+  std::int64_t const n = m.cols;
+  std::int64_t const threads = (n + adamw_block - 1) / adamw_block * adamw_lanes;
+  unsigned long long bad = 0;
+  base::block_uniform_loop(threads, [&](std::int64_t t) {
+    std::int64_t group = 0;
+    device::element_run const r = device::group_lane_run(t, adamw_block, 1, n, group);
+    float g[n_run], mv[n_run], vv[n_run], p[n_run];
+    grad.load(r.col, r.count, g);
+    load_moment<int_sym<8>>(m, r.col, r.count, group, mv);
+    load_moment<fp8_e4m3>(v, r.col, r.count, group, vv);
+    if (master != nullptr) {
+      base::load_run(master + r.col, r.count, p);
+    } else {
+      base::load_run(w + r.col, r.count, p);
+    }
+    AGOQ_UNROLL
+    for (int i = 0; i < n_run; ++i) {
+      if (i < r.count && !adamw_update<true>(c, g[i], p[i], mv[i], vv[i])) ++bad;
+    }
+    if (master != nullptr) base::store_run(master + r.col, r.count, p);
+    base::store_run(w + r.col, r.count, p);
+    auto const lane = static_cast<unsigned>(t % adamw_lanes);
+    device::quantize_group_lanes<int_sym<8>, round_stochastic, adamw_lanes>(
+        m, 0, r.col, r.count, group, lane, mv, seed_m, 0);
+    device::quantize_group_lanes<fp8_e4m3, round_stochastic, adamw_lanes>(
+        v, 0, r.col, r.count, group, lane, vv, seed_v, 0);
+  });
+  base::add_warp_count(skipped, bad);
+}
+
+/// Checks a device state against n parameters. \throws agoq::invalid_argument on bad shapes or
+/// pointers, agoq::unsupported_scheme on moment formats other than the defaults.
+inline void check_device_state(adamw_device_state const& s, std::int64_t n) {
+  s.m.validate();
+  s.v.validate();
+  AGOQ_EXPECTS(s.step >= 0, "adamw_step_async: negative step " + std::to_string(s.step));
+  AGOQ_EXPECTS(s.m.rows == 1 && s.v.rows == 1 && s.m.cols == s.v.cols,
+               "adamw_step_async: the moments must be [1, n] views of one size, got [" +
+                   std::to_string(s.m.rows) + ", " + std::to_string(s.m.cols) + "] and [" +
+                   std::to_string(s.v.rows) + ", " + std::to_string(s.v.cols) + "]");
+  AGOQ_EXPECTS(s.m.cols == n, "adamw_step_async: the parameters have " + std::to_string(n) +
+                                  " elements, the state " + std::to_string(s.m.cols));
+  if (!(s.m.spec == adamw_device_m_spec())) {
+    throw unsupported_scheme("agoq: adamw_step_async: the CUDA step stores m as " +
+                             adamw_device_m_spec().name() + " only (adamw_state's default), got " +
+                             s.m.spec.name());
+  }
+  if (!(s.v.spec == adamw_device_v_spec())) {
+    throw unsupported_scheme(
+        "agoq: adamw_step_async: the CUDA step stores v as " + adamw_device_v_spec().name() +
+        " codes of sqrt(v) only (adamw_state's default), got " + s.v.spec.name());
+  }
+  base::check_device_view(s.m, "adamw_step_async");
+  base::check_device_view(s.v, "adamw_step_async");
+}
+
+/// Validates, computes step t's coefficients and seeds on the host, launches, increments the
+/// step count.
+template <class P, class Source>
+void launch_adamw_step(cuda_executor ex, adamw_device_state& s, adamw_hyper const& h, P* w,
+                       float* master, Source const& grad, std::int64_t* skipped) {
+  adamw_coefficients const c = make_coefficients(h, s.step + 1);
+  auto const t = static_cast<std::uint64_t>(s.step + 1);
+  cudaStream_t const stream = ex.stream.get();
+  auto* count = reinterpret_cast<unsigned long long*>(skipped);
+  if (count != nullptr) AGOQ_CUDA_TRY(cudaMemsetAsync(count, 0, sizeof(*count), stream));
+  std::int64_t const n = s.size();
+  if (n > 0) {
+    device::launch_policy const pol = base::current_policy();
+    std::int64_t const threads = (n + adamw_block - 1) / adamw_block * adamw_lanes;
+    adamw_step_kernel<P, Source><<<base::grid_for(threads, pol), pol.block_threads, 0, stream>>>(
+        c, w, master, grad, s.m, s.v, stream_seed(s.seed, t, 0), stream_seed(s.seed, t, 1), count);
+    AGOQ_CUDA_TRY(cudaGetLastError());
+  }
+  ++s.step;
+}
+
+/// Host checks of a device pointer of n elements.
+template <class T>
+void check_step_pointer(T const* p, std::int64_t n, char const* what) {
+  AGOQ_EXPECTS(p != nullptr || n == 0, std::string("adamw_step_async: null ") + what + " pointer");
+  if (n > 0) base::check_device_pointer(p, "adamw_step_async");
+}
+
+/// Runs f with the gradient source of an 8-bit quantized view (checked on the host).
+/// \throws agoq::invalid_argument on an invalid view or codes that are not 8-bit.
+template <class F>
+void with_quantized_gradient(const_quantized_view const& g, F&& f) {
+  g.validate();
+  AGOQ_EXPECTS(
+      g.spec.bits == 8,
+      "adamw_step_async: a quantized gradient must have 8-bit codes, got " + g.spec.name());
+  if (g.size() > 0) base::check_device_view(g, "adamw_step_async");
+  quantized_layout const l = g.layout();
+  dispatch_code(g.spec, [&](auto code) {
+    using Code = decltype(code);
+    if constexpr (Code::bits == 8) f(quantized_gradient_source<Code>{g, l});
+  });
+}
+
+}  // namespace detail::gpu
+
+/// One fused AdamW step on fp32 parameters (device memory) with a float, bfloat16 or half
+/// gradient (device memory, same size), enqueued on `ex.stream`; the moments of `state` are
+/// updated in place and state.step is incremented on the host. When `skipped` is not null it must
+/// point to one device-accessible std::int64_t, which receives the number of elements whose
+/// gradient was NaN or ±Inf (left unchanged) once the stream reaches the end of the call.
+/// Parameters, codes and scales equal adamw_step(host, ...)'s bit for bit on the same state.
+/// Pointers need no particular alignment. Does not synchronize.
+/// \throws agoq::invalid_argument on mismatched sizes, null or pageable host pointers, invalid
+/// views or hyper-parameters (then nothing is enqueued); agoq::unsupported_scheme on moment
+/// formats other than adamw_device_m_spec() / adamw_device_v_spec(); agoq::cuda_error.
+template <class Grad>
+requires element_type<std::remove_const_t<Grad>>
+void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_hyper const& h,
+                      std::span<float> params, std::span<Grad> grads,
+                      std::int64_t* skipped = nullptr) {
+  auto const np = static_cast<std::int64_t>(params.size());
+  auto const ng = static_cast<std::int64_t>(grads.size());
+  detail::gpu::check_device_state(state, np);
+  AGOQ_EXPECTS(ng == np, "adamw_step_async: the gradient has " + std::to_string(ng) +
+                             " elements, the parameters " + std::to_string(np));
+  detail::gpu::check_step_pointer(params.data(), np, "parameter");
+  detail::gpu::check_step_pointer(grads.data(), ng, "gradient");
+  using G = std::remove_const_t<Grad>;
+  detail::gpu::launch_adamw_step(ex, state, h, params.data(), static_cast<float*>(nullptr),
+                                 detail::gpu::span_gradient_source<G>{grads.data()}, skipped);
+}
+
+/// The fp32-parameter step reading the gradient from an 8-bit quantized view in device memory
+/// (any grouping and 8-bit code; elements in row-major order), bit-identical to the host
+/// overload. Does not synchronize.
+/// \throws as the span overload, and agoq::invalid_argument on an invalid view or codes that are
+/// not 8-bit.
+inline void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_hyper const& h,
+                             std::span<float> params, const_quantized_view grads,
+                             std::int64_t* skipped = nullptr) {
+  auto const np = static_cast<std::int64_t>(params.size());
+  detail::gpu::check_device_state(state, np);
+  AGOQ_EXPECTS(grads.size() == np, "adamw_step_async: the gradient has " +
+                                       std::to_string(grads.size()) + " elements, the parameters " +
+                                       std::to_string(np));
+  detail::gpu::check_step_pointer(params.data(), np, "parameter");
+  detail::gpu::with_quantized_gradient(grads, [&](auto const& source) {
+    detail::gpu::launch_adamw_step(ex, state, h, params.data(), static_cast<float*>(nullptr),
+                                   source, skipped);
+  });
+}
+
+/// One fused AdamW step on bfloat16 weights (device memory). With a non-empty `master` (fp32,
+/// device memory, same size) the update runs on the master copy and the weights receive its
+/// round-to-nearest-even bfloat16; with an empty `master` the weights are updated through fp32
+/// and rounded back. Gradient, `skipped` and guarantees as in the fp32 overload. Does not
+/// synchronize.
+/// \throws as the fp32 overload.
+template <class Grad>
+requires element_type<std::remove_const_t<Grad>>
+void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_hyper const& h,
+                      std::span<bfloat16> weights, std::span<float> master, std::span<Grad> grads,
+                      std::int64_t* skipped = nullptr) {
+  auto const nw = static_cast<std::int64_t>(weights.size());
+  detail::gpu::check_device_state(state, nw);
+  AGOQ_EXPECTS(static_cast<std::int64_t>(grads.size()) == nw,
+               "adamw_step_async: the gradient has " + std::to_string(grads.size()) +
+                   " elements, the weights " + std::to_string(nw));
+  AGOQ_EXPECTS(master.empty() || static_cast<std::int64_t>(master.size()) == nw,
+               "adamw_step_async: the master copy has " + std::to_string(master.size()) +
+                   " elements, the weights " + std::to_string(nw));
+  detail::gpu::check_step_pointer(weights.data(), nw, "weight");
+  detail::gpu::check_step_pointer(master.data(), static_cast<std::int64_t>(master.size()),
+                                  "master");
+  detail::gpu::check_step_pointer(grads.data(), nw, "gradient");
+  using G = std::remove_const_t<Grad>;
+  detail::gpu::launch_adamw_step(ex, state, h, weights.data(),
+                                 master.empty() ? nullptr : master.data(),
+                                 detail::gpu::span_gradient_source<G>{grads.data()}, skipped);
+}
+
+/// The bfloat16-weight step reading an 8-bit quantized gradient in device memory (see the
+/// overloads above). Does not synchronize.
+/// \throws as they do.
+inline void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_hyper const& h,
+                             std::span<bfloat16> weights, std::span<float> master,
+                             const_quantized_view grads, std::int64_t* skipped = nullptr) {
+  auto const nw = static_cast<std::int64_t>(weights.size());
+  detail::gpu::check_device_state(state, nw);
+  AGOQ_EXPECTS(grads.size() == nw, "adamw_step_async: the gradient has " +
+                                       std::to_string(grads.size()) + " elements, the weights " +
+                                       std::to_string(nw));
+  AGOQ_EXPECTS(master.empty() || static_cast<std::int64_t>(master.size()) == nw,
+               "adamw_step_async: the master copy has " + std::to_string(master.size()) +
+                   " elements, the weights " + std::to_string(nw));
+  detail::gpu::check_step_pointer(weights.data(), nw, "weight");
+  detail::gpu::check_step_pointer(master.data(), static_cast<std::int64_t>(master.size()),
+                                  "master");
+  detail::gpu::with_quantized_gradient(grads, [&](auto const& source) {
+    detail::gpu::launch_adamw_step(ex, state, h, weights.data(),
+                                   master.empty() ? nullptr : master.data(), source, skipped);
+  });
+}
+
+}  // namespace agoq::optim

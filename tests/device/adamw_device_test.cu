@@ -1,0 +1,297 @@
+// The CUDA AdamW step against the host step, bit for bit: parameters, moment codes and scales,
+// skipped counts, over several steps.
+#include "device_support.cuh"
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <span>
+#include <vector>
+
+#include <agoq/optim/adamw.cuh>
+
+using namespace agoq;
+using namespace agoq::optim;
+using agoq::test::device_bytes;
+
+namespace {
+
+cuda_executor const ex{cudaStream_t{}};
+
+// A device copy of a host adamw_state's moments, with the codes `code_shift` bytes past an
+// aligned address.
+struct device_state {
+  device_bytes m_buf, v_buf;
+  adamw_device_state s;
+
+  device_state(adamw_state const& h, int code_shift)
+      : m_buf(make_layout(adamw_device_m_spec(), 1, h.size()).total_bytes + 16),
+        v_buf(make_layout(adamw_device_v_spec(), 1, h.size()).total_bytes + 16) {
+    s.m = view_of_buffer(adamw_device_m_spec(), 1, h.size(), m_buf.get() + code_shift);
+    s.v = view_of_buffer(adamw_device_v_spec(), 1, h.size(), v_buf.get() + code_shift);
+    s.step = h.step();
+    s.seed = h.options().seed;
+    upload(h.m().quantized().view(), s.m);
+    upload(h.v().quantized().view(), s.v);
+  }
+
+  static void upload(const_quantized_view from, quantized_view to) {
+    test::sections const b = test::host_sections(from);
+    if (!b.codes.empty())
+      AGOQ_CUDA_TRY(cudaMemcpy(to.codes, b.codes.data(), b.codes.size(), cudaMemcpyHostToDevice));
+    if (!b.scales.empty()) {
+      AGOQ_CUDA_TRY(
+          cudaMemcpy(to.scales, b.scales.data(), b.scales.size(), cudaMemcpyHostToDevice));
+    }
+  }
+};
+
+void check_same_state(adamw_state const& h, device_state const& d) {
+  CHECK(d.s.step == h.step());
+  test::sections const gm = test::download(d.s.m),
+                       wm = test::host_sections(h.m().quantized().view());
+  test::sections const gv = test::download(d.s.v),
+                       wv = test::host_sections(h.v().quantized().view());
+  CHECK(test::first_difference(gm.codes, wm.codes) == -1);
+  CHECK(test::first_difference(gm.scales, wm.scales) == -1);
+  CHECK(test::first_difference(gv.codes, wv.codes) == -1);
+  CHECK(test::first_difference(gv.scales, wv.scales) == -1);
+}
+
+template <class T>
+std::vector<std::uint8_t> bytes_of(std::vector<T> const& x) {
+  std::vector<std::uint8_t> b(x.size() * sizeof(T));
+  if (!b.empty()) std::memcpy(b.data(), x.data(), b.size());
+  return b;
+}
+
+// Random gradients scaled by `scale` (tiny scales reach subnormals), with NaN/Inf when asked.
+template <class G>
+std::vector<G> gradients(std::int64_t n, std::uint64_t seed, float scale, bool non_finite) {
+  std::vector<float> const f = test::random_input<float>(n, seed, non_finite);
+  std::vector<G> g(f.size());
+  for (std::size_t i = 0; i < f.size(); ++i) g[i] = numeric::from_float<G>(f[i] * scale);
+  return g;
+}
+
+adamw_hyper const hyper{1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f};
+
+// `steps` steps of fp32 parameters with a gradient of type G on both executors; parameters and
+// gradients `shift` elements past an aligned address, codes `code_shift` bytes past one.
+template <class G>
+void compare_float(std::int64_t n, int steps, float scale, int shift, int code_shift,
+                   std::uint64_t seed) {
+  INFO("n " << n << " scale " << scale << " shift " << shift << " code shift " << code_shift);
+  adamw_state_options opt;
+  opt.seed = seed;
+  adamw_state h(n, opt);
+  device_state d(h, code_shift);
+  std::vector<float> p = test::random_input<float>(n, seed + 1, false);
+  device_bytes dp((n + shift) * sizeof(float)), dg((n + shift) * sizeof(G)),
+      dskipped(sizeof(std::int64_t));
+  dp.upload(p.data(), n * sizeof(float), shift * sizeof(float));
+  auto* pd = reinterpret_cast<float*>(dp.get()) + shift;
+  auto* gd = reinterpret_cast<G*>(dg.get()) + shift;
+  auto* skipped = reinterpret_cast<std::int64_t*>(dskipped.get());
+  for (int t = 0; t < steps; ++t) {
+    std::vector<G> const g = gradients<G>(n, seed * 31 + t, scale, true);
+    dg.upload(g.data(), n * sizeof(G), shift * sizeof(G));
+    std::int64_t const want =
+        adamw_step(host, h, hyper, std::span<float>(p), std::span<G const>(g));
+    adamw_step_async(ex, d.s, hyper, std::span<float>(pd, n), std::span<G const>(gd, n), skipped);
+    std::int64_t got = -1;
+    dskipped.download(&got, sizeof(got));
+    CHECK(got == want);
+    std::vector<float> pg(static_cast<std::size_t>(n));
+    dp.download(pg.data(), n * sizeof(float), shift * sizeof(float));
+    CHECK(test::first_difference(bytes_of(pg), bytes_of(p)) == -1);
+    check_same_state(h, d);
+  }
+}
+
+// The same with bfloat16 weights, with or without an fp32 master copy.
+template <class G>
+void compare_bf16(std::int64_t n, int steps, bool with_master, std::uint64_t seed) {
+  INFO("n " << n << " master " << with_master);
+  adamw_state_options opt;
+  opt.seed = seed;
+  adamw_state h(n, opt);
+  device_state d(h, 0);
+  std::vector<float> master = test::random_input<float>(n, seed + 1, false);
+  std::vector<bfloat16> w(master.size());
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = numeric::from_float<bfloat16>(master[i]);
+  if (!with_master) master.clear();
+  device_bytes dw(n * sizeof(bfloat16)), dm(n * sizeof(float)), dg(n * sizeof(G));
+  dw.upload(w.data(), n * sizeof(bfloat16));
+  if (with_master) dm.upload(master.data(), n * sizeof(float));
+  auto* wd = reinterpret_cast<bfloat16*>(dw.get());
+  std::span<float> md =
+      with_master ? std::span<float>(reinterpret_cast<float*>(dm.get()), n) : std::span<float>();
+  for (int t = 0; t < steps; ++t) {
+    std::vector<G> const g = gradients<G>(n, seed * 17 + t, 1.0f, true);
+    dg.upload(g.data(), n * sizeof(G));
+    adamw_step(host, h, hyper, std::span<bfloat16>(w), std::span<float>(master),
+               std::span<G const>(g));
+    adamw_step_async(ex, d.s, hyper, std::span<bfloat16>(wd, n), md,
+                     std::span<G const>(reinterpret_cast<G const*>(dg.get()), n));
+    std::vector<bfloat16> wg(w.size());
+    dw.download(wg.data(), n * sizeof(bfloat16));
+    CHECK(test::first_difference(bytes_of(wg), bytes_of(w)) == -1);
+    if (with_master) {
+      std::vector<float> mg(master.size());
+      dm.download(mg.data(), n * sizeof(float));
+      CHECK(test::first_difference(bytes_of(mg), bytes_of(master)) == -1);
+    }
+    check_same_state(h, d);
+  }
+}
+
+// A gradient given as an 8-bit quantized [rows, cols] view (runs may cross its rows).
+void compare_quantized(char const* name, std::int64_t rows, std::int64_t cols, bool bf16_weights,
+                       std::uint64_t seed) {
+  INFO(name << " " << rows << "x" << cols << " bf16 " << bf16_weights);
+  spec const s = spec::parse(name);
+  std::int64_t const n = rows * cols;
+  adamw_state_options opt;
+  opt.seed = seed;
+  adamw_state h(n, opt);
+  device_state d(h, 0);
+  std::vector<float> p = test::random_input<float>(n, seed + 1, false);
+  std::vector<bfloat16> w(p.size());
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = numeric::from_float<bfloat16>(p[i]);
+  device_bytes dp(n * sizeof(float)), dw(n * sizeof(bfloat16));
+  dp.upload(p.data(), n * sizeof(float));
+  dw.upload(w.data(), n * sizeof(bfloat16));
+  quantized_layout const l = make_layout(s, rows, cols);
+  device_bytes dq(l.total_bytes);
+  quantized_view const gq = view_of_buffer(s, rows, cols, dq.get());
+  auto* pd = reinterpret_cast<float*>(dp.get());
+  auto* wd = reinterpret_cast<bfloat16*>(dw.get());
+  for (int t = 0; t < 3; ++t) {
+    std::vector<float> const g = test::random_input<float>(n, seed * 13 + t, true);
+    quantized_tensor hq(s, rows, cols);
+    quantize(host, matrix_view<float const>(g.data(), rows, cols), hq.view(), {seed, 0});
+    device_state::upload(hq.view(), gq);
+    if (s.has_zero_point()) {
+      AGOQ_CUDA_TRY(cudaMemcpy(gq.zero_points, hq.view().zero_points, l.zero_points_bytes,
+                               cudaMemcpyHostToDevice));
+    }
+    if (bf16_weights) {
+      adamw_step(host, h, hyper, std::span<bfloat16>(w), std::span<float>(p),
+                 const_quantized_view(hq.view()));
+      adamw_step_async(ex, d.s, hyper, std::span<bfloat16>(wd, n), std::span<float>(pd, n),
+                       const_quantized_view(gq));
+      std::vector<bfloat16> wg(w.size());
+      dw.download(wg.data(), n * sizeof(bfloat16));
+      CHECK(test::first_difference(bytes_of(wg), bytes_of(w)) == -1);
+    } else {
+      adamw_step(host, h, hyper, std::span<float>(p), const_quantized_view(hq.view()));
+      adamw_step_async(ex, d.s, hyper, std::span<float>(pd, n), const_quantized_view(gq));
+    }
+    std::vector<float> pg(p.size());
+    dp.download(pg.data(), n * sizeof(float));
+    CHECK(test::first_difference(bytes_of(pg), bytes_of(p)) == -1);
+    check_same_state(h, d);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("device AdamW steps equal the host step bit for bit (fp32 parameters)") {
+  std::uint64_t seed = 1;
+  for (std::int64_t n : {1, 7, 127, 128, 129, 300, 4097, 8192 + 5, 100003}) {
+    compare_float<float>(n, 4, 1.0f, 0, 0, seed++);
+    compare_float<bfloat16>(n, 2, 1.0f, 0, 0, seed++);
+    compare_float<half>(n, 2, 1.0f, 0, 0, seed++);
+  }
+}
+
+TEST_CASE("tiny and huge gradients, NaN and Inf skip like the host") {
+  for (float scale : {1e-30f, 1e-20f, 1e-3f, 1e18f}) compare_float<float>(1000, 3, scale, 0, 0, 5);
+}
+
+TEST_CASE("misaligned parameters, gradients and codes give the same bits") {
+  for (int shift : {1, 3}) {
+    for (int code_shift : {1, 2, 5}) {
+      compare_float<float>(1031, 2, 1.0f, shift, code_shift, 11);
+      compare_float<bfloat16>(1031, 2, 1.0f, shift, code_shift, 12);
+    }
+  }
+}
+
+TEST_CASE("bfloat16 weights with and without a master copy") {
+  for (std::int64_t n : {5, 128, 3001}) {
+    compare_bf16<float>(n, 3, true, 21);
+    compare_bf16<float>(n, 3, false, 22);
+    compare_bf16<bfloat16>(n, 2, true, 23);
+  }
+}
+
+TEST_CASE("quantized gradients of any grouping, decoded in row-major order") {
+  compare_quantized("int8_g128_sym_sr_f32", 1, 1000, false, 31);
+  compare_quantized("int8_g128_sym_sr_f32", 7, 300, true, 32);
+  compare_quantized("fp8e4m3_g32_rne_e8m0", 33, 129, false, 33);
+  compare_quantized("int8_row_asym_rne_bf16", 5, 77, true, 34);
+  compare_quantized("fp8e5m2_g128_sr_bf16", 3, 1001, false, 35);
+}
+
+TEST_CASE("bad arguments throw before any launch") {
+  std::int64_t const n = 256;
+  adamw_state h(n);
+  device_state d(h, 0);
+  device_bytes dp(n * sizeof(float)), dg(n * sizeof(float));
+  auto* pd = reinterpret_cast<float*>(dp.get());
+  auto* gd = reinterpret_cast<float const*>(dg.get());
+  std::vector<float> host_p(n), host_g(n);
+  CHECK_THROWS_WITH_AS(adamw_step_async(ex, d.s, hyper, std::span<float>(pd, n - 1),
+                                        std::span<float const>(gd, n - 1)),
+                       doctest::Contains("the parameters have 255"), agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      adamw_step_async(ex, d.s, hyper, std::span<float>(pd, n), std::span<float const>(gd, 7)),
+      doctest::Contains("the gradient has 7"), agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(adamw_step_async(ex, d.s, hyper, std::span<float>(pd, n),
+                                        std::span<float const>(host_g.data(), n)),
+                       doctest::Contains("pageable host pointer"), agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(adamw_step_async(ex, d.s, hyper, std::span<float>(host_p.data(), n),
+                                        std::span<float const>(gd, n)),
+                       doctest::Contains("pageable host pointer"), agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      adamw_step_async(ex, d.s, hyper, std::span<float>(static_cast<float*>(nullptr), n),
+                       std::span<float const>(gd, n)),
+      doctest::Contains("null parameter"), agoq::invalid_argument);
+  adamw_hyper bad = hyper;
+  bad.beta2 = 1.0f;
+  CHECK_THROWS_WITH_AS(
+      adamw_step_async(ex, d.s, bad, std::span<float>(pd, n), std::span<float const>(gd, n)),
+      doctest::Contains("beta2"), agoq::invalid_argument);
+  adamw_device_state other = d.s;
+  other.v.spec = moment_spec(moment_format::int8_linear, 128, rounding_kind::stochastic);
+  CHECK_THROWS_AS(
+      adamw_step_async(ex, other, hyper, std::span<float>(pd, n), std::span<float const>(gd, n)),
+      agoq::unsupported_scheme);
+  other = d.s;
+  other.m.spec = moment_spec(moment_format::int8_linear, 128, rounding_kind::nearest);
+  CHECK_THROWS_AS(
+      adamw_step_async(ex, other, hyper, std::span<float>(pd, n), std::span<float const>(gd, n)),
+      agoq::unsupported_scheme);
+  quantized_tensor hq(spec::parse("int4_g128_sym_rne_f32"), 1, n);
+  CHECK_THROWS_WITH_AS(
+      adamw_step_async(ex, d.s, hyper, std::span<float>(pd, n), const_quantized_view(hq.view())),
+      doctest::Contains("8-bit codes"), agoq::invalid_argument);
+  // Nothing was enqueued and the step count did not move.
+  CHECK(d.s.step == 0);
+  check_same_state(h, d);
+}
+
+TEST_CASE("an empty state only counts the step") {
+  adamw_state h(0);
+  device_state d(h, 0);
+  device_bytes dskipped(sizeof(std::int64_t));
+  auto* skipped = reinterpret_cast<std::int64_t*>(dskipped.get());
+  adamw_step_async(ex, d.s, hyper, std::span<float>(), std::span<float const>(), skipped);
+  std::int64_t got = -1;
+  dskipped.download(&got, sizeof(got));
+  CHECK(got == 0);
+  CHECK(d.s.step == 1);
+}
