@@ -11,35 +11,14 @@
 #include <agoq/agoq.hpp>
 #include <agoq/quantize.cuh>
 
+#include "device_timing.cuh"
+
 namespace {
 
 using agoq::bfloat16;
 
-bool have_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-/// Times `op(i)` (enqueued on the default stream) with CUDA events, one iteration per sample.
-template <class Op>
-void time_events(benchmark::State& state, Op&& op) {
-  cudaEvent_t start, stop;
-  AGOQ_CUDA_TRY(cudaEventCreate(&start));
-  AGOQ_CUDA_TRY(cudaEventCreate(&stop));
-  op(0);  // warm-up: first-touch of the buffers and the kernel's module load
-  int i = 1;
-  for (auto _ : state) {
-    AGOQ_CUDA_TRY(cudaEventRecord(start));
-    op(i++);
-    AGOQ_CUDA_TRY(cudaEventRecord(stop));
-    AGOQ_CUDA_TRY(cudaEventSynchronize(stop));
-    float ms = 0;
-    AGOQ_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
-    state.SetIterationTime(ms / 1e3);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-}
+using agoq::bench::have_device;
+using agoq::bench::time_events;
 
 /// Two input buffers of `bytes` each, two outputs, rotated per iteration.
 struct rotating {

@@ -20,6 +20,8 @@ namespace {
 
 using i64 = std::int64_t;
 using agoq::test::code_field;
+using agoq::test::code_prefixes;
+using agoq::test::make_spec;
 using agoq::test::stored_scale;
 using doctest::Contains;
 
@@ -28,20 +30,6 @@ constexpr float inf = std::numeric_limits<float>::infinity();
 constexpr float qnan = std::numeric_limits<float>::quiet_NaN();
 
 agoq::host_executor const portable{.simd = false};
-
-std::vector<std::string> const& code_prefixes() {
-  static std::vector<std::string> const p = {"int2_{}_sym",  "int4_{}_sym",  "int8_{}_sym",
-                                             "int2_{}_asym", "int4_{}_asym", "int8_{}_asym",
-                                             "fp8e4m3_{}",   "fp8e5m2_{}"};
-  return p;
-}
-
-agoq::spec make_spec(std::string const& prefix, std::string const& grouping,
-                     std::string const& tail) {
-  std::string name = prefix;
-  name.replace(name.find("{}"), 2, grouping);
-  return agoq::spec::parse(name + "_" + tail);
-}
 
 template <class T>
 std::uint16_t bits16(T x) {

@@ -24,6 +24,8 @@ namespace {
 
 using i64 = std::int64_t;
 using agoq::test::code_field;
+using agoq::test::code_prefixes;
+using agoq::test::make_spec;
 using agoq::test::stored_scale;
 using u64 = std::uint64_t;
 
@@ -709,20 +711,6 @@ std::vector<int> unpacked_codes(agoq::const_quantized_view v) {
     for (i64 c = 0; c < v.cols; ++c) out.push_back(code_value(v.spec, code_field(v, r, c)));
   }
   return out;
-}
-
-std::vector<std::string> const& code_prefixes() {
-  static std::vector<std::string> const p = {"int2_{}_sym",  "int4_{}_sym",  "int8_{}_sym",
-                                             "int2_{}_asym", "int4_{}_asym", "int8_{}_asym",
-                                             "fp8e4m3_{}",   "fp8e5m2_{}"};
-  return p;
-}
-
-agoq::spec make_spec(std::string const& prefix, std::string const& grouping,
-                     std::string const& tail) {
-  std::string name = prefix;
-  name.replace(name.find("{}"), 2, grouping);
-  return agoq::spec::parse(name + "_" + tail);
 }
 
 }  // namespace

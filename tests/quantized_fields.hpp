@@ -1,13 +1,17 @@
-// Reads a quantized view's fields straight from its bytes, independently of agoq's own readers
-// (the tests compare agoq's output with these).
+// Test helpers: spec names of every code family, and readers of a quantized view's fields
+// straight from its bytes, independent of agoq's own readers (the tests compare agoq's output
+// with these).
 #pragma once
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include <agoq/layout/view.hpp>
+#include <agoq/scheme/spec.hpp>
 
 namespace agoq::test {
 
@@ -36,6 +40,23 @@ inline float stored_scale(agoq::const_quantized_view v, std::int64_t g) {
       return v.scales[g] == 0 ? 0.0f : std::ldexp(1.0f, v.scales[g] - 127);
   }
   return 0.0f;
+}
+
+/// Name prefixes of every code family, "{}" standing for the grouping.
+inline std::vector<std::string> const& code_prefixes() {
+  static std::vector<std::string> const p = {"int2_{}_sym",  "int4_{}_sym",  "int8_{}_sym",
+                                             "int2_{}_asym", "int4_{}_asym", "int8_{}_asym",
+                                             "fp8e4m3_{}",   "fp8e5m2_{}"};
+  return p;
+}
+
+/// The spec named by a prefix of code_prefixes(), a grouping ("g128", "row", ...) and a tail
+/// ("rne_f32", ...).
+inline agoq::spec make_spec(std::string const& prefix, std::string const& grouping,
+                            std::string const& tail) {
+  std::string name = prefix;
+  name.replace(name.find("{}"), 2, grouping);
+  return agoq::spec::parse(name + "_" + tail);
 }
 
 }  // namespace agoq::test
