@@ -148,6 +148,28 @@ AGOQ_KERNEL void params_kernel(group_accumulator const* acc, quantized_view out,
   }
 }
 
+/// A thread's walk over the groups of its run, loading each group's stored parameters once.
+template <class View>
+struct params_cursor {
+  View const& view;
+  device::group_cursor cursor;
+  std::int64_t current = -1;
+  group_params params;
+
+  __device__ params_cursor(View const& v, quantized_layout const& l, device::element_run const& r)
+      : view(v), cursor(r.row, r.col, l.tile, l.group_grid_cols) {}
+
+  /// The parameters of column `col` of the run's row (columns visited in increasing order).
+  __device__ group_params const& at(std::int64_t col) {
+    cursor.advance(col);
+    if (cursor.group != current) {
+      current = cursor.group;
+      params = load_group_params(view, current);
+    }
+    return params;
+  }
+};
+
 /// Pass 3: encoding with the stored parameters, one run per thread.
 template <class T, class Code, class Rounding>
 AGOQ_KERNEL void encode_kernel(T const* x, quantized_view out, quantized_layout l,
@@ -159,9 +181,7 @@ AGOQ_KERNEL void encode_kernel(T const* x, quantized_view out, quantized_layout 
     float v[run];
     load_run(x + r.row * l.cols + r.col, r.count, v);
     std::uint8_t q[run] = {};
-    device::group_cursor cursor(r.row, r.col, l.tile, l.group_grid_cols);
-    std::int64_t current = -1;
-    group_params p;
+    params_cursor<quantized_view> groups(out, l, r);
     float draws[run];
     if constexpr (Rounding::kind == rounding_kind::stochastic) {
       device::fragment_draws(seed, offset + static_cast<std::uint64_t>(r.row * l.cols + r.col),
@@ -170,11 +190,7 @@ AGOQ_KERNEL void encode_kernel(T const* x, quantized_view out, quantized_layout 
 #pragma unroll
     for (int i = 0; i < run; ++i) {
       if (i >= r.count) break;
-      cursor.advance(r.col + i);
-      if (cursor.group != current) {
-        current = cursor.group;
-        p = load_group_params(out, current);
-      }
+      group_params const& p = groups.at(r.col + i);
       if constexpr (Rounding::kind == rounding_kind::stochastic) {
         q[i] = encode_stochastic<Code>(v[i], p, draws[i]);
       } else {
@@ -202,17 +218,11 @@ AGOQ_KERNEL void dequantize_kernel(const_quantized_view in, quantized_layout l, 
                                  r.count),
           q);
       float v[run] = {};
-      device::group_cursor cursor(r.row, r.col, l.tile, l.group_grid_cols);
-      std::int64_t current = -1;
-      group_params p;
+      params_cursor<const_quantized_view> groups(in, l, r);
 #pragma unroll
       for (int i = 0; i < run; ++i) {
         if (i >= r.count) break;
-        cursor.advance(r.col + i);
-        if (cursor.group != current) {
-          current = cursor.group;
-          p = load_group_params(in, current);
-        }
+        group_params const& p = groups.at(r.col + i);
         v[i] = decode<Code>(q[i], p);
         if (!numeric::is_finite(p.scale)) ++bad;
       }
