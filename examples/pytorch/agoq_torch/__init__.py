@@ -1,0 +1,71 @@
+"""agoq for PyTorch: quantized saved activations, fused ops, 8-bit gradients and all-reduce,
+8-bit AdamW, and the activation planner, on the CPU executor of the agoq headers.
+
+The C++ part (csrc/) is compiled on first import with torch.utils.cpp_extension.load into
+$AGOQ_TORCH_BUILD_DIR (default: <repo>/build/pytorch) and reused while its sources and the agoq
+headers are unchanged. docs/pytorch.md documents the API and its conventions.
+"""
+
+import os
+import pathlib
+import sys
+
+import torch
+
+_HERE = pathlib.Path(__file__).resolve().parent
+_REPO = _HERE.parents[2]
+_MIN_TORCH = (1, 13)
+
+
+def _check_torch():
+    """Raises ImportError with a clear message when this torch lacks what the extension needs."""
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if version < _MIN_TORCH:
+        raise ImportError(
+            f"agoq_torch needs torch >= {_MIN_TORCH[0]}.{_MIN_TORCH[1]} (found {torch.__version__})")
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_gloo_available():
+        raise ImportError("agoq_torch needs torch.distributed with the gloo backend, which this "
+                          f"torch {torch.__version__} was built without")
+    from torch.utils import cpp_extension  # noqa: F401  (ImportError names what is missing)
+
+
+def _cuda_include_dirs():
+    """The CUDA toolkit's include folders: agoq's element types come from cuda_bf16.h and
+    cuda_fp16.h, its views from CCCL (libcu++'s mdspan); nothing here needs a GPU."""
+    root = pathlib.Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    dirs = [root / "include", root / "include" / "cccl"]
+    if not (root / "include" / "cuda_bf16.h").exists():
+        raise ImportError(f"agoq_torch: the CUDA toolkit headers were not found under {root} "
+                          "(set CUDA_HOME)")
+    return [str(d) for d in dirs if d.exists()]
+
+
+def _load():
+    _check_torch()
+    from torch.utils import cpp_extension
+    build = pathlib.Path(os.environ.get("AGOQ_TORCH_BUILD_DIR", _REPO / "build" / "pytorch"))
+    build.mkdir(parents=True, exist_ok=True)
+    sources = sorted(str(p) for p in (_HERE / "csrc").glob("*.cpp"))
+    verbose = os.environ.get("AGOQ_TORCH_VERBOSE", "") not in ("", "0")
+    if not verbose:
+        print("agoq_torch: building the extension if needed (about two minutes the first time)",
+              file=sys.stderr, flush=True)
+    # ninja tracks the included headers (agoq's and csrc/common.hpp): editing one rebuilds.
+    return cpp_extension.load(
+        name="agoq_torch_C",
+        sources=sources,
+        extra_cflags=["-std=c++20", "-O3", "-march=native", "-Wall", "-Wextra"],
+        extra_include_paths=[str(_REPO / "include")] + _cuda_include_dirs(),
+        build_directory=str(build),
+        verbose=verbose,
+        with_cuda=False,
+    )
+
+
+_C = _load()
+
+from_module = [name for name in dir(_C) if not name.startswith("_")]
+globals().update({name: getattr(_C, name) for name in from_module})
+__all__ = from_module
+__version__ = _C.version

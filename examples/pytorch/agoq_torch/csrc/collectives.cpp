@@ -1,0 +1,303 @@
+/// \file
+/// The gradient path and the optimizer: agoq::gradient::gradient_buffer, a communicator adapter
+/// over a torch.distributed ProcessGroup (C++ side, with agoq's byte counter), the 8-bit
+/// all-reduce and reduce-scatter over it, and the 8-bit AdamW state and step.
+#include "common.hpp"
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <cstddef>
+#include <exception>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace agoq_torch {
+namespace {
+
+namespace py = pybind11;
+namespace grad = agoq::gradient;
+namespace optim = agoq::optim;
+
+/// agoq::comm::communicator over a c10d::ProcessGroup with CPU tensors (gloo, or MPI): the
+/// all-to-all is ProcessGroup::alltoall_base with equal splits, the all-gather
+/// ProcessGroup::allgather, both waited on before returning (host semantics). The buffers are
+/// wrapped as uint8 tensors without copies. A failed collective throws agoq::comm::comm_error with
+/// the process group's message.
+class process_group_communicator {
+ public:
+  explicit process_group_communicator(c10::intrusive_ptr<c10d::ProcessGroup> pg)
+      : pg_(std::move(pg)) {
+    TORCH_CHECK(pg_, "ProcessGroupCommunicator: expected a ProcessGroup, got None");
+  }
+  int rank() const { return pg_->getRank(); }
+  int size() const { return pg_->getSize(); }
+  agoq::comm::memory_space memory() const { return agoq::comm::memory_space::host; }
+
+  void all_to_all(std::byte const* send, std::byte* recv, std::size_t n) {
+    if (n == 0) return;
+    auto const total = static_cast<std::int64_t>(n) * size();
+    torch::Tensor in = bytes(const_cast<std::byte*>(send), total);
+    torch::Tensor out = bytes(recv, total);
+    std::vector<std::int64_t> equal_splits;
+    run("all_to_all", [&] { return pg_->alltoall_base(out, in, equal_splits, equal_splits); });
+  }
+
+  void all_gather(std::byte const* send, std::byte* recv, std::size_t n) {
+    if (n == 0) return;
+    auto const len = static_cast<std::int64_t>(n);
+    std::vector<torch::Tensor> in{bytes(const_cast<std::byte*>(send), len)};
+    std::vector<std::vector<torch::Tensor>> out(1);
+    for (int r = 0; r < size(); ++r) out[0].push_back(bytes(recv + r * n, len));
+    run("all_gather", [&] { return pg_->allgather(out, in); });
+  }
+
+ private:
+  static torch::Tensor bytes(std::byte* p, std::int64_t n) {
+    return torch::from_blob(p, {n}, torch::TensorOptions().dtype(torch::kByte));
+  }
+
+  template <class Start>
+  void run(char const* what, Start&& start) {
+    try {
+      start()->wait();
+    } catch (std::exception const& e) {
+      throw agoq::comm::comm_error(std::string("ProcessGroupCommunicator: ") + what +
+                                   " failed: " + e.what());
+    }
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+};
+static_assert(agoq::comm::communicator<process_group_communicator>);
+
+/// The Python-facing communicator: the adapter and agoq's byte counter around it.
+class counted_communicator {
+ public:
+  explicit counted_communicator(c10::intrusive_ptr<c10d::ProcessGroup> pg)
+      : inner_(std::move(pg)), counted_(inner_) {}
+  agoq::comm::counting<process_group_communicator>& comm() { return counted_; }
+  int rank() const { return counted_.rank(); }
+  int size() const { return counted_.size(); }
+  std::uint64_t bytes_sent() const { return counted_.sent(); }
+  std::uint64_t bytes_received() const { return counted_.received(); }
+  void reset_counts() { counted_.reset(); }
+
+ private:
+  process_group_communicator inner_;
+  agoq::comm::counting<process_group_communicator> counted_;
+};
+
+grad::gradient_buffer make_buffer(std::int64_t n, int group_size, bool stochastic,
+                                  std::uint64_t seed) {
+  return grad::gradient_buffer(
+      n, {group_size, stochastic ? agoq::rounding_kind::stochastic : agoq::rounding_kind::nearest,
+          seed});
+}
+
+std::int64_t accumulate(grad::gradient_buffer& b, torch::Tensor const& g) {
+  check_vector(g, b.size(), "GradientBuffer.accumulate");
+  return dispatch_element(g.scalar_type(), [&]<class T>(T) {
+    return b.accumulate(agoq::host, std::span<T const>(data_as<T const>(g), b.size()));
+  });
+}
+
+torch::Tensor buffer_values(grad::gradient_buffer const& b) {
+  torch::Tensor out = torch::empty({b.size()}, torch::TensorOptions().dtype(torch::kFloat));
+  agoq::dequantize(agoq::host, b.view(), agoq::as_row(out.data_ptr<float>(), b.size()));
+  return out;
+}
+
+grad::all_reduce_options reduce_options(int group_size, bool average, bool stochastic,
+                                        std::uint64_t seed, std::uint64_t step) {
+  return {group_size, average,
+          stochastic ? agoq::rounding_kind::stochastic : agoq::rounding_kind::nearest, seed, step};
+}
+
+py::dict reduce_result(bool nonfinite, std::int64_t local) {
+  py::dict d;
+  d["nonfinite"] = nonfinite;
+  d["local_nonfinite"] = local;
+  return d;
+}
+
+/// all_reduce_8bit from a tensor or a GradientBuffer into a 1-D tensor; the GIL is released while
+/// the collective runs.
+py::dict all_reduce(counted_communicator& c, py::object const& input, torch::Tensor const& output,
+                    int group_size, bool average, bool stochastic, std::uint64_t seed,
+                    std::uint64_t step) {
+  check_vector(output, -1, "all_reduce_8bit (output)");
+  auto const opt = reduce_options(group_size, average, stochastic, seed, step);
+  grad::all_reduce_result r;
+  if (py::isinstance<grad::gradient_buffer>(input)) {
+    auto const& b = input.cast<grad::gradient_buffer const&>();
+    py::gil_scoped_release nogil;
+    dispatch_element(output.scalar_type(), [&]<class O>(O) {
+      r = grad::all_reduce_8bit(agoq::host, c.comm(), b,
+                                std::span<O>(data_as<O>(output), output.numel()), opt);
+    });
+  } else {
+    auto const in = input.cast<torch::Tensor>();
+    check_vector(in, -1, "all_reduce_8bit (input)");
+    py::gil_scoped_release nogil;
+    dispatch_element(in.scalar_type(), [&]<class I>(I) {
+      dispatch_element(output.scalar_type(), [&]<class O>(O) {
+        r = grad::all_reduce_8bit(agoq::host, c.comm(),
+                                  std::span<I const>(data_as<I const>(in), in.numel()),
+                                  std::span<O>(data_as<O>(output), output.numel()), opt);
+      });
+    });
+  }
+  return reduce_result(r.nonfinite, r.local_nonfinite);
+}
+
+/// reduce_scatter_8bit from a tensor or a GradientBuffer into this rank's shard.
+py::dict reduce_scatter(counted_communicator& c, py::object const& input,
+                        torch::Tensor const& shard, int group_size, bool average, bool stochastic,
+                        std::uint64_t seed, std::uint64_t step) {
+  check_vector(shard, -1, "reduce_scatter_8bit (shard)");
+  auto const opt = reduce_options(group_size, average, stochastic, seed, step);
+  grad::reduce_scatter_result r;
+  if (py::isinstance<grad::gradient_buffer>(input)) {
+    auto const& b = input.cast<grad::gradient_buffer const&>();
+    py::gil_scoped_release nogil;
+    dispatch_element(shard.scalar_type(), [&]<class O>(O) {
+      r = grad::reduce_scatter_8bit(agoq::host, c.comm(), b,
+                                    std::span<O>(data_as<O>(shard), shard.numel()), opt);
+    });
+  } else {
+    auto const in = input.cast<torch::Tensor>();
+    check_vector(in, -1, "reduce_scatter_8bit (input)");
+    py::gil_scoped_release nogil;
+    dispatch_element(in.scalar_type(), [&]<class I>(I) {
+      dispatch_element(shard.scalar_type(), [&]<class O>(O) {
+        r = grad::reduce_scatter_8bit(agoq::host, c.comm(),
+                                      std::span<I const>(data_as<I const>(in), in.numel()),
+                                      std::span<O>(data_as<O>(shard), shard.numel()), opt);
+      });
+    });
+  }
+  py::dict d = reduce_result(r.nonfinite, r.local_nonfinite);
+  d["begin"] = r.begin;
+  d["end"] = r.end;
+  return d;
+}
+
+optim::moment_format moment_format_of(std::string const& name, char const* what) {
+  for (auto const f : {optim::moment_format::f32, optim::moment_format::bf16,
+                       optim::moment_format::int8_linear, optim::moment_format::uint8_sqrt,
+                       optim::moment_format::e4m3_sqrt, optim::moment_format::e4m3})
+    if (name == optim::format_name(f)) return f;
+  throw agoq::invalid_argument(std::string("AdamW8bit: unknown ") + what + " format '" + name +
+                               "' (f32, bf16, int8_linear, uint8_sqrt, e4m3_sqrt, e4m3)");
+}
+
+optim::adamw_state make_adamw(std::int64_t n, std::int64_t block, std::uint64_t seed,
+                              std::string const& m_format, std::string const& v_format) {
+  optim::adamw_state_options o;
+  o.m = moment_format_of(m_format, "first-moment");
+  o.v = moment_format_of(v_format, "second-moment");
+  o.block = block;
+  o.seed = seed;
+  return optim::adamw_state(n, o);
+}
+
+/// One AdamW step on fp32 parameters (updated in place) with a tensor or GradientBuffer gradient.
+std::int64_t adamw_step(optim::adamw_state& s, torch::Tensor const& params, py::object const& grad,
+                        double lr, double beta1, double beta2, double eps, double weight_decay) {
+  check_vector(params, s.size(), "AdamW8bit.step (params)");
+  TORCH_CHECK(params.scalar_type() == torch::kFloat,
+              "AdamW8bit.step: the parameters must be float32 (a master copy)");
+  optim::adamw_hyper const h{static_cast<float>(lr), static_cast<float>(beta1),
+                             static_cast<float>(beta2), static_cast<float>(eps),
+                             static_cast<float>(weight_decay)};
+  std::span<float> p(params.data_ptr<float>(), static_cast<std::size_t>(s.size()));
+  if (py::isinstance<grad::gradient_buffer>(grad)) {
+    auto const& b = grad.cast<grad::gradient_buffer const&>();
+    py::gil_scoped_release nogil;
+    return optim::adamw_step(agoq::host, s, h, p, b.view());
+  }
+  auto const g = grad.cast<torch::Tensor>();
+  check_vector(g, s.size(), "AdamW8bit.step (grad)");
+  py::gil_scoped_release nogil;
+  return dispatch_element(g.scalar_type(), [&]<class T>(T) {
+    return optim::adamw_step(agoq::host, s, h, p,
+                             std::span<T const>(data_as<T const>(g), s.size()));
+  });
+}
+
+}  // namespace
+
+void register_collectives(py::module_& m) {
+  py::class_<grad::gradient_buffer>(
+      m, "GradientBuffer",
+      "An 8-bit gradient accumulation buffer (int8 codes + fp32 group scales, about 1.03 bytes "
+      "per element at group 128): accumulate() dequantizes, adds in fp32 and requantizes with "
+      "fresh scales (stochastic rounding by default, so the sum is unbiased).")
+      .def(py::init(&make_buffer), py::arg("n"), py::arg("group_size") = 128,
+           py::arg("stochastic") = true, py::arg("seed") = 0)
+      .def("accumulate", &accumulate, py::arg("gradient"), py::call_guard<py::gil_scoped_release>(),
+           "Adds a 1-D float32/bfloat16/float16 gradient of size elements; returns its "
+           "non-finite count.")
+      .def("zero", &grad::gradient_buffer::zero, "Sets every element to zero.")
+      .def("to_tensor", &buffer_values, "The dequantized values as a float32 1-D tensor.")
+      .def_property_readonly("size", &grad::gradient_buffer::size)
+      .def_property_readonly("group_size", &grad::gradient_buffer::group_size)
+      .def_property_readonly("bytes", &grad::gradient_buffer::bytes, "Bytes held.")
+      .def_property_readonly("nonfinite_count", &grad::gradient_buffer::nonfinite_count)
+      .def_property_readonly("spec",
+                             [](grad::gradient_buffer const& b) { return b.spec().name(); });
+
+  py::class_<counted_communicator>(
+      m, "ProcessGroupCommunicator",
+      "agoq's communicator over a torch.distributed ProcessGroup with CPU tensors (e.g. gloo), "
+      "counting the bytes this rank sends to and receives from its peers.")
+      .def(py::init<c10::intrusive_ptr<c10d::ProcessGroup>>(), py::arg("process_group"))
+      .def_property_readonly("rank", &counted_communicator::rank)
+      .def_property_readonly("size", &counted_communicator::size)
+      .def_property_readonly("bytes_sent", &counted_communicator::bytes_sent)
+      .def_property_readonly("bytes_received", &counted_communicator::bytes_received)
+      .def("reset_counts", &counted_communicator::reset_counts);
+
+  m.def("all_reduce_8bit", &all_reduce, py::arg("comm"), py::arg("input"), py::arg("output"),
+        py::arg("group_size") = 128, py::arg("average") = true, py::arg("stochastic") = false,
+        py::arg("seed") = 0, py::arg("step") = 0,
+        "The precision-preserving 8-bit all-reduce of a 1-D tensor or GradientBuffer into a 1-D "
+        "tensor of the same length; every rank receives the same bits. Returns "
+        "{'nonfinite': bool (the same on every rank), 'local_nonfinite': int}.");
+  m.def("reduce_scatter_8bit", &reduce_scatter, py::arg("comm"), py::arg("input"), py::arg("shard"),
+        py::arg("group_size") = 128, py::arg("average") = true, py::arg("stochastic") = false,
+        py::arg("seed") = 0, py::arg("step") = 0,
+        "The reduce-scatter form: this rank's shard [begin, end) of the reduced bucket. Returns "
+        "{'nonfinite', 'local_nonfinite', 'begin', 'end'}.");
+  m.def("all_reduce_bytes_sent", &grad::all_reduce_bytes_sent, py::arg("n"), py::arg("ranks"),
+        py::arg("group_size") = 128,
+        "Bytes one rank sends to its peers in all_reduce_8bit of n elements.");
+  m.def(
+      "shard_range",
+      [](std::int64_t n, int ranks, int rank, int group_size) {
+        auto const r = grad::shard_range(n, ranks, rank, group_size);
+        return std::make_pair(r.begin, r.end);
+      },
+      py::arg("n"), py::arg("ranks"), py::arg("rank"), py::arg("group_size") = 128,
+      "The element range [begin, end) rank `rank` owns in reduce_scatter_8bit.");
+
+  py::class_<optim::adamw_state>(
+      m, "AdamW8bit",
+      "AdamW with quantized moments: m as int8 codes per block, sqrt(v) as FP8 E4M3 codes per "
+      "block (2.0625 bytes per parameter at block 128); the update is torch.optim.AdamW's.")
+      .def(py::init(&make_adamw), py::arg("n"), py::arg("block") = 128, py::arg("seed") = 0,
+           py::arg("m_format") = "int8_linear", py::arg("v_format") = "e4m3_sqrt")
+      .def("step", &adamw_step, py::arg("params"), py::arg("grad"), py::arg("lr"),
+           py::arg("beta1") = 0.9, py::arg("beta2") = 0.999, py::arg("eps") = 1e-8,
+           py::arg("weight_decay") = 0.0,
+           "One step on float32 parameters (in place) with a 1-D tensor or GradientBuffer "
+           "gradient; returns the number of elements skipped for a non-finite gradient.")
+      .def_property_readonly("size", &optim::adamw_state::size)
+      .def_property_readonly("bytes", &optim::adamw_state::bytes)
+      .def_property_readonly("bytes_per_parameter", &optim::adamw_state::bytes_per_parameter)
+      .def_property_readonly("step_count", &optim::adamw_state::step);
+}
+
+}  // namespace agoq_torch

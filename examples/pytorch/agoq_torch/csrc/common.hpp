@@ -1,0 +1,132 @@
+/// \file
+/// Shared helpers of the agoq PyTorch extension: argument checks that turn a wrong tensor into a
+/// clear Python exception, the dtype dispatch from torch's scalar types to agoq's element types,
+/// and the process-wide count of non-finite values the extension's quantizing calls have seen.
+#pragma once
+
+// agoq first: parsing the AVX-512 intrinsics headers (which agoq includes) after torch's headers
+// makes g++ 12 warn about the intrinsics' deliberately uninitialized values.
+#include <agoq/agoq.hpp>
+
+#include <torch/extension.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace agoq_torch {
+
+/// NaN / ±Inf values seen by every quantizing call of this process since the last reset
+/// (agoq encodes them as documented in docs/formats.md and counts them; the extension adds the
+/// counts here so a training loop can check once per step).
+inline std::atomic<std::int64_t>& nonfinite_seen() {
+  static std::atomic<std::int64_t> count{0};
+  return count;
+}
+
+/// Adds a quantizing call's non-finite count to nonfinite_seen().
+inline void note_nonfinite(std::int64_t n) {
+  if (n != 0) nonfinite_seen().fetch_add(n, std::memory_order_relaxed);
+}
+
+/// Parses and validates an agoq spec name; agoq::invalid_argument (Python ValueError) otherwise.
+inline agoq::spec parse_spec(std::string const& name) {
+  agoq::spec s = agoq::spec::parse(name);
+  s.validate();
+  return s;
+}
+
+/// Checks that `t` is a contiguous CPU tensor of float32, bfloat16 or float16.
+inline void check_floating(torch::Tensor const& t, char const* what) {
+  TORCH_CHECK(t.defined(), what, ": expected a tensor, got None");
+  TORCH_CHECK(t.device().is_cpu(), what, ": expected a CPU tensor, got one on ", t.device());
+  TORCH_CHECK(t.is_contiguous(), what, ": expected a contiguous tensor");
+  auto const st = t.scalar_type();
+  TORCH_CHECK(st == torch::kFloat || st == torch::kBFloat16 || st == torch::kHalf, what,
+              ": expected float32, bfloat16 or float16, got ", st);
+}
+
+/// Checks a 2-D floating tensor [rows, cols].
+inline void check_matrix(torch::Tensor const& t, char const* what) {
+  check_floating(t, what);
+  TORCH_CHECK(t.dim() == 2, what, ": expected a 2-D tensor [rows, cols], got ", t.dim(),
+              " dimensions");
+}
+
+/// Checks a 1-D floating tensor of `n` elements (n < 0: any length).
+inline void check_vector(torch::Tensor const& t, std::int64_t n, char const* what) {
+  check_floating(t, what);
+  TORCH_CHECK(t.dim() == 1, what, ": expected a 1-D tensor, got ", t.dim(), " dimensions");
+  TORCH_CHECK(n < 0 || t.numel() == n, what, ": expected ", n, " elements, got ", t.numel());
+}
+
+/// Checks that `a` and `b` have the same dtype and shape.
+inline void check_same(torch::Tensor const& a, torch::Tensor const& b, char const* what) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), what, ": dtypes differ (", a.scalar_type(),
+              " and ", b.scalar_type(), ")");
+  TORCH_CHECK(a.sizes() == b.sizes(), what, ": shapes differ (", a.sizes(), " and ", b.sizes(),
+              ")");
+}
+
+/// Checks that `buf` is a contiguous 1-D uint8 CPU tensor holding exactly the quantized buffer of
+/// `s` for [rows, cols].
+inline void check_buffer(torch::Tensor const& buf, agoq::spec const& s, std::int64_t rows,
+                         std::int64_t cols, char const* what) {
+  TORCH_CHECK(buf.defined(), what, ": expected a uint8 buffer, got None");
+  TORCH_CHECK(buf.device().is_cpu() && buf.is_contiguous() && buf.dim() == 1 &&
+                  buf.scalar_type() == torch::kByte,
+              what, ": expected a contiguous 1-D uint8 CPU tensor (a buffer from compress)");
+  std::int64_t const bytes = agoq::make_layout(s, rows, cols).total_bytes;
+  TORCH_CHECK(buf.numel() == bytes, what, ": a ", s.name(), " buffer of [", rows, ", ", cols,
+              "] holds ", bytes, " bytes, got ", buf.numel());
+}
+
+/// A new zeroed uint8 buffer for the quantized copy of [rows, cols] with spec `s` (the alignment
+/// padding stays zero, so equal tensors give equal buffers byte for byte).
+inline torch::Tensor new_buffer(agoq::spec const& s, std::int64_t rows, std::int64_t cols) {
+  return torch::zeros({agoq::make_layout(s, rows, cols).total_bytes},
+                      torch::TensorOptions().dtype(torch::kByte));
+}
+
+/// A writable quantized view over a buffer.
+inline agoq::quantized_view view_of(agoq::spec const& s, std::int64_t rows, std::int64_t cols,
+                                    torch::Tensor& buf) {
+  return agoq::view_of_buffer(s, rows, cols, buf.data_ptr<std::uint8_t>());
+}
+
+/// A read-only quantized view over a buffer.
+inline agoq::const_quantized_view const_view_of(agoq::spec const& s, std::int64_t rows,
+                                                std::int64_t cols, torch::Tensor const& buf) {
+  return agoq::view_of_buffer(s, rows, cols,
+                              static_cast<std::uint8_t const*>(buf.data_ptr<std::uint8_t>()));
+}
+
+/// Calls `f(T{})` with T the agoq element type of `st` (float, agoq::bfloat16, agoq::half).
+template <class F>
+decltype(auto) dispatch_element(torch::ScalarType st, F&& f) {
+  switch (st) {
+    case torch::kFloat:
+      return f(float{});
+    case torch::kBFloat16:
+      return f(agoq::bfloat16{});
+    case torch::kHalf:
+      return f(agoq::half{});
+    default:
+      TORCH_CHECK(false, "agoq: unsupported dtype ", st, " (float32, bfloat16 or float16)");
+  }
+}
+
+/// The data of a floating tensor as agoq element type T (torch's BFloat16 and Half have the same
+/// bits as cuda_bf16.h's and cuda_fp16.h's types).
+template <class T>
+T* data_as(torch::Tensor const& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+/// A 2-D tensor as an agoq matrix view.
+template <class T>
+agoq::matrix_view<T> matrix_of(torch::Tensor const& t) {
+  return agoq::matrix_view<T>(data_as<T>(t), t.size(0), t.size(1));
+}
+
+}  // namespace agoq_torch

@@ -1,0 +1,258 @@
+/// \file
+/// The activation planner and the training memory model (agoq/activation/) for Python: models,
+/// policies and plans as plain dicts keyed by agoq's tensor-kind names.
+#include "common.hpp"
+
+#include <string>
+#include <vector>
+
+namespace agoq_torch {
+namespace {
+
+namespace py = pybind11;
+namespace act = agoq::activation;
+
+act::tensor_kind kind_of(std::string const& name) {
+  for (act::tensor_kind const k : act::all_tensor_kinds)
+    if (act::name_of(k) == name) return k;
+  throw agoq::invalid_argument("unknown tensor kind '" + name + "'");
+}
+
+act::block_style style_of(std::string const& s) {
+  if (s == "llama") return act::block_style::llama;
+  if (s == "gpt") return act::block_style::gpt;
+  throw agoq::invalid_argument("model style is 'llama' or 'gpt', got '" + s + "'");
+}
+
+/// A storage name: "bf16", "fp32" or "precise" (kept as produced), else an agoq spec name.
+act::storage storage_of(std::string const& name) {
+  if (name == "fp32") return act::storage::precise();
+  act::storage s = act::storage::parse(name);
+  if (s.quantized) s.quantized->validate();
+  return s;
+}
+
+/// A model from a dict with the keys of agoq::activation::model_shape (missing keys keep the
+/// struct's defaults, which describe LLaMA-3-8B; unknown keys are an error).
+act::model_shape model_of(py::dict const& d) {
+  act::model_shape m;
+  for (auto const& [key, value] : d) {
+    auto const k = key.cast<std::string>();
+    if (k == "style") {
+      m.style = style_of(value.cast<std::string>());
+    } else if (k == "layers") {
+      m.layers = value.cast<std::int64_t>();
+    } else if (k == "hidden") {
+      m.hidden = value.cast<std::int64_t>();
+    } else if (k == "ffn") {
+      m.ffn = value.cast<std::int64_t>();
+    } else if (k == "heads") {
+      m.heads = value.cast<std::int64_t>();
+    } else if (k == "kv_heads") {
+      m.kv_heads = value.cast<std::int64_t>();
+    } else if (k == "head_dim") {
+      m.head_dim = value.cast<std::int64_t>();
+    } else if (k == "vocab") {
+      m.vocab = value.cast<std::int64_t>();
+    } else if (k == "tied_embeddings") {
+      m.tied_embeddings = value.cast<bool>();
+    } else {
+      throw agoq::invalid_argument("unknown model key '" + k + "'");
+    }
+  }
+  m.validate();
+  return m;
+}
+
+/// A policy from {kind: (default, [candidates])}; kinds not named keep agoq's default policy.
+act::policy_table policy_of(py::object const& p) {
+  act::policy_table t;
+  if (p.is_none()) return t;
+  for (auto const& [key, value] : p.cast<py::dict>()) {
+    auto const entry = value.cast<py::tuple>();
+    TORCH_CHECK(entry.size() == 2, "policy: each entry is (default, [candidates])");
+    std::vector<act::storage> candidates;
+    for (auto const& c : entry[1].cast<py::list>())
+      candidates.push_back(storage_of(c.cast<std::string>()));
+    t.set(kind_of(key.cast<std::string>()), storage_of(entry[0].cast<std::string>()), candidates);
+  }
+  return t;
+}
+
+act::gradient_format gradient_format_of(std::string const& s) {
+  if (s == "fp32") return act::gradient_format::fp32;
+  if (s == "bf16") return act::gradient_format::bf16;
+  if (s == "int8" || s == "int8_g128") return act::gradient_format::int8_g128;
+  throw agoq::invalid_argument("gradients are 'fp32', 'bf16' or 'int8', got '" + s + "'");
+}
+
+act::optimizer_format optimizer_format_of(std::string const& s) {
+  if (s == "fp32") return act::optimizer_format::fp32;
+  if (s == "int8" || s == "int8_g128") return act::optimizer_format::int8_g128;
+  throw agoq::invalid_argument("optimizer states are 'fp32' or 'int8', got '" + s + "'");
+}
+
+py::dict memory_dict(act::stage_memory const& s) {
+  py::dict d;
+  d["stage"] = s.stage;
+  d["parameters"] = s.parameters;
+  d["weights"] = s.weights;
+  d["master_weights"] = s.master_weights;
+  d["gradients"] = s.gradients;
+  d["optimizer"] = s.optimizer;
+  d["activations"] = s.activations;
+  d["head_activations"] = s.head_activations;
+  d["states"] = s.states();
+  d["total"] = s.total();
+  d["in_flight"] = s.in_flight;
+  return d;
+}
+
+struct layout_args {
+  act::parallel_config parallel;
+  act::step_config step;
+};
+
+layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t micro_batches,
+                      std::int64_t tp, std::int64_t pp, std::int64_t vp, std::int64_t dp, int zero,
+                      bool sp) {
+  layout_args a;
+  a.parallel = {tp, pp, dp, vp, zero, sp};
+  a.step = {micro_batch, seq, micro_batches};
+  return a;
+}
+
+py::list tensor_kinds(std::string const& style) {
+  py::list out;
+  for (act::tensor_kind const k : act::block_tensors(style_of(style)))
+    out.append(std::string(act::name_of(k)));
+  return out;
+}
+
+py::dict saved_shapes(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
+                      std::int64_t tp, bool sp) {
+  act::model_shape const m = model_of(model);
+  py::dict out;
+  for (act::tensor_kind const k : act::block_tensors(m.style)) {
+    act::saved_shape const s = act::shape_of(k, m, {micro_batch, seq, tp, sp});
+    out[py::str(std::string(act::name_of(k)))] = py::make_tuple(s.rows, s.cols, s.precise_bytes);
+  }
+  return out;
+}
+
+py::dict default_policy() {
+  act::policy_table const t;
+  py::dict out;
+  for (act::tensor_kind const k : act::all_tensor_kinds) {
+    if (act::is_alias(k)) continue;
+    py::list candidates;
+    int const pb = k == act::tensor_kind::softmax_lse ? 4 : 2;
+    for (act::storage const& c : t.candidates(k)) candidates.append(c.name(pb));
+    out[py::str(std::string(act::name_of(k)))] =
+        py::make_tuple(t.default_storage(k).name(pb), candidates);
+  }
+  return out;
+}
+
+std::int64_t layer_activation_bytes(py::dict const& model, std::int64_t micro_batch,
+                                    std::int64_t seq, py::dict const& storages) {
+  act::model_shape const m = model_of(model);
+  std::vector<act::storage> chosen(act::tensor_kind_count);
+  std::vector<bool> given(act::tensor_kind_count, false);
+  for (auto const& [key, value] : storages) {
+    act::tensor_kind const k = kind_of(key.cast<std::string>());
+    chosen[static_cast<std::size_t>(act::index_of(k))] = storage_of(value.cast<std::string>());
+    given[static_cast<std::size_t>(act::index_of(k))] = true;
+  }
+  return act::layer_activation_bytes(m, {micro_batch, seq, 1, false}, [&](act::tensor_kind k) {
+    auto const i = static_cast<std::size_t>(act::index_of(k));
+    if (!given[i])
+      throw agoq::invalid_argument("layer_activation_bytes: no storage for " +
+                                   std::string(act::name_of(k)));
+    return chosen[i];
+  });
+}
+
+py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
+                   std::int64_t budget_bytes, py::object const& policy, std::int64_t dp,
+                   std::int64_t pp, std::int64_t tp, std::int64_t vp, int zero, bool sp,
+                   std::int64_t micro_batches, std::string const& gradients,
+                   std::string const& optimizer) {
+  act::planner_input in;
+  in.model = model_of(model);
+  auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp);
+  in.parallel = l.parallel;
+  in.step = l.step;
+  in.states = {gradient_format_of(gradients), optimizer_format_of(optimizer)};
+  in.budget_bytes = budget_bytes;
+  in.policy = policy_of(policy);
+  act::activation_plan const plan = act::make_plan(in);
+  py::list layers;
+  for (std::int64_t layer = 0; layer < in.model.layers; ++layer) {
+    py::dict kinds;
+    for (act::tensor_kind const k : act::block_tensors(in.model.style)) {
+      int const pb = k == act::tensor_kind::softmax_lse ? 4 : 2;
+      kinds[py::str(std::string(act::name_of(k)))] = plan.storage_of(layer, k).name(pb);
+    }
+    layers.append(kinds);
+  }
+  py::list stages;
+  for (act::stage_plan const& s : plan.stages()) {
+    py::dict d = memory_dict(s.memory);
+    d["error"] = s.error;
+    d["error_lower_bound"] = s.error_lower_bound;
+    d["unused_bytes"] = s.unused_bytes;
+    stages.append(d);
+  }
+  py::dict out;
+  out["layers"] = layers;
+  out["stages"] = stages;
+  out["error"] = plan.total_error();
+  return out;
+}
+
+py::list estimate_memory(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
+                         std::string const& gradients, std::string const& optimizer,
+                         py::object const& policy, std::int64_t dp, std::int64_t pp,
+                         std::int64_t tp, std::int64_t vp, int zero, bool sp,
+                         std::int64_t micro_batches) {
+  act::model_shape const m = model_of(model);
+  auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp);
+  py::list out;
+  for (act::stage_memory const& s : act::estimate_memory(
+           m, l.parallel, l.step, {gradient_format_of(gradients), optimizer_format_of(optimizer)},
+           policy_of(policy)))
+    out.append(memory_dict(s));
+  return out;
+}
+
+}  // namespace
+
+void register_planning(py::module_& m) {
+  m.def("tensor_kinds", &tensor_kinds, py::arg("style") = "llama",
+        "The tensors a block of the style saves for backward, in forward order (o_proj_input "
+        "reads the attention_output buffer).");
+  m.def("saved_shapes", &saved_shapes, py::arg("model"), py::arg("micro_batch"), py::arg("seq"),
+        py::arg("tp") = 1, py::arg("sp") = false,
+        "{kind: (rows, cols, precise_bytes)} of one layer's saved tensors for one micro-batch.");
+  m.def("default_policy", &default_policy,
+        "agoq's default policy: {kind: (default storage, [candidates])}.");
+  m.def("layer_activation_bytes", &layer_activation_bytes, py::arg("model"), py::arg("micro_batch"),
+        py::arg("seq"), py::arg("storages"),
+        "Bytes one layer saves for one micro-batch with {kind: storage} (precise: bf16, the "
+        "logsumexp fp32; aliases free).");
+  m.def("make_plan", &make_plan, py::arg("model"), py::arg("micro_batch"), py::arg("seq"),
+        py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
+        py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
+        py::arg("sp") = false, py::arg("micro_batches") = 0, py::arg("gradients") = "int8",
+        py::arg("optimizer") = "fp32",
+        "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], 'stages': "
+        "[memory], 'error': float}. Raises ValueError with the shortfall when nothing fits.");
+  m.def("estimate_memory", &estimate_memory, py::arg("model"), py::arg("micro_batch"),
+        py::arg("seq"), py::arg("gradients") = "fp32", py::arg("optimizer") = "fp32",
+        py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,
+        py::arg("vp") = 1, py::arg("zero") = 0, py::arg("sp") = false, py::arg("micro_batches") = 0,
+        "Per-pipeline-device memory of one step with every tensor at its policy default.");
+}
+
+}  // namespace agoq_torch

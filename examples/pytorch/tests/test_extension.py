@@ -1,0 +1,342 @@
+"""Tests of the agoq PyTorch extension (CPU): every binding against agoq's own definitions or a
+float64 reference, its argument checks, and the 8-bit all-reduce over a real gloo process group
+of several processes. Run: python3 -m unittest discover -s examples/pytorch/tests"""
+
+import math
+import os
+import socket
+import sys
+import unittest
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import agoq_torch as agoq  # noqa: E402
+
+INT4 = "int4_g128_sym_rne_f32"
+INT8 = "int8_g128_sym_rne_f32"
+INT8_SR = "int8_g128_sym_sr_f32"
+
+LLAMA = dict(style="llama", layers=4, hidden=128, ffn=384, heads=4, kv_heads=4, head_dim=0,
+             vocab=256, tied_embeddings=False)
+
+
+def rmsnorm_ref(x, w, eps):
+    return x * torch.rsqrt((x * x).mean(1, keepdim=True) + eps) * w
+
+
+class TensorTest(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+
+    def test_round_trip_matches_fake_quantize_for_every_dtype(self):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for spec in (INT4, INT8, "int2_g64_asym_rne_f32", "fp8e4m3_g32_rne_e8m0",
+                         "int8_row_sym_sr_bf16", "int4_tensor_sym_rne_f32"):
+                x = (torch.randn(37, 256) * 3).to(dtype)
+                buf = agoq.compress(x, spec, seed=5, offset=11)
+                self.assertEqual(buf.dtype, torch.uint8)
+                self.assertEqual(buf.numel(), agoq.quantized_bytes(spec, 37, 256))
+                y = agoq.decompress(buf, spec, 37, 256, dtype)
+                self.assertEqual(y.dtype, dtype)
+                self.assertTrue(torch.equal(y, agoq.fake_quantize(x, spec, seed=5, offset=11)),
+                                f"{spec} {dtype}")
+
+    def test_nearest_error_within_half_a_step(self):
+        x = torch.randn(64, 512, dtype=torch.float64).float()
+        y = agoq.decompress(agoq.compress(x, INT4), INT4, 64, 512)
+        amax = x.view(64, 4, 128).abs().amax(-1, keepdim=True)
+        step = amax / 7  # int4 symmetric: 7 positive steps; scales rounded up only enlarge it
+        err = (y - x).view(64, 4, 128).abs()
+        self.assertTrue(bool((err <= step / 2 * (1 + 1e-5) + 1e-7).all()))
+
+    def test_stochastic_rounding_depends_on_seed_and_offset(self):
+        x = torch.randn(8, 128)
+        a = agoq.fake_quantize(x, INT8_SR, seed=1, offset=0)
+        self.assertTrue(torch.equal(a, agoq.fake_quantize(x, INT8_SR, seed=1, offset=0)))
+        self.assertFalse(torch.equal(a, agoq.fake_quantize(x, INT8_SR, seed=2, offset=0)))
+        self.assertFalse(torch.equal(a, agoq.fake_quantize(x, INT8_SR, seed=1, offset=1)))
+
+    def test_nonfinite_values_are_counted(self):
+        agoq.reset_nonfinite()
+        x = torch.randn(4, 128)
+        x[1, 3] = float("nan")
+        x[2, 5] = float("inf")
+        agoq.compress(x, INT8)
+        self.assertEqual(agoq.nonfinite_seen(), 2)
+        agoq.reset_nonfinite()
+        self.assertEqual(agoq.nonfinite_seen(), 0)
+
+    def test_empty_tensors(self):
+        for rows, cols in ((0, 128), (5, 0)):
+            x = torch.empty(rows, cols)
+            buf = agoq.compress(x, INT4)
+            self.assertEqual(agoq.decompress(buf, INT4, rows, cols).shape, (rows, cols))
+
+    def test_bad_arguments_raise(self):
+        x = torch.randn(4, 128)
+        buf = agoq.compress(x, INT4)
+        cases = {
+            "unknown spec": lambda: agoq.compress(x, "int5_g128_sym_rne_f32"),
+            "non-contiguous": lambda: agoq.compress(torch.randn(128, 4).t(), INT4),
+            "integer dtype": lambda: agoq.compress(torch.ones(4, 128, dtype=torch.int32), INT4),
+            "1-D input": lambda: agoq.compress(torch.randn(128), INT4),
+            "short buffer": lambda: agoq.decompress(buf[:-1], INT4, 4, 128),
+            "wrong extents": lambda: agoq.decompress(buf, INT4, 8, 128),
+            "float buffer": lambda: agoq.decompress(buf.float(), INT4, 4, 128),
+            "negative extent": lambda: agoq.decompress(buf, INT4, -1, 128),
+            "weight size": lambda: agoq.rmsnorm_forward(x, torch.ones(64), 1e-6, INT8),
+            "weight dtype": lambda: agoq.rmsnorm_forward(x, torch.ones(128).double(), 1e-6, INT8),
+            "shape mismatch": lambda: agoq.swiglu_forward(x, torch.randn(4, 256), INT4, INT4),
+            "negative eps": lambda: agoq.rmsnorm_forward(x, torch.ones(128), -1.0, INT8),
+        }
+        for name, call in cases.items():
+            with self.subTest(name), self.assertRaises((RuntimeError, ValueError)):
+                call()
+
+
+class FusedTest(unittest.TestCase):
+    """The fused ops: forward outputs equal the plain ops bit for bit and their float64
+    references to rounding; saved copies equal compress(); backward ops equal autograd of the
+    reference evaluated on the dequantized saved input."""
+
+    def setUp(self):
+        torch.manual_seed(1)
+
+    def test_rmsnorm(self):
+        x = torch.randn(33, 256)
+        w = torch.rand(256) + 0.5
+        y, saved, rstd = agoq.rmsnorm_forward(x, w, 1e-6, INT8, seed=3)
+        yp, rstdp = agoq.rmsnorm_forward_plain(x, w, 1e-6)
+        self.assertTrue(torch.equal(y, yp) and torch.equal(rstd, rstdp))
+        self.assertTrue(torch.equal(saved, agoq.compress(x, INT8, seed=3)))
+        ref = rmsnorm_ref(x.double(), w.double(), 1e-6)
+        self.assertLess((y.double() - ref).abs().max().item(), 1e-5)
+        xh = agoq.decompress(saved, INT8, 33, 256).double().requires_grad_()
+        wd = w.double().requires_grad_()
+        dy = torch.randn(33, 256)
+        # The backward's rstd comes from the forward (the unquantized x); the reference uses it.
+        yh = xh * rstd.double()[:, None] * wd
+        yh.backward(dy.double())
+        # d rstd / d x term, evaluated at x̂ with the saved rstd (the op's documented formula).
+        r = rstd.double()[:, None]
+        c = (wd.detach() * dy.double() * xh.detach()).mean(1, keepdim=True)
+        dx_ref = r * (wd.detach() * dy.double() - xh.detach() * r * r * c)
+        dx, dw = agoq.rmsnorm_backward(dy, saved, INT8, rstd, w)
+        self.assertLess((dx.double() - dx_ref).abs().max().item(), 1e-4)
+        self.assertLess((dw.double() - wd.grad).abs().max().item(), 1e-3)
+
+    def test_swiglu(self):
+        g, u = torch.randn(17, 384), torch.randn(17, 384)
+        out, sg, su = agoq.swiglu_forward(g, u, INT4, INT8, seed=2, offset=7)
+        self.assertTrue(torch.equal(out, agoq.swiglu_forward_plain(g, u)))
+        self.assertTrue(torch.equal(sg, agoq.compress(g, INT4, seed=2, offset=7)))
+        self.assertTrue(torch.equal(su, agoq.compress(u, INT8, seed=2, offset=7 + g.numel())))
+        ref = torch.nn.functional.silu(g.double()) * u.double()
+        self.assertLess((out.double() - ref).abs().max().item(), 1e-5)
+        gh = agoq.decompress(sg, INT4, 17, 384).double().requires_grad_()
+        uh = agoq.decompress(su, INT8, 17, 384).double().requires_grad_()
+        d = torch.randn(17, 384)
+        (torch.nn.functional.silu(gh) * uh).backward(d.double())
+        dg, du = agoq.swiglu_backward(d, sg, INT4, su, INT8)
+        self.assertLess((dg.double() - gh.grad).abs().max().item(), 1e-4)
+        self.assertLess((du.double() - uh.grad).abs().max().item(), 1e-4)
+
+    def test_gelu_and_residual(self):
+        x = torch.randn(9, 256)
+        y, saved = agoq.gelu_forward(x, INT8)
+        self.assertTrue(torch.equal(y, agoq.gelu_forward_plain(x)))
+        ref = torch.nn.functional.gelu(x.double(), approximate="tanh")
+        self.assertLess((y.double() - ref).abs().max().item(), 1e-5)
+        xh = agoq.decompress(saved, INT8, 9, 256).double().requires_grad_()
+        dy = torch.randn(9, 256)
+        torch.nn.functional.gelu(xh, approximate="tanh").backward(dy.double())
+        dx = agoq.gelu_backward(dy, saved, INT8)
+        self.assertLess((dx.double() - xh.grad).abs().max().item(), 1e-4)
+        a, b = torch.randn(9, 256), torch.randn(9, 256)
+        s, ss = agoq.residual_add(a, b, INT8, seed=4)
+        self.assertTrue(torch.equal(s, a + b))
+        self.assertTrue(torch.equal(ss, agoq.compress(a + b, INT8, seed=4)))
+
+
+class GradientAndOptimizerTest(unittest.TestCase):
+    def test_gradient_buffer_is_unbiased_and_small(self):
+        n, k = 4096, 16
+        torch.manual_seed(2)
+        grads = [torch.randn(n) for _ in range(k)]
+        exact = torch.stack(grads).double().sum(0)
+        errs = []
+        for seed in range(8):
+            b = agoq.GradientBuffer(n, seed=seed)
+            for g in grads:
+                self.assertEqual(b.accumulate(g), 0)
+            errs.append(b.to_tensor().double() - exact)
+        self.assertLessEqual(b.bytes, math.ceil(1.04 * n))
+        self.assertEqual(b.spec, INT8_SR)
+        mean = torch.stack(errs).mean().item()
+        rms = torch.stack(errs).pow(2).mean().sqrt().item()
+        # docs/gradients.md: RMS <= sqrt(K) * Delta_max / 2, Delta_max = max |sum| / 127.
+        self.assertLess(rms, math.sqrt(k) * exact.abs().max().item() / 127 / 2)
+        self.assertLess(abs(mean), 5 * rms / math.sqrt(len(errs) * n))
+        b.zero()
+        self.assertTrue(torch.equal(b.to_tensor(), torch.zeros(n)))
+        with self.assertRaises((RuntimeError, ValueError)):
+            b.accumulate(torch.randn(n + 1))
+        with self.assertRaises(ValueError):
+            agoq.GradientBuffer(10, group_size=16)
+
+    def test_adamw8bit_tracks_torch_adamw(self):
+        """Least squares min |A p - b|^2 with 1024 parameters and 2048 equations: the 8-bit
+        step's loss curve stays within 5% of torch.optim.AdamW's (plus 1% of the initial loss)
+        for 300 steps, and with fp32 moments the two agree to rounding."""
+        torch.manual_seed(3)
+        n = 1024
+        a_mat = torch.randn(2 * n, n) / math.sqrt(n)
+        b_vec = torch.randn(2 * n)
+
+        def loss_and_grad(p):
+            q = p.clone().requires_grad_()
+            loss = (a_mat @ q - b_vec).pow(2).mean()
+            loss.backward()
+            return loss.item(), q.grad
+
+        p_ref = torch.zeros(n, requires_grad=True)
+        ref = torch.optim.AdamW([p_ref], lr=1e-2, weight_decay=0.01)
+        p8, p32 = torch.zeros(n), torch.zeros(n)
+        opt8 = agoq.AdamW8bit(n, seed=9)
+        opt32 = agoq.AdamW8bit(n, m_format="f32", v_format="f32")
+        loss0 = loss_and_grad(p8)[0]
+        for _ in range(300):
+            ref.zero_grad()
+            loss_ref = (a_mat @ p_ref - b_vec).pow(2).mean()
+            loss_ref.backward()
+            ref.step()
+            loss8, g8 = loss_and_grad(p8)
+            self.assertEqual(opt8.step(p8, g8, lr=1e-2, weight_decay=0.01), 0)
+            self.assertLessEqual(abs(loss8 - loss_ref.item()), 0.05 * loss_ref.item() + 0.01 * loss0)
+            opt32.step(p32, loss_and_grad(p32)[1], lr=1e-2, weight_decay=0.01)
+        self.assertLess(loss_and_grad(p8)[0], 0.7 * loss0)
+        self.assertLess((p32 - p_ref.detach()).abs().max().item(), 1e-4)
+        self.assertEqual(opt8.step_count, 300)
+        self.assertLess(opt8.bytes_per_parameter, 2.1)
+        self.assertTrue(bool(torch.isfinite(p8).all()))
+        with self.assertRaises((RuntimeError, ValueError)):
+            opt8.step(p8, torch.randn(n - 1), lr=1e-2)
+        with self.assertRaises(ValueError):
+            agoq.AdamW8bit(16, v_format="int3")
+
+
+class PlanningTest(unittest.TestCase):
+    def test_layer_bytes_match_the_shapes(self):
+        shapes = agoq.saved_shapes(LLAMA, 8, 128)
+        kinds = agoq.tensor_kinds("llama")
+        self.assertEqual(list(shapes), kinds)
+        store = {k: ("fp32" if k == "softmax_lse" else "bf16") for k in kinds}
+        expected = sum(r * c * b for k, (r, c, b) in shapes.items() if k != "o_proj_input")
+        self.assertEqual(agoq.layer_activation_bytes(LLAMA, 8, 128, store), expected)
+        store = {k: (INT4 if k in ("qkv_input", "mlp_input") else v) for k, v in store.items()}
+        quant = sum(agoq.quantized_bytes(INT4, *shapes[k][:2]) for k in ("qkv_input", "mlp_input"))
+        bf16 = sum(2 * shapes[k][0] * shapes[k][1] for k in ("qkv_input", "mlp_input"))
+        self.assertEqual(agoq.layer_activation_bytes(LLAMA, 8, 128, store),
+                         expected - bf16 + quant)
+
+    def test_plan_is_monotone_in_the_budget_and_refuses_too_little(self):
+        default = agoq.estimate_memory(LLAMA, 8, 128, gradients="int8")[0]["total"]
+        small = agoq.make_plan(LLAMA, 8, 128, default)
+        large = agoq.make_plan(LLAMA, 8, 128, 4 * default)
+        self.assertLessEqual(small["stages"][0]["total"], default)
+        bits = {"int4_g128_sym_rne_f32": 4, "int8_g128_sym_rne_f32": 8, "bf16": 16, "fp32": 32}
+        for ls, ll in zip(small["layers"], large["layers"]):
+            for k in ls:
+                self.assertLessEqual(bits[ls[k]], bits[ll[k]])
+        self.assertTrue(all(v in ("bf16", "fp32") for v in large["layers"][0].values()))
+        with self.assertRaisesRegex(ValueError, "falls short"):
+            agoq.make_plan(LLAMA, 8, 128, 1000)
+        with self.assertRaises(ValueError):
+            agoq.make_plan(dict(LLAMA, heads=5), 8, 128, default)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _all_reduce_worker(rank, world, port, n, queue):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        comm = agoq.ProcessGroupCommunicator(dist.distributed_c10d._get_default_group())
+        gen = torch.Generator().manual_seed(100 + rank)
+        x = torch.randn(n, generator=gen) * (1 + rank)
+        out = torch.empty(n)
+        res = agoq.all_reduce_8bit(comm, x, out, average=False)
+        sent = comm.bytes_sent
+        buf = agoq.GradientBuffer(n, seed=rank)
+        buf.accumulate(x)
+        out_b = torch.empty(n)
+        comm.reset_counts()
+        agoq.all_reduce_8bit(comm, buf, out_b, average=True, stochastic=True, seed=1, step=3)
+        shard = torch.empty(n)
+        rs = agoq.reduce_scatter_8bit(comm, x, shard, average=False)
+        bad = None
+        try:  # rank 0 passes a different length: every rank must get the error, none hang
+            m = n + 128 if rank == 0 else n
+            agoq.all_reduce_8bit(comm, torch.zeros(m), torch.zeros(m))
+        except ValueError as e:
+            bad = str(e)
+        # numpy arrays travel by value (a tensor would be shared through a file descriptor that
+        # dies with this process).
+        arrays = [t.numpy() for t in (x, out, out_b, shard)]
+        queue.put((rank, arrays, res, sent, rs, bad))
+    finally:
+        dist.destroy_process_group()
+
+
+class AllReduceTest(unittest.TestCase):
+    def test_all_reduce_over_gloo(self):
+        for world, n in ((3, 10007), (4, 4096)):
+            ctx = mp.get_context("spawn")
+            queue = ctx.Queue()
+            port = _free_port()
+            procs = [ctx.Process(target=_all_reduce_worker, args=(r, world, port, n, queue))
+                     for r in range(world)]
+            for p in procs:
+                p.start()
+            results = []
+            for rank, arrays, res, sent, rs, bad in (queue.get(timeout=300) for _ in procs):
+                x, out, out_b, shard = (torch.from_numpy(a) for a in arrays)
+                results.append((rank, x, out, out_b, res, sent, rs, shard, bad))
+            results.sort(key=lambda r: r[0])
+            for p in procs:
+                p.join(timeout=60)
+                self.assertEqual(p.exitcode, 0)
+            exact = torch.stack([r[1] for r in results]).double().sum(0)
+            for rank, x, out, out_b, res, sent, rs, shard, bad in results:
+                self.assertTrue(torch.equal(out, results[0][2]), "identical bits on every rank")
+                self.assertTrue(torch.equal(out_b, results[0][3]))
+                self.assertFalse(res["nonfinite"])
+                self.assertEqual(sent, agoq.all_reduce_bytes_sent(n, world))
+                # Two quantizations, each within half a step of its group's scale.
+                step = exact.abs().max().item() / 127
+                self.assertLess((out.double() - exact).abs().max().item(), world * step)
+                self.assertLess((out_b.double() - exact / world).abs().max().item(),
+                                2 * world * step)
+                begin, end = agoq.shard_range(n, world, rank)
+                self.assertEqual((rs["begin"], rs["end"]), (begin, end))
+                # The shard is the fp32 sum of the dequantized chunks; the all-reduce's output is
+                # that sum requantized once more (nearest, fp32 scales) for the all-gather.
+                mine = shard[: end - begin]
+                self.assertLess((mine.double() - exact[begin:end]).abs().max().item(),
+                                world * step / 2)
+                self.assertTrue(torch.equal(out[begin:end],
+                                            agoq.fake_quantize(mine.view(1, -1), INT8).view(-1)))
+                self.assertIsNotNone(bad)
+                self.assertIn("all_reduce_8bit", bad)
+
+
+if __name__ == "__main__":
+    unittest.main()
