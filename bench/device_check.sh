@@ -18,7 +18,8 @@ build=build-device
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
   -DCMAKE_PREFIX_PATH="$PWD/.deps" -DAGOQ_WERROR=ON 2>&1 | tail -n 3 | tee "$out/configure.log"
 targets=(quantize_device_test_float quantize_device_test_bfloat16 quantize_device_test_half
-         adamw_device_test quantize_device_bench optim_device_bench quantized_matmul)
+         adamw_device_test all_reduce_device_test quantize_device_bench optim_device_bench
+         all_reduce_device_bench quantized_matmul)
 if ! cmake --build "$build" --target "${targets[@]}" >"$out/build.log" 2>&1; then
   tail -n 40 "$out/build.log"
   echo "build failed" >"$out/summary.md"
@@ -36,6 +37,11 @@ bench_rc=$?
   --benchmark_out="$out/optim_bench.json" --benchmark_out_format=json >"$out/optim_bench.log" 2>&1
 optim_rc=$?
 [ "$bench_rc" -eq 0 ] && bench_rc=$optim_rc
+"$build/bench/all_reduce_device_bench" --benchmark_min_time=0.2 \
+  --benchmark_out="$out/all_reduce_bench.json" --benchmark_out_format=json \
+  >"$out/all_reduce_bench.log" 2>&1
+all_reduce_rc=$?
+[ "$bench_rc" -eq 0 ] && bench_rc=$all_reduce_rc
 
 python3 bench/summarize_device.py "$out" "$tests_rc" "$example_rc" "$bench_rc" >"$out/summary.md"
 cat "$out/summary.md"

@@ -60,3 +60,24 @@ if optim.exists():
     for size in sorted(steps):
         c = copies.get(size, float("nan"))
         print(f"| {size >> 20} | {steps[size]:.0f} | {c:.0f} | {steps[size] / c:.2f} |")
+
+# The fused dequantize-sum(-divide) kernel of the CUDA 8-bit all-reduce beside a copy of the same
+# bytes (bench/all_reduce_device_bench.cu; target >= 0.85).
+reduce = out / "all_reduce_bench.json"
+if reduce.exists():
+    print("\n## 8-bit all-reduce: fused reduce kernel (ratio to a copy of the same bytes)\n")
+    kernels, copies = {}, {}
+    for b in json.loads(reduce.read_text())["benchmarks"]:
+        if b.get("error_occurred"):
+            continue
+        shape = re.search(r"chunk:(\d+)/ranks:(\d+)", b["name"])
+        key = (int(shape.group(1)), int(shape.group(2)))
+        if b["name"].startswith("bm_copy"):
+            copies[key] = b["bytes_per_second"] / 1e9
+        else:
+            kernels[(b["name"].split("/")[1],) + key] = b["bytes_per_second"] / 1e9
+    print("| kernel | chunk elements | ranks | GB/s | copy GB/s | kernel / copy |")
+    print("|---|---|---|---|---|---|")
+    for (variant, chunk, ranks), gbps in sorted(kernels.items()):
+        c = copies.get((chunk, ranks), float("nan"))
+        print(f"| {variant} | {chunk} | {ranks} | {gbps:.0f} | {c:.0f} | {gbps / c:.2f} |")

@@ -20,7 +20,9 @@
 /// ends with the same bytes. Bytes sent per rank: (P - 1) (32 + 2 (16 + ceil(ceil(N/G)/P) (G +
 /// 4))), i.e. 2 (P-1)/P N (1 + 4/G) plus headers when P G divides N (all_reduce_bytes_sent).
 ///
-/// The CUDA executor of these collectives is not built yet; a device communicator is refused.
+/// The CUDA executor of the flat all-reduce and the reduce-scatter is all_reduce.cuh
+/// (all_reduce_8bit_async, reduce_scatter_8bit_async, over a device communicator); the functions
+/// here refuse a device communicator.
 #pragma once
 
 #include <algorithm>
@@ -475,8 +477,9 @@ template <comm::communicator C>
 void check_host(C& comm, char const* what) {
   AGOQ_EXPECTS(comm.memory() == comm::memory_space::host,
                std::string(what) +
-                   ": the communicator moves device memory; the CUDA executor of the 8-bit "
-                   "collectives is not built yet, use a host communicator");
+                   ": the communicator moves device memory; use the CUDA executor "
+                   "(all_reduce_8bit_async / reduce_scatter_8bit_async in "
+                   "agoq/gradient/all_reduce.cuh) with device buffers, or a host communicator");
 }
 
 inline std::vector<std::byte> zeroed_bytes(std::int64_t n) {

@@ -1,0 +1,274 @@
+// The CUDA executor of the 8-bit collectives against the CPU executor, bit for bit: P ranks as
+// threads sharing one GPU (in_process_device_group) against the same ranks over in_process_group,
+// every rank's output, shard and flags. Skips (77) where no CUDA device exists.
+#include "device_support.cuh"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <agoq/comm/in_process.cuh>
+#include <agoq/comm/in_process.hpp>
+#include <agoq/gradient/all_reduce.cuh>
+
+using namespace agoq;
+using namespace agoq::gradient;
+using agoq::comm::in_process_device_group;
+using agoq::comm::in_process_group;
+using agoq::test::device_bytes;
+
+namespace {
+
+template <class T>
+std::vector<std::uint8_t> bytes_of(std::vector<T> const& x) {
+  std::vector<std::uint8_t> b(x.size() * sizeof(T));
+  if (!b.empty()) std::memcpy(b.data(), x.data(), b.size());
+  return b;
+}
+
+// Every rank's output bytes and flags.
+struct ranks_result {
+  std::vector<std::vector<std::uint8_t>> out;
+  std::vector<std::int64_t> nonfinite, local;
+  std::vector<std::int64_t> corrupt;
+  explicit ranks_result(int p)
+      : out(static_cast<std::size_t>(p)),
+        nonfinite(static_cast<std::size_t>(p)),
+        local(static_cast<std::size_t>(p)),
+        corrupt(static_cast<std::size_t>(p)) {}
+};
+
+template <class In>
+std::vector<std::vector<In>> rank_inputs(int p, std::int64_t n, std::uint64_t seed) {
+  std::vector<std::vector<In>> in;
+  for (int r = 0; r < p; ++r) in.push_back(test::random_input<In>(n, seed * 131 + r, false));
+  return in;
+}
+
+// The output length of rank r: N for the all-reduce, its chunk for the reduce-scatter.
+std::int64_t out_length(bool scatter, std::int64_t n, int p, int r, int g) {
+  return scatter ? shard_range(n, p, r, g).end - shard_range(n, p, r, g).begin : n;
+}
+
+template <class In, class Out>
+ranks_result host_run(std::vector<std::vector<In>> const& in, all_reduce_options const& opt,
+                      bool scatter) {
+  int const p = static_cast<int>(in.size());
+  auto const n = static_cast<std::int64_t>(in[0].size());
+  ranks_result rr(p);
+  in_process_group::run(p, [&](in_process_group::member comm) {
+    int const r = comm.rank();
+    auto const ri = static_cast<std::size_t>(r);
+    std::vector<Out> out(static_cast<std::size_t>(out_length(scatter, n, p, r, opt.group_size)));
+    std::span<In const> const x(in[ri]);
+    if (scatter) {
+      reduce_scatter_result const res =
+          reduce_scatter_8bit(host, comm, x, std::span<Out>(out), opt);
+      rr.nonfinite[ri] = res.nonfinite ? 1 : 0;
+      rr.local[ri] = res.local_nonfinite;
+    } else {
+      all_reduce_result const res = all_reduce_8bit(host, comm, x, std::span<Out>(out), opt);
+      rr.nonfinite[ri] = res.nonfinite ? 1 : 0;
+      rr.local[ri] = res.local_nonfinite;
+    }
+    rr.out[ri] = bytes_of(out);
+  });
+  return rr;
+}
+
+// The same collective on the device; `in_place` runs the all-reduce with output = input.
+template <class In, class Out>
+ranks_result device_run(std::vector<std::vector<In>> const& in, all_reduce_options const& opt,
+                        bool scatter, bool in_place = false) {
+  int const p = static_cast<int>(in.size());
+  auto const n = static_cast<std::int64_t>(in[0].size());
+  ranks_result rr(p);
+  in_process_device_group::run(p, [&](in_process_device_group::member comm) {
+    int const r = comm.rank();
+    auto const ri = static_cast<std::size_t>(r);
+    std::int64_t const m = out_length(scatter, n, p, r, opt.group_size);
+    device_bytes x(static_cast<std::size_t>(n) * sizeof(In) + 16);
+    device_bytes y(static_cast<std::size_t>(m) * sizeof(Out) + 16);
+    device_bytes st(sizeof(all_reduce_status));
+    if (n > 0) x.upload(in[ri].data(), static_cast<std::size_t>(n) * sizeof(In));
+    auto* const xp = reinterpret_cast<In*>(x.get());
+    auto* const yp = in_place ? reinterpret_cast<Out*>(x.get()) : reinterpret_cast<Out*>(y.get());
+    auto* const status = reinterpret_cast<all_reduce_status*>(st.get());
+    cuda_executor const ex{comm.stream()};
+    std::span<In const> const xs(xp, static_cast<std::size_t>(n));
+    std::span<Out> const ys(yp, static_cast<std::size_t>(m));
+    if (scatter) {
+      reduce_scatter_8bit_async(ex, comm, xs, ys, opt, status);
+    } else {
+      all_reduce_8bit_async(ex, comm, xs, ys, opt, status);
+    }
+    AGOQ_CUDA_TRY(cudaStreamSynchronize(comm.stream().get()));
+    rr.out[ri].resize(static_cast<std::size_t>(m) * sizeof(Out));
+    if (m > 0) {
+      AGOQ_CUDA_TRY(cudaMemcpy(rr.out[ri].data(), yp, rr.out[ri].size(), cudaMemcpyDeviceToHost));
+    }
+    all_reduce_status s;
+    AGOQ_CUDA_TRY(cudaMemcpy(&s, status, sizeof(s), cudaMemcpyDeviceToHost));
+    rr.nonfinite[ri] = s.nonfinite;
+    rr.local[ri] = s.local_nonfinite;
+    rr.corrupt[ri] = s.corrupt;
+  });
+  return rr;
+}
+
+void check_same(ranks_result const& h, ranks_result const& d, std::string const& what) {
+  INFO(what);
+  for (std::size_t r = 0; r < h.out.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(test::first_difference(d.out[r], h.out[r]) == -1);
+    CHECK(d.nonfinite[r] == h.nonfinite[r]);
+    CHECK(d.local[r] == h.local[r]);
+    CHECK(d.corrupt[r] == 0);
+  }
+}
+
+template <class In, class Out>
+void sweep(char const* types, std::vector<int> const& ranks, std::vector<std::int64_t> const& ns,
+           std::vector<int> const& groups, bool scatter) {
+  for (int p : ranks) {
+    for (std::int64_t n : ns) {
+      for (int g : groups) {
+        for (auto rounding : {rounding_kind::nearest, rounding_kind::stochastic}) {
+          for (bool average : {false, true}) {
+            all_reduce_options const opt{g, average, rounding, 1234 + static_cast<std::uint64_t>(n),
+                                         7};
+            auto const in = rank_inputs<In>(p, n, static_cast<std::uint64_t>(n * 8 + p));
+            std::string const what = std::string(scatter ? "reduce_scatter " : "all_reduce ") +
+                                     types + " P=" + std::to_string(p) + " N=" + std::to_string(n) +
+                                     " G=" + std::to_string(g) +
+                                     (rounding == rounding_kind::stochastic ? " sr" : " rne") +
+                                     (average ? " average" : " sum");
+            check_same(host_run<In, Out>(in, opt, scatter), device_run<In, Out>(in, opt, scatter),
+                       what);
+          }
+        }
+      }
+    }
+  }
+}
+
+std::vector<int> const all_ranks = {1, 2, 3, 4, 8};
+std::vector<std::int64_t> const small_lengths = {0, 1, 127, 128, 7919, 65537};
+
+}  // namespace
+
+TEST_CASE("all_reduce_8bit_async: bit-identical to the CPU executor, every rank") {
+  sweep<bfloat16, float>("bf16->f32", all_ranks, small_lengths, {128}, false);
+  sweep<float, float>("f32->f32", all_ranks, small_lengths, {128}, false);
+  sweep<half, half>("f16->f16", all_ranks, small_lengths, {128}, false);
+  sweep<bfloat16, bfloat16>("bf16->bf16", all_ranks, small_lengths, {128}, false);
+  // Other group sizes: the three-pass quantize path, runs straddling two groups (G = 33, 100).
+  sweep<bfloat16, float>("bf16->f32", {2, 3}, {1, 127, 7919}, {32, 33, 100, 256}, false);
+  // A length past a million, a prime (partial last group, uneven chunks).
+  sweep<bfloat16, float>("bf16->f32", {1, 3, 8}, {1000003}, {128}, false);
+}
+
+TEST_CASE("reduce_scatter_8bit_async: bit-identical to the CPU executor, every rank") {
+  sweep<bfloat16, float>("bf16->f32", all_ranks, small_lengths, {128}, true);
+  sweep<float, bfloat16>("f32->bf16", all_ranks, small_lengths, {128}, true);
+  sweep<half, float>("f16->f32", {2, 3}, {1, 127, 7919}, {33, 100}, true);
+  sweep<bfloat16, float>("bf16->f32", {3, 8}, {1000003}, {128}, true);
+}
+
+TEST_CASE("all_reduce_8bit_async: output may be the input") {
+  for (int p : {1, 3, 4}) {
+    auto const in = rank_inputs<float>(p, 7919, 5);
+    all_reduce_options const opt{128, true, rounding_kind::stochastic, 9, 3};
+    check_same(host_run<float, float>(in, opt, false),
+               device_run<float, float>(in, opt, false, true), "in place");
+  }
+}
+
+TEST_CASE("all_reduce_8bit_async: a NaN on one rank sets the flag on every rank") {
+  for (bool scatter : {false, true}) {
+    int const p = 4;
+    auto in = rank_inputs<bfloat16>(p, 1000, 11);
+    in[2][517] = numeric::from_float<bfloat16>(std::numeric_limits<float>::quiet_NaN());
+    in[2][3] = numeric::from_float<bfloat16>(std::numeric_limits<float>::infinity());
+    all_reduce_options const opt{};
+    ranks_result const h = host_run<bfloat16, float>(in, opt, scatter);
+    ranks_result const d = device_run<bfloat16, float>(in, opt, scatter);
+    check_same(h, d, scatter ? "reduce_scatter NaN" : "all_reduce NaN");
+    for (int r = 0; r < p; ++r) {
+      auto const ri = static_cast<std::size_t>(r);
+      // Rank 2 flags every block it sends, so even the reduce-scatter flag reaches every rank.
+      CHECK(d.nonfinite[ri] == 1);
+      CHECK(d.local[ri] == (r == 2 ? 2 : 0));
+    }
+  }
+}
+
+TEST_CASE("all_reduce_8bit_async: mismatched lengths throw on every rank") {
+  for (bool scatter : {false, true}) {
+    int const p = 3;
+    std::vector<int> threw(static_cast<std::size_t>(p), 0);
+    in_process_device_group::run(p, [&](in_process_device_group::member comm) {
+      int const r = comm.rank();
+      std::int64_t const n = r == 1 ? 1001 : 1000;
+      device_bytes x(static_cast<std::size_t>(n) * sizeof(float));
+      device_bytes y(static_cast<std::size_t>(n) * sizeof(float));
+      cuda_executor const ex{comm.stream()};
+      std::span<float const> const xs(reinterpret_cast<float const*>(x.get()),
+                                      static_cast<std::size_t>(n));
+      std::span<float> const ys(reinterpret_cast<float*>(y.get()), static_cast<std::size_t>(n));
+      try {
+        if (scatter) {
+          reduce_scatter_8bit_async(ex, comm, xs, ys);
+        } else {
+          all_reduce_8bit_async(ex, comm, xs, ys);
+        }
+      } catch (agoq::invalid_argument const&) {
+        threw[static_cast<std::size_t>(r)] = 1;
+      }
+    });
+    for (int t : threw) CHECK(t == 1);
+  }
+}
+
+TEST_CASE("all_reduce_8bit_async: a host communicator is refused") {
+  in_process_group g(1);
+  in_process_group::member comm = g.at(0);
+  device_bytes x(64);
+  std::span<float const> const xs(reinterpret_cast<float const*>(x.get()), 16);
+  std::span<float> const ys(reinterpret_cast<float*>(x.get()), 16);
+  CHECK_THROWS_AS(all_reduce_8bit_async(cuda_executor{cudaStream_t{}}, comm, xs, ys),
+                  agoq::invalid_argument);
+}
+
+TEST_CASE("in_process_device_group: all_to_all and all_gather move the bytes") {
+  int const p = 3;
+  std::size_t const n = 37;
+  std::vector<std::vector<std::uint8_t>> got_a2a(p), got_ag(p);
+  in_process_device_group::run(p, [&](in_process_device_group::member comm) {
+    auto const r = static_cast<std::size_t>(comm.rank());
+    std::vector<std::uint8_t> send(p * n);
+    for (std::size_t i = 0; i < send.size(); ++i) send[i] = static_cast<std::uint8_t>(r * 71 + i);
+    device_bytes s(p * n), a(p * n), g(p * n);
+    s.upload(send.data(), send.size());
+    auto const* sp = reinterpret_cast<std::byte const*>(s.get());
+    comm.all_to_all(sp, reinterpret_cast<std::byte*>(a.get()), n);
+    comm.all_gather(sp, reinterpret_cast<std::byte*>(g.get()), n);
+    AGOQ_CUDA_TRY(cudaStreamSynchronize(comm.stream().get()));
+    got_a2a[r].resize(p * n);
+    got_ag[r].resize(p * n);
+    a.download(got_a2a[r].data(), p * n);
+    g.download(got_ag[r].data(), p * n);
+  });
+  for (std::size_t r = 0; r < p; ++r) {
+    for (std::size_t i = 0; i < p; ++i) {
+      for (std::size_t k = 0; k < n; ++k) {
+        CHECK(got_a2a[r][i * n + k] == static_cast<std::uint8_t>(i * 71 + r * n + k));
+        CHECK(got_ag[r][i * n + k] == static_cast<std::uint8_t>(i * 71 + k));
+      }
+    }
+  }
+}
