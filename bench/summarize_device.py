@@ -81,3 +81,27 @@ if reduce.exists():
     for (variant, chunk, ranks), gbps in sorted(kernels.items()):
         c = copies.get((chunk, ranks), float("nan"))
         print(f"| {variant} | {chunk} | {ranks} | {gbps:.0f} | {c:.0f} | {gbps / c:.2f} |")
+
+# The fused activation ops: each fused forward op's time over its plain op's (same size, same run;
+# bench/fused_device_bench.cu; target <= 1.15), and the backward ops' bandwidth.
+fused = out / "fused_bench.json"
+if fused.exists():
+    print("\n## Fused activation ops (time of the fused op over the plain op's)\n")
+    times, gbps = {}, {}
+    for b in json.loads(fused.read_text())["benchmarks"]:
+        if b.get("error_occurred"):
+            continue
+        op = b["name"].split("/")[0]
+        size = int(re.search(r"bytes:(\d+)", b["name"]).group(1))
+        m = re.search(r"fused:(\d)", b["name"])
+        key = (op, size, int(m.group(1)) if m else -1)
+        times[key] = b["real_time"]
+        gbps[key] = b["bytes_per_second"] / 1e9
+    print("| op | MiB of bf16 | plain us | fused us | fused / plain | GB/s |")
+    print("|---|---|---|---|---|---|")
+    for (op, size, f), t in sorted(times.items()):
+        if f == 1:
+            p = times.get((op, size, 0), float("nan"))
+            print(f"| {op} | {size >> 20} | {p:.1f} | {t:.1f} | {t / p:.2f} | {gbps[(op, size, f)]:.0f} |")
+        elif f == -1:
+            print(f"| {op} | {size >> 20} | | {t:.1f} | | {gbps[(op, size, f)]:.0f} |")

@@ -12,11 +12,22 @@
 /// for groupings that span rows (per_tensor, per_column, blocks) the op quantizes the saved tensor
 /// in a separate pass with agoq::quantize, which gives the same bits at the cost of a second read.
 ///
+/// RMSNorm and the residual add run AVX-512 loops wherever those are compiled (detail/host/simd),
+/// whatever the executor, so their output bits do not depend on it; the executor chooses the
+/// loops of the saved copy. Under the simd executor, 8- and 4-bit codes of row-wise groups whose
+/// codes start on a byte are made inside those loops (group_saver): each group's statistics from
+/// the registers of the pass that streams it in, its codes from those of the pass that writes
+/// the output. Elsewhere the row is quantized once it is in the L1 cache (row_saver). SwiGLU and
+/// GeLU, bound by the scalar expf of their portable loops, quantize each row the same way.
+///
 /// Each forward op also exists without the saved view (the plain op, same arithmetic, same output
 /// bits). Every function is host only and synchronous, and throws agoq::invalid_argument on
 /// mismatched extents, null pointers, invalid specs or partially overlapping buffers; an output
 /// may be the very same buffer as an input of its op (in place), any other overlap is refused.
-/// Empty tensors are no-ops. The CUDA versions are not built yet.
+/// Empty tensors are no-ops. The CUDA versions are in fused.cuh (rmsnorm_forward_async and the
+/// others, stream-ordered): the same saved bits, the same RMSNorm and residual-add outputs, and
+/// SwiGLU/GeLU outputs within the bound of docs/activations.md §7.1 (the device's expf is not
+/// glibc's).
 #pragma once
 
 #include <algorithm>
@@ -169,7 +180,9 @@ std::int64_t decode_row(const_quantized_view const& in, quantized_layout const& 
 
 /// Writes the saved copy of a [rows, cols] tensor of element type T: row by row where the
 /// grouping allows (row()), else in one agoq::quantize pass (whole()). Default-constructed, it
-/// saves nothing (the plain op).
+/// saves nothing (the plain op). It is the saving policy of the op loops wherever group_saver is
+/// not (no saved copy, the portable executor, 2-bit codes, groups spanning rows or whose codes
+/// do not start on a byte).
 template <class T>
 class row_saver {
  public:
@@ -201,6 +214,21 @@ class row_saver {
     return agoq::quantize(ex_, matrix_view<T const>(x, layout_.rows, layout_.cols), view_, opt_);
   }
 
+#if defined(AGOQ_HOST_AVX512)
+  /// The op loops' run of columns: the whole row.
+  std::int64_t width(std::int64_t cols) const noexcept { return cols; }
+  /// Neither statistics nor codes from the op loops' registers: their per-group hooks (see
+  /// group_saver) do nothing here.
+  struct nothing {
+    void add(__m512, __mmask16) const noexcept {}
+    template <class A>
+    void step(std::int64_t, __m512, __m512, std::int64_t) const noexcept {}
+  };
+  nothing stats() const noexcept { return {}; }
+  std::int64_t end_group(T const*, std::int64_t, std::int64_t, nothing) const noexcept { return 0; }
+  nothing begin(std::int64_t, std::int64_t) const noexcept { return {}; }
+#endif
+
  private:
   using row_fn = std::int64_t (*)(T const*, std::int64_t, std::int64_t, std::int64_t,
                                   quantized_view const&, quantized_layout const&, std::uint64_t,
@@ -214,6 +242,135 @@ class row_saver {
   row_fn fn_ = nullptr;
   scratch scratch_;
 };
+
+#if defined(AGOQ_HOST_AVX512)
+
+/// Writes the saved copy of a [rows, cols] tensor of element type T from the AVX-512 op loops,
+/// group by group, for row-wise groupings whose codes start on a byte (detail::host::row_groups)
+/// with 8- or 4-bit codes under the simd executor. As the op loop streams a group in, it folds
+/// the group's values into stats() and then calls end_group(), which makes the group's
+/// parameters; later it calls begin() on the group and step() on each step of 32 of its values
+/// it loads again: right away from the L1 cache (residual add) or on its second pass over the
+/// row (RMSNorm, whose output waits for the whole row's sum of squares). Statistics and codes so
+/// come from the op's own registers: one read of the row from memory for the op and its saved
+/// copy, and no call inside the loops. The statistics, parameters, encoder and stream positions
+/// are those of agoq::quantize's row path, hence the same bits.
+template <code_format Code, rounding_kind Rounding, class T>
+class group_saver {
+ public:
+  group_saver(quantized_view v, quantized_layout const& l, quantize_options opt)
+      : view_(v), layout_(l), opt_(opt), params_(static_cast<std::size_t>(l.group_grid_cols)) {
+    if constexpr (stochastic) {
+      draws_.resize(static_cast<std::size_t>(std::min(l.tile.cols, l.cols)));
+    }
+  }
+
+  /// Nothing to do at once: the groups lie within rows.
+  std::int64_t whole(T const*) noexcept { return 0; }
+  /// The op loops' run of columns: one group.
+  std::int64_t width(std::int64_t) const noexcept { return layout_.tile.cols; }
+
+  /// A group's statistics, to fold its values into.
+  agoq::detail::host::value_stats<Code> stats() const noexcept { return {}; }
+
+  /// The parameters of group k of row r (x the row) from its statistics s, stored in the view and
+  /// kept for begin(); returns the group's non-finite count.
+  [[gnu::always_inline, gnu::flatten]] std::int64_t end_group(
+      T const* x, std::int64_t r, std::int64_t k, agoq::detail::host::value_stats<Code> const& s) {
+    namespace h = agoq::detail::host;
+    std::int64_t const b = k * layout_.tile.cols;
+    h::segment_stats const st = h::value_stats<Code>::stats(
+        s.reduce(), x + b, std::min(layout_.tile.cols, layout_.cols - b));
+    group_params const p = make_group_params<Code>(view_.spec.scale, st.stats);
+    store_group_params(view_, r * layout_.group_grid_cols + k, p);
+    params_[static_cast<std::size_t>(k)] = p;
+    return st.nonfinite;
+  }
+
+  /// Nothing to do per row: the groups are done one by one.
+  std::int64_t row(T const*, std::int64_t) noexcept { return 0; }
+
+  /// The codes of one group, step by step: a value the op loop keeps in registers.
+  class group {
+   public:
+    group(group_params p, std::uint8_t* codes, float const* draws, std::int64_t b) noexcept
+        : encoder_(p), codes_(codes), draws_(draws), b_(b), zero_scale_(p.scale == 0.0f) {}
+
+    /// Codes of the group's step at column i: its values v0, v1 arranged like a step of A,
+    /// `left` of them elements (a group whose scale is 0 has its codes already).
+    template <class A>
+    void step(std::int64_t i, __m512 v0, __m512 v1, std::int64_t left) const noexcept {
+      if (zero_scale_) return;
+      agoq::detail::host::encode_step<Code, Rounding, Code::bits, A>(
+          encoder_, v0, v1, stochastic ? draws_ + (i - b_) : nullptr, left,
+          codes_ + (i - b_) * Code::bits / 8);
+    }
+
+   private:
+    agoq::detail::host::encoder<Code> encoder_;
+    std::uint8_t* codes_;  // the group's codes
+    float const* draws_;   // the group's draws (stochastic rounding)
+    std::int64_t b_;       // the group's first column
+    bool zero_scale_;
+  };
+
+  /// Starts the codes of group k of row r, after its end_group(): draws its stream positions for
+  /// stochastic rounding (or writes all its codes at once if its scale is 0).
+  group begin(std::int64_t r, std::int64_t k) {
+    namespace h = agoq::detail::host;
+    group_params const p = params_[static_cast<std::size_t>(k)];
+    std::int64_t const b = k * layout_.tile.cols;
+    std::int64_t const n = std::min(layout_.tile.cols, layout_.cols - b);
+    std::uint8_t* codes = view_.codes + r * layout_.code_row_bytes + b * Code::bits / 8;
+    if (p.scale == 0.0f) {
+      h::encode_zero_scale<Code, Code::bits>(n, p, codes);
+    } else if constexpr (stochastic) {
+      h::uniforms_simd(opt_.seed, opt_.offset + static_cast<std::uint64_t>(r * layout_.cols + b), n,
+                       draws_.data());
+    }
+    return group(p, codes, draws_.data(), b);
+  }
+
+ private:
+  static constexpr bool stochastic = Rounding == rounding_kind::stochastic;
+  quantized_view view_;
+  quantized_layout layout_;
+  quantize_options opt_;
+  std::vector<group_params> params_;  // the current row's groups
+  std::vector<float> draws_;          // the current group's draws (stochastic rounding)
+};
+
+#endif  // AGOQ_HOST_AVX512
+
+/// Calls f(saver) with the saving policy of a tensor of element type T into *v, or with one that
+/// saves nothing where v is null, and returns its result: a group_saver where the AVX-512 op
+/// loops can encode from their registers (see there), else a row_saver.
+template <class T, class F>
+std::int64_t with_saver(host_executor ex, quantized_view const* v, quantize_options opt, F&& f) {
+  if (v == nullptr) {
+    row_saver<T> none;
+    return f(none);
+  }
+#if defined(AGOQ_HOST_AVX512)
+  quantized_layout const l = v->layout();
+  if (ex.simd && l.elements() > 0 && agoq::detail::host::row_groups(l)) {
+    return dispatch_code(v->spec, [&](auto code) {
+      using Code = decltype(code);
+      if constexpr (Code::bits == 8 || Code::bits == 4) {
+        return dispatch_rounding(v->spec, [&](auto rounding) {
+          group_saver<Code, decltype(rounding)::kind, T> s(*v, l, opt);
+          return f(s);
+        });
+      } else {
+        row_saver<T> s(ex, *v, opt);
+        return f(s);
+      }
+    });
+  }
+#endif
+  row_saver<T> s(ex, *v, opt);
+  return f(s);
+}
 
 /// Reads a saved tensor row by row, decoded into a row-sized fp32 buffer.
 class row_loader {
@@ -328,9 +485,178 @@ void check_rmsnorm_args(matrix_view<In> x, matrix_view<Out> y, std::int64_t hidd
                std::string(what) + ": eps must be finite and non-negative");
 }
 
+#if defined(AGOQ_HOST_AVX512)
+
+/// lane_sum's fixed pairwise reduction of 16 lanes: lane j + lane j + w for w = 8, 4, 2, 1.
+inline float lane_total(__m512 acc) noexcept {
+  __m256 const a = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+  __m128 const b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  __m128 const c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+/// Calls f(j, left) for each step j = b, b + 32, ... of the columns [b, e), left = e - j of them:
+/// whole steps two at a time with a constant `left` (no tail tests in the step's loads, stores
+/// and encoding), then the rest one by one.
+template <class F>
+[[gnu::always_inline]] inline void for_each_step(std::int64_t b, std::int64_t e, F const& f) {
+  constexpr std::int64_t s = agoq::detail::host::simd_step;
+  std::int64_t j = b;
+  for (; j + 2 * s <= e; j += 2 * s) {
+    f(j, s);
+    f(j + s, s);
+  }
+  for (; j < e; j += s) f(j, e - j);
+}
+
+/// RMSNorm rows with AVX-512, the saving of x by the policy S (group_saver or row_saver). The
+/// first pass streams each row in: the sum of squares over 16 lanes (lane j: x_i^2 for
+/// i = j mod 16 in order, each a fused multiply-add, then lane_total) and, from the same
+/// registers, each group's statistics and parameters (their arithmetic hides under the latency
+/// of the sum's chain). The second pass reads the row from the L1 cache, writes y and hands each
+/// step's values to the saver; it keeps x's arrangement of a step (detail::host::interleaved),
+/// into which the weights are loaded and from which y is stored.
+template <class S, class X, class W, class Y>
+std::int64_t rmsnorm_rows(X const* x, W const* w, float eps, Y* y, float* rstd, std::int64_t rows,
+                          std::int64_t cols, S& save) {
+  namespace h = agoq::detail::host;
+  std::int64_t nonfinite = save.whole(x);
+  std::int64_t const g = save.width(cols);
+  float const inv_cols = 1.0f / static_cast<float>(cols);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    X const* xr = x + r * cols;
+    Y* yr = y + r * cols;
+    __m512 acc = _mm512_setzero_ps();
+    for (std::int64_t b = 0, k = 0; b < cols; b += g, ++k) {
+      std::int64_t const e = std::min(cols, b + g);
+      auto st = save.stats();
+      // The vectors of 16 at multiples of 16 that meet the group, masked to its lanes: lane j
+      // of acc takes the elements j mod 16 in order.
+      auto const add = [&](__m512 v, __mmask16 m) __attribute__((always_inline, flatten)) {
+        acc = _mm512_mask3_fmadd_ps(v, v, acc, m);
+        st.add(v, m);
+      };
+      std::int64_t i = b - b % 16;
+      if (i < b) {
+        auto const m = static_cast<__mmask16>(h::tail_mask16(e - i) & ~h::tail_mask16(b - i));
+        add(h::load16(xr + i, m), m);
+        i += 16;
+      }
+      for (; i + 16 <= e; i += 16) add(h::load16(xr + i, 0xffff), 0xffff);
+      if (i < e) add(h::load16(xr + i, h::tail_mask16(e - i)), h::tail_mask16(e - i));
+      nonfinite += save.end_group(xr, r, k, st);
+    }
+    nonfinite += save.row(xr, r);
+    float const rs = 1.0f / std::sqrt(std::fma(lane_total(acc), inv_cols, eps));
+    rstd[r] = rs;
+    __m512 const rv = _mm512_set1_ps(rs);
+    for (std::int64_t b = 0, k = 0; b < cols; b += g, ++k) {
+      std::int64_t const e = std::min(cols, b + g);
+      auto const codes = save.begin(r, k);
+      auto const step = [&](std::int64_t j, std::int64_t left)
+          __attribute__((always_inline, flatten)) {
+        h::step_values const v = h::load_step(xr + j, left);
+        h::step_values const wv = h::load_step_as<X>(w + j, left);
+        h::store_step_as<X>(yr + j, _mm512_mul_ps(_mm512_mul_ps(v.v0, rv), wv.v0),
+                            _mm512_mul_ps(_mm512_mul_ps(v.v1, rv), wv.v1), left);
+        codes.template step<X>(j, v.v0, v.v1, left);
+      };
+      for_each_step(b, e, step);
+    }
+  }
+  return nonfinite;
+}
+
+/// Residual-add rows with AVX-512, the saving of the sum by the policy S: each group's sums are
+/// written (in the sum's arrangement of a step) and folded, read back as stored, into the
+/// group's statistics; its codes follow from the L1 cache before the next group streams in.
+template <class S, class A, class B, class T>
+std::int64_t residual_rows(A const* a, B const* b, T* sum, std::int64_t rows, std::int64_t cols,
+                           S& save) {
+  namespace h = agoq::detail::host;
+  std::int64_t nonfinite = 0;
+  std::int64_t const g = save.width(cols);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    A const* ar = a + r * cols;
+    B const* br = b + r * cols;
+    T* sr = sum + r * cols;
+    for (std::int64_t c = 0, k = 0; c < cols; c += g, ++k) {
+      std::int64_t const e = std::min(cols, c + g);
+      auto st = save.stats();
+      auto const add = [&](std::int64_t j, std::int64_t left)
+          __attribute__((always_inline, flatten)) {
+        h::step_values const av = h::load_step_as<T>(ar + j, left);
+        h::step_values const bv = h::load_step_as<T>(br + j, left);
+        h::store_step(sr + j, _mm512_add_ps(av.v0, bv.v0), _mm512_add_ps(av.v1, bv.v1), left);
+        h::step_values const v = h::load_step(sr + j, left);
+        st.add(v.v0, v.m0);
+        st.add(v.v1, v.m1);
+      };
+      for_each_step(c, e, add);
+      nonfinite += save.end_group(sr, r, k, st);
+      auto const codes = save.begin(r, k);
+      auto const encode = [&](std::int64_t j, std::int64_t left)
+          __attribute__((always_inline, flatten)) {
+        h::step_values const v = h::load_step(sr + j, left);
+        codes.template step<T>(j, v.v0, v.v1, left);
+      };
+      for_each_step(c, e, encode);
+    }
+    nonfinite += save.row(sr, r);
+  }
+  return nonfinite + save.whole(sum);
+}
+
+#else
+
+/// RMSNorm rows with the portable loops, the saving of x by a row_saver.
+template <class S, class X, class W, class Y>
+std::int64_t rmsnorm_rows(X const* x, W const* w, float eps, Y* y, float* rstd, std::int64_t rows,
+                          std::int64_t cols, S& save) {
+  std::int64_t nonfinite = save.whole(x);
+  float const inv_cols = 1.0f / static_cast<float>(cols);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    X const* xr = x + r * cols;
+    // The sum of squares streams the row in from memory; the quantization then reads it hot.
+    float const ss = lane_sum(cols, [&](std::int64_t i) {
+      float const v = numeric::to_float(xr[i]);
+      return v * v;
+    });
+    nonfinite += save.row(xr, r);
+    float const rs = 1.0f / std::sqrt(ss * inv_cols + eps);
+    rstd[r] = rs;
+    Y* yr = y + r * cols;
+    for (std::int64_t i = 0; i < cols; ++i) {
+      yr[i] = numeric::from_float<Y>(numeric::to_float(xr[i]) * rs * numeric::to_float(w[i]));
+    }
+  }
+  return nonfinite;
+}
+
+/// Residual-add rows with the portable loops, the saving of the sum by a row_saver.
+template <class S, class A, class B, class T>
+std::int64_t residual_rows(A const* a, B const* b, T* sum, std::int64_t rows, std::int64_t cols,
+                           S& save) {
+  std::int64_t nonfinite = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    A const* ar = a + r * cols;
+    B const* br = b + r * cols;
+    T* sr = sum + r * cols;
+    for (std::int64_t i = 0; i < cols; ++i) {
+      sr[i] = numeric::from_float<T>(numeric::to_float(ar[i]) + numeric::to_float(br[i]));
+    }
+    nonfinite += save.row(sr, r);
+  }
+  return nonfinite + save.whole(sum);
+}
+
+#endif  // AGOQ_HOST_AVX512
+
+/// RMSNorm forward, saving x into *saved (nothing where saved is null).
 template <class X, class W, class Y>
-std::int64_t rmsnorm_forward(matrix_view<X> x, std::span<W> weight, float eps, matrix_view<Y> y,
-                             std::span<float> rstd, row_saver<std::remove_const_t<X>>& saver) {
+std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
+                             matrix_view<Y> y, std::span<float> rstd, quantized_view const* saved,
+                             quantize_options opt) {
   std::int64_t const rows = x.extent(0);
   std::int64_t const cols = x.extent(1);
   char const* what = "rmsnorm_forward";
@@ -341,28 +667,10 @@ std::int64_t rmsnorm_forward(matrix_view<X> x, std::span<W> weight, float eps, m
   check_overlap(bytes_of(rstd.data(), rows), bytes_of(y.data_handle(), y.size()), false, what);
   check_overlap(bytes_of(y.data_handle(), y.size()), bytes_of(weight.data(), cols), false, what);
   if (x.size() == 0) return 0;
-  auto const* xp = x.data_handle();
-  auto* yp = y.data_handle();
-  W const* w = weight.data();
-  using YT = std::remove_const_t<Y>;
-  std::int64_t nonfinite = saver.whole(xp);
-  float const inv_cols = 1.0f / static_cast<float>(cols);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    auto const* xr = xp + r * cols;
-    // The sum of squares streams the row in from memory; the quantization then reads it hot.
-    float const ss = lane_sum(cols, [&](std::int64_t i) {
-      float const v = numeric::to_float(xr[i]);
-      return v * v;
-    });
-    nonfinite += saver.row(xr, r);
-    float const rs = 1.0f / std::sqrt(ss * inv_cols + eps);
-    rstd[static_cast<std::size_t>(r)] = rs;
-    YT* yr = yp + r * cols;
-    for (std::int64_t i = 0; i < cols; ++i) {
-      yr[i] = numeric::from_float<YT>(numeric::to_float(xr[i]) * rs * numeric::to_float(w[i]));
-    }
-  }
-  return nonfinite;
+  return with_saver<std::remove_const_t<X>>(ex, saved, opt, [&](auto& save) {
+    return rmsnorm_rows(x.data_handle(), weight.data(), eps, y.data_handle(), rstd.data(), rows,
+                        cols, save);
+  });
 }
 
 template <class G, class U, class O>
@@ -427,9 +735,10 @@ std::int64_t gelu_forward(matrix_view<X> x, matrix_view<Y> y,
   return nonfinite;
 }
 
+/// Residual add, saving the sum into *saved (nothing where saved is null).
 template <class A, class B, class S>
-std::int64_t residual_add(matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum,
-                          row_saver<S>& saver) {
+std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum,
+                          quantized_view const* saved, quantize_options opt) {
   std::int64_t const rows = a.extent(0);
   std::int64_t const cols = a.extent(1);
   char const* what = "residual_add";
@@ -440,20 +749,9 @@ std::int64_t residual_add(matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum
   check_overlap(s, bytes_of(a.data_handle(), a.size()), true, what);
   check_overlap(s, bytes_of(b.data_handle(), b.size()), true, what);
   if (a.size() == 0) return 0;
-  auto const* ap = a.data_handle();
-  auto const* bp = b.data_handle();
-  S* sp = sum.data_handle();
-  std::int64_t nonfinite = 0;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    auto const* ar = ap + r * cols;
-    auto const* br = bp + r * cols;
-    S* sr = sp + r * cols;
-    for (std::int64_t i = 0; i < cols; ++i) {
-      sr[i] = numeric::from_float<S>(numeric::to_float(ar[i]) + numeric::to_float(br[i]));
-    }
-    nonfinite += saver.row(sr, r);
-  }
-  return nonfinite + saver.whole(sp);
+  return with_saver<S>(ex, saved, opt, [&](auto& save) {
+    return residual_rows(a.data_handle(), b.data_handle(), sum.data_handle(), rows, cols, save);
+  });
 }
 
 /// Counts the non-finite values of a gradient row.
@@ -476,10 +774,12 @@ concept fused_output = element_type<T> && !std::is_const_v<T>;
 
 /// RMSNorm forward, fused with saving its input: y = x * rstd * weight with
 /// rstd[t] = 1 / sqrt(mean_j x[t, j]^2 + eps), computed in fp32 (the sum of squares over 16
-/// lanes), and `saved_x` written with the quantized copy of x (scheme from its spec) bit-identical
-/// to agoq::quantize(ex, x, saved_x, opt). x, y: [tokens, hidden]; weight: [hidden]; rstd:
-/// [tokens] fp32 (kept for the backward). Returns the non-finite count of x (as agoq::quantize).
-/// y may be x itself. Host only; synchronous.
+/// lanes; the AVX-512 loops fuse each square into its lane's sum and the mean into + eps with
+/// fused multiply-adds, as GCC contracts the portable loop), and `saved_x` written with the
+/// quantized copy of x (scheme from its spec) bit-identical to agoq::quantize(ex, x, saved_x,
+/// opt). x, y: [tokens, hidden]; weight: [hidden]; rstd: [tokens] fp32 (kept for the backward).
+/// Returns the non-finite count of x (as agoq::quantize). y may be x itself. Host only;
+/// synchronous.
 /// \throws agoq::invalid_argument on mismatched extents, null pointers, an invalid spec, a negative
 /// or non-finite eps, or partially overlapping buffers.
 template <fused_input X, fused_input W, fused_output Y>
@@ -490,21 +790,19 @@ std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> we
                                    "rmsnorm_forward");
   fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), "rmsnorm_forward", "saved_x");
   fused_detail::check_vector(weight, x.extent(1), "rmsnorm_forward", "weight");
-  fused_detail::row_saver<std::remove_const_t<X>> saver(ex, saved_x, opt);
-  return fused_detail::rmsnorm_forward(x, weight, eps, y, rstd, saver);
+  return fused_detail::rmsnorm_forward(ex, x, weight, eps, y, rstd, &saved_x, opt);
 }
 
 /// The plain RMSNorm forward (no saved copy): the same arithmetic and output bits as the fused
 /// rmsnorm_forward. Returns 0. Host only; synchronous.
 /// \throws agoq::invalid_argument as the fused overload.
 template <fused_input X, fused_input W, fused_output Y>
-std::int64_t rmsnorm_forward(host_executor, matrix_view<X> x, std::span<W> weight, float eps,
+std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
                              matrix_view<Y> y, std::span<float> rstd) {
   fused_detail::check_rmsnorm_args(x, y, x.extent(1), static_cast<std::int64_t>(weight.size()), eps,
                                    "rmsnorm_forward");
   fused_detail::check_vector(weight, x.extent(1), "rmsnorm_forward", "weight");
-  fused_detail::row_saver<std::remove_const_t<X>> none;
-  return fused_detail::rmsnorm_forward(x, weight, eps, y, rstd, none);
+  return fused_detail::rmsnorm_forward(ex, x, weight, eps, y, rstd, nullptr, {});
 }
 
 /// RMSNorm backward from the quantized input: with x̂ the decoded saved_x (fp32, row by row) and
@@ -720,16 +1018,15 @@ template <fused_input A, fused_input B, fused_output S>
 std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum,
                           quantized_view saved_sum, quantize_options opt = {}) {
   fused_detail::check_saved(saved_sum, a.extent(0), a.extent(1), "residual_add", "saved_sum");
-  fused_detail::row_saver<S> saver(ex, saved_sum, opt);
-  return fused_detail::residual_add(a, b, sum, saver);
+  return fused_detail::residual_add(ex, a, b, sum, &saved_sum, opt);
 }
 
 /// The plain residual add (no saved copy), same output bits. Returns 0. Host only; synchronous.
 /// \throws agoq::invalid_argument as the fused overload.
 template <fused_input A, fused_input B, fused_output S>
-std::int64_t residual_add(host_executor, matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum) {
-  fused_detail::row_saver<S> none;
-  return fused_detail::residual_add(a, b, sum, none);
+std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b,
+                          matrix_view<S> sum) {
+  return fused_detail::residual_add(ex, a, b, sum, nullptr, {});
 }
 
 }  // namespace agoq::activation

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -185,6 +186,71 @@ inline segment_stats minmax_simd(T const* x, std::int64_t n) noexcept {
   return s;
 }
 
+/// The statistics of one group accumulated from float vectors that hold its elements widened
+/// from T (exact), in any order and lane by lane under a mask: the largest magnitude (codes
+/// without a zero point) or the minimum and maximum in the ordered-integer domain (codes with
+/// one), taken on the floats' bits as absmax_simd and minmax_simd take them on T's bits.
+/// Widening keeps the order of magnitudes and of ordered images and keeps NaN and ±Inf apart
+/// from finite values, so stats() equals stats_segment_simd of the group. The op loops use it to
+/// take a group's statistics from the registers of their own pass over the group.
+template <code_format Code>
+class value_stats {
+ public:
+  /// The accumulated statistics reduced to two words: the largest magnitude's bits (hi) or the
+  /// least and greatest ordered images (lo, hi).
+  struct reduced {
+    std::int32_t lo, hi;
+  };
+
+  /// Folds in the lanes of m of v.
+  [[gnu::always_inline]] void add(__m512 v, __mmask16 m) noexcept {
+    __m512i const b = _mm512_castps_si512(v);
+    if constexpr (Code::has_zero_point) {
+      // b ^ ((b >> 31) & 0x7fffffff), as ordered<float>.
+      __m512i const o = _mm512_ternarylogic_epi32(b, _mm512_srai_epi32(b, 31),
+                                                  _mm512_set1_epi32(0x7fffffff), 0x78);
+      lo_ = _mm512_mask_min_epi32(lo_, m, lo_, o);
+      hi_ = _mm512_mask_max_epi32(hi_, m, hi_, o);
+    } else {
+      hi_ = _mm512_mask_max_epu32(hi_, m, hi_, _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)));
+    }
+  }
+
+  reduced reduce() const noexcept {
+    if constexpr (Code::has_zero_point) {
+      return {_mm512_reduce_min_epi32(lo_), _mm512_reduce_max_epi32(hi_)};
+    } else {
+      return {0, static_cast<std::int32_t>(_mm512_reduce_max_epu32(hi_))};
+    }
+  }
+
+  /// stats_segment_simd of the group x[0, n) (n > 0) whose values gave r: from r where they are
+  /// all finite, else from the portable loop, which leaves NaN and ±Inf out and counts them.
+  template <element_type T>
+  static segment_stats stats(reduced r, T const* x, std::int64_t n) noexcept {
+    segment_stats s;
+    if constexpr (Code::has_zero_point) {
+      if (r.hi >= ordered<float>(0x7f800000u) || r.lo <= ordered<float>(0xff800000u)) {
+        return minmax_segment(x, n);
+      }
+      s.stats.min = numeric::bits_float(
+          static_cast<std::uint32_t>(ordered<float>(static_cast<std::uint32_t>(r.lo))));
+      s.stats.max = numeric::bits_float(
+          static_cast<std::uint32_t>(ordered<float>(static_cast<std::uint32_t>(r.hi))));
+    } else {
+      if (static_cast<std::uint32_t>(r.hi) >= 0x7f800000u) return absmax_segment(x, n);
+      s.stats.absmax = numeric::bits_float(static_cast<std::uint32_t>(r.hi));
+    }
+    s.any_finite = true;
+    return s;
+  }
+
+ private:
+  __m512i lo_ = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::max());
+  __m512i hi_ = Code::has_zero_point ? _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min())
+                                     : _mm512_setzero_si512();
+};
+
 /// How a step's 32 elements sit in its two vectors of 16 floats. bfloat16 splits into even and
 /// odd elements (one shift or mask of the loaded bits), float and half into the first and second
 /// 16. The code packing and the output narrowing follow the same split.
@@ -211,7 +277,7 @@ inline void step_masks(std::int64_t left, __mmask16& m0, __mmask16& m1) noexcept
 
 /// Loads a step (at most `left` elements; absent ones read as +0) widened to floats.
 template <class T>
-inline step_values load_step(T const* x, std::int64_t left) noexcept {
+[[gnu::always_inline]] inline step_values load_step(T const* x, std::int64_t left) noexcept {
   step_values s;
   step_masks<T>(left, s.m0, s.m1);
   if constexpr (std::is_same_v<T, float>) {
@@ -235,21 +301,49 @@ inline step_values load_step(T const* x, std::int64_t left) noexcept {
   return s;
 }
 
+/// Rearranges a step's two vectors from element order (v0: elements 0-15, v1: 16-31) to the
+/// arrangement of a step of A.
+template <class A>
+inline void arrange(__m512& v0, __m512& v1) noexcept {
+  if constexpr (interleaved<A>) {
+    __m512i const even =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    __m512 const e = _mm512_permutex2var_ps(v0, even, v1);
+    v1 = _mm512_permutex2var_ps(v0, _mm512_add_epi32(even, _mm512_set1_epi32(1)), v1);
+    v0 = e;
+  }
+}
+
+/// Rearranges a step's two vectors from the arrangement of a step of A to element order.
+template <class A>
+inline void unarrange(__m512& v0, __m512& v1) noexcept {
+  if constexpr (interleaved<A>) {
+    __m512i const low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    __m512 const first = _mm512_permutex2var_ps(v0, low, v1);
+    v1 = _mm512_permutex2var_ps(v0, _mm512_add_epi32(low, _mm512_set1_epi32(8)), v1);
+    v0 = first;
+  }
+}
+
+/// Loads a step of T (at most `left` elements; absent ones read as +0) widened to floats and
+/// arranged like a step of A (the op loops keep one arrangement for operands of mixed types).
+template <class A, class T>
+[[gnu::always_inline]] inline step_values load_step_as(T const* x, std::int64_t left) noexcept {
+  step_values s = load_step(x, left);
+  if constexpr (interleaved<A> != interleaved<T>) {
+    unarrange<T>(s.v0, s.v1);
+    arrange<A>(s.v0, s.v1);
+    step_masks<A>(left, s.m0, s.m1);
+  }
+  return s;
+}
+
 /// The float lanes of u[0, 32) arranged like a step of T.
 template <class T>
 inline void load_draws(float const* u, __m512& u0, __m512& u1) noexcept {
-  __m512 const a = _mm512_loadu_ps(u);
-  __m512 const b = _mm512_loadu_ps(u + 16);
-  if constexpr (interleaved<T>) {
-    __m512i const even =
-        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    __m512i const odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    u0 = _mm512_permutex2var_ps(a, even, b);
-    u1 = _mm512_permutex2var_ps(a, odd, b);
-  } else {
-    u0 = a;
-    u1 = b;
-  }
+  u0 = _mm512_loadu_ps(u);
+  u1 = _mm512_loadu_ps(u + 16);
+  arrange<T>(u0, u1);
 }
 
 /// Per-group constants of an encoder: the divisor and the clamp range of x / scale.
@@ -455,47 +549,67 @@ inline void store_codes(std::uint8_t* dst, __m512i c0, __m512i c1, std::int64_t 
   }
 }
 
+/// Writes the codes of the n elements of a group whose scale is 0 as `Width`-bit fields at dst:
+/// every code is that of zero (FP8: +0, whatever the zero point field holds).
+template <code_format Code, int Width>
+inline void encode_zero_scale(std::int64_t n, group_params p, std::uint8_t* dst) noexcept {
+  auto const z = static_cast<std::uint8_t>(is_fp8_code<Code> ? 0 : p.zero_point);
+  if constexpr (Width == 8) {
+    std::memset(dst, z, static_cast<std::size_t>(n));
+  } else {
+    std::memset(dst, z | (z << 4), static_cast<std::size_t>(n / 2));
+    if (n & 1) dst[n / 2] = z;
+  }
+}
+
+/// Encodes one step of a group whose scale is not 0: the values v0, v1 arranged like a step of A,
+/// the first `left` elements of which are written as `Width`-bit fields at dst. u: the step's
+/// draws in element order (stochastic rounding; `left` of them are read), else unused.
+template <code_format Code, rounding_kind Rounding, int Width, class A>
+[[gnu::always_inline, gnu::flatten]] inline void encode_step(encoder<Code> const& e, __m512 v0,
+                                                             __m512 v1, float const* u,
+                                                             std::int64_t left,
+                                                             std::uint8_t* dst) noexcept {
+  __m512i c0, c1;
+  if constexpr (Rounding == rounding_kind::stochastic) {
+    __m512 u0, u1;
+    if (left >= simd_step) {
+      load_draws<A>(u, u0, u1);
+    } else {
+      float tail[simd_step] = {};
+      std::memcpy(tail, u, static_cast<std::size_t>(left) * sizeof(float));
+      load_draws<A>(tail, u0, u1);
+    }
+    c0 = e.stochastic(v0, u0);
+    c1 = e.stochastic(v1, u1);
+  } else {
+    c0 = e.nearest(v0);
+    c1 = e.nearest(v1);
+  }
+  if (left < simd_step) {
+    __mmask16 m0, m1;
+    step_masks<A>(left, m0, m1);
+    c0 = _mm512_maskz_mov_epi32(m0, c0);
+    c1 = _mm512_maskz_mov_epi32(m1, c1);
+  }
+  store_codes<Width, Code::bits, A>(dst, c0, c1, left);
+}
+
 /// Encodes x[0, n) of one group into `Width`-bit fields at dst (numeric::encode_nearest or
 /// encode_stochastic per element; u[i] is element i's draw for stochastic rounding).
 template <code_format Code, rounding_kind Rounding, int Width, element_type T>
 inline void encode_simd(T const* x, std::int64_t n, group_params p, float const* u,
                         std::uint8_t* dst) noexcept {
   if (p.scale == 0.0f) {
-    // Every code is that of zero (FP8: +0, whatever the zero point field holds).
-    auto const z = static_cast<std::uint8_t>(is_fp8_code<Code> ? 0 : p.zero_point);
-    if constexpr (Width == 8) {
-      std::memset(dst, z, static_cast<std::size_t>(n));
-    } else {
-      std::memset(dst, z | (z << 4), static_cast<std::size_t>(n / 2));
-      if (n & 1) dst[n / 2] = z;
-    }
+    encode_zero_scale<Code, Width>(n, p, dst);
     return;
   }
   encoder<Code> const e(p);
   for (std::int64_t i = 0; i < n; i += simd_step) {
-    std::int64_t const left = n - i;
-    step_values const s = load_step(x + i, left);
-    __m512i c0, c1;
-    if constexpr (Rounding == rounding_kind::stochastic) {
-      __m512 u0, u1;
-      if (left >= simd_step) {
-        load_draws<T>(u + i, u0, u1);
-      } else {
-        float tail[simd_step] = {};
-        std::memcpy(tail, u + i, static_cast<std::size_t>(left) * sizeof(float));
-        load_draws<T>(tail, u0, u1);
-      }
-      c0 = e.stochastic(s.v0, u0);
-      c1 = e.stochastic(s.v1, u1);
-    } else {
-      c0 = e.nearest(s.v0);
-      c1 = e.nearest(s.v1);
-    }
-    if (left < simd_step) {
-      c0 = _mm512_maskz_mov_epi32(s.m0, c0);
-      c1 = _mm512_maskz_mov_epi32(s.m1, c1);
-    }
-    store_codes<Width, Code::bits, T>(dst + i * Width / 8, c0, c1, left);
+    step_values const s = load_step(x + i, n - i);
+    encode_step<Code, Rounding, Width, T>(e, s.v0, s.v1,
+                                          Rounding == rounding_kind::stochastic ? u + i : nullptr,
+                                          n - i, dst + i * Width / 8);
   }
 }
 
@@ -593,7 +707,8 @@ inline __m512i bf16_rounded_high(__m512 v) noexcept {
 
 /// Narrows a step's two float vectors to T (round half to even) and stores `left` elements.
 template <class T>
-inline void store_step(T* y, __m512 v0, __m512 v1, std::int64_t left) noexcept {
+[[gnu::always_inline]] inline void store_step(T* y, __m512 v0, __m512 v1,
+                                              std::int64_t left) noexcept {
   if constexpr (std::is_same_v<T, float>) {
     if (left >= simd_step) {
       _mm512_storeu_ps(y, v0);
@@ -617,6 +732,36 @@ inline void store_step(T* y, __m512 v0, __m512 v1, std::int64_t left) noexcept {
       _mm512_storeu_si512(y, w);
     } else {
       _mm512_mask_storeu_epi16(y, tail_mask32(left), w);
+    }
+  }
+}
+
+/// Stores a step's two float vectors, arranged like a step of A, as `left` elements of T.
+template <class A, class T>
+[[gnu::always_inline]] inline void store_step_as(T* y, __m512 v0, __m512 v1,
+                                                 std::int64_t left) noexcept {
+  if constexpr (interleaved<A> != interleaved<T>) {
+    unarrange<A>(v0, v1);
+    arrange<T>(v0, v1);
+  }
+  store_step(y, v0, v1, left);
+}
+
+/// The lanes of m of x[0, 16) widened to floats in element order (lane j: x[j]); the other
+/// lanes read as +0. A whole vector (m all ones) takes a plain load: a masked load is slow to
+/// miss the cache.
+template <element_type T>
+[[gnu::always_inline]] inline __m512 load16(T const* x, __mmask16 m) noexcept {
+  bool const whole = m == __mmask16(0xffff);
+  if constexpr (std::is_same_v<T, float>) {
+    return whole ? _mm512_loadu_ps(x) : _mm512_maskz_loadu_ps(m, x);
+  } else {
+    __m256i const w = whole ? _mm256_loadu_si256(reinterpret_cast<__m256i const*>(x))
+                            : _mm256_maskz_loadu_epi16(m, x);
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w), 16));
+    } else {
+      return _mm512_cvtph_ps(w);
     }
   }
 }

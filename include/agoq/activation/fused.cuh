@@ -1,0 +1,952 @@
+/// \file
+/// The CUDA executor's fused producer/consumer ops (the twins of fused.hpp's): RMSNorm, SwiGLU,
+/// GeLU (tanh approximation) and the residual add, stream-ordered on a cuda_executor, every
+/// tensor in device memory. Needs nvcc.
+///
+/// Saved copies: for per-group schemes with G in {32, 64, 128, 256} the forward kernel quantizes
+/// the saved tensor from the registers it loaded for the op (G / 8 lanes per group, the building
+/// blocks of device/epilogue.cuh), so the tensor is read once; for every other grouping the op
+/// runs plain and the saved tensor is quantized by quantize_async's kernels in a second pass.
+/// Either way the codes, scales and zero points equal agoq::quantize's bit for bit (the same
+/// numeric/codec.hpp math at the same stream positions).
+///
+/// Outputs: every fp32 step is written as the explicit operation the CPU executor performs
+/// (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn, and __fmaf_rn exactly where the CPU executor
+/// multiplies-adds: its AVX-512 loops' explicit fused multiply-adds and g++'s contraction of the
+/// portable expressions under -march with FMA), so nvcc contracts nothing on its own and the
+/// results equal the CPU executor's bit for bit: RMSNorm (y, rstd, dx, dweight; the sums of
+/// squares and of w·dy·x̂ run as 16 lanes, lane j taking the elements j mod 16 in order, combined
+/// by the same pairwise tree) and the residual add. SwiGLU and GeLU go through e^x: the device's
+/// expf (at most 2 ulp from e^x) is not glibc's expf (at most about 0.5 ulp), so their outputs
+/// may differ from the CPU executor's in the last bits of fp32, bounded in docs/activations.md.
+///
+/// Element types float, bfloat16 and half for every operand. Host functions validate (extents,
+/// null or pageable host pointers, specs, eps, overlaps: agoq::invalid_argument, as the CPU ops)
+/// and enqueue; they do not synchronize. An optional `nonfinite` points to one device-accessible
+/// std::int64_t that receives the op's count (the CPU op's return value) in stream order.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+#include <cuda_runtime_api.h>
+
+#include "../quantize.cuh"
+#include "fused.hpp"
+
+namespace agoq::activation {
+
+namespace fused_gpu {
+
+using agoq::detail::gpu::add_warp_count;
+using agoq::detail::gpu::run;
+
+/// Threads of the row kernels (RMSNorm): one block per row, each thread a run of 8 columns of
+/// each chunk of 2048.
+inline constexpr int row_threads = 256;
+inline constexpr std::int64_t chunk = std::int64_t{row_threads} * run;
+/// The 16 lanes of the CPU executor's sums (fused_detail::lane_sum).
+inline constexpr int sum_lanes = 16;
+
+/// 1 / (1 + e^-g) with the device's expf (see the file comment).
+__device__ inline float sigmoid(float g) noexcept {
+  return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
+}
+
+/// z' = 2 sqrt(2/pi) (v + c v^3) as the CPU executor evaluates it: (2k) (fma(c v v, v, v)).
+__device__ inline float gelu_arg(float v) noexcept {
+  constexpr float two_k = 2.0f * fused_detail::gelu_k;  // exact
+  return __fmul_rn(two_k, __fmaf_rn(__fmul_rn(__fmul_rn(fused_detail::gelu_c, v), v), v, v));
+}
+
+/// No saved copy in the kernel (the plain op, or a grouping saved by a second pass).
+struct no_save {
+  static constexpr int lanes = 1;
+  __device__ int operator()(std::int64_t, std::int64_t, int, std::int64_t, unsigned,
+                            float const (&)[run]) const noexcept {
+    return 0;
+  }
+};
+
+/// The saved copy of a per-group scheme with G = Lanes * 8, from the lanes holding a group.
+template <class Code, class Rounding, int Lanes>
+struct lane_save {
+  static constexpr int lanes = Lanes;
+  quantized_view out;
+  std::uint64_t seed;
+  std::uint64_t offset;
+  __device__ int operator()(std::int64_t row, std::int64_t col, int count, std::int64_t group,
+                            unsigned lane, float const (&v)[run]) const noexcept {
+    return device::quantize_group_lanes<Code, Rounding, Lanes>(out, row, col, count, group, lane, v,
+                                                               seed, offset);
+  }
+};
+
+/// Calls f(run, group, lane) for every thread's run of a [rows, cols] tensor: with Lanes lanes per
+/// group of Lanes * 8 columns when Lanes > 1 (every lane of a warp calls f together), else one
+/// run of 8 per thread. 64-bit.
+template <int Lanes, class F>
+__device__ inline void for_each_run(std::int64_t rows, std::int64_t cols, F&& f) {
+  if constexpr (Lanes > 1) {
+    constexpr std::int64_t g = std::int64_t{Lanes} * run;
+    std::int64_t const threads = rows * ((cols + g - 1) / g) * Lanes;
+    agoq::detail::gpu::block_uniform_loop(threads, [&](std::int64_t t) {
+      std::int64_t group = 0;
+      device::element_run const r = device::group_lane_run(t, g, rows, cols, group);
+      f(r, group, static_cast<unsigned>(t % Lanes));
+    });
+  } else {
+    std::int64_t const units = device::unit_count(rows, cols);
+    agoq::detail::gpu::block_uniform_loop(
+        units, [&](std::int64_t u) { f(device::unit_run(u, rows, cols), std::int64_t{0}, 0u); });
+  }
+}
+
+/// Decodes the run r of a saved tensor (any grouping) as Code; returns the values decoded under a
+/// non-finite stored scale.
+template <class Code>
+__device__ inline int decode_run_as(const_quantized_view const& in, quantized_layout const& l,
+                                    device::element_run const& r, float (&v)[run]) noexcept {
+  int bad = 0;
+  std::uint8_t q[run];
+  device::unpack_fragment<Code::bits>(
+      agoq::detail::gpu::load_codes<Code::bits>(
+          in.codes + r.row * l.code_row_bytes + r.col * Code::bits / 8, r.count),
+      q);
+  agoq::detail::gpu::params_cursor<const_quantized_view> groups(in, l, r);
+#pragma unroll
+  for (int i = 0; i < run; ++i) {
+    v[i] = 0.0f;
+    if (i >= r.count) continue;
+    group_params const& p = groups.at(r.col + i);
+    v[i] = decode<Code>(q[i], p);
+    if (!numeric::is_finite(p.scale)) ++bad;
+  }
+  return bad;
+}
+
+/// decode_run_as for the code of the view's spec (a uniform branch; one kernel for all codes).
+__device__ inline int decode_run(const_quantized_view const& in, quantized_layout const& l,
+                                 device::element_run const& r, float (&v)[run]) noexcept {
+  if (r.count <= 0) {
+#pragma unroll
+    for (int i = 0; i < run; ++i) v[i] = 0.0f;
+    return 0;
+  }
+  switch (in.spec.code) {
+    case code_kind::int_sym:
+      return l.bits == 2   ? decode_run_as<int_sym<2>>(in, l, r, v)
+             : l.bits == 4 ? decode_run_as<int_sym<4>>(in, l, r, v)
+                           : decode_run_as<int_sym<8>>(in, l, r, v);
+    case code_kind::uint_asym:
+      return l.bits == 2   ? decode_run_as<uint_asym<2>>(in, l, r, v)
+             : l.bits == 4 ? decode_run_as<uint_asym<4>>(in, l, r, v)
+                           : decode_run_as<uint_asym<8>>(in, l, r, v);
+    case code_kind::fp8_e4m3:
+      return decode_run_as<fp8_e4m3>(in, l, r, v);
+    default:
+      return decode_run_as<fp8_e5m2>(in, l, r, v);
+  }
+}
+
+/// Counts the non-finite values of v[0, count).
+__device__ inline int count_nonfinite(float const (&v)[run], int count) noexcept {
+  int c = 0;
+#pragma unroll
+  for (int i = 0; i < run; ++i) c += (i < count && !numeric::is_finite(v[i])) ? 1 : 0;
+  return c;
+}
+
+/// The 16-lane sum of the CPU executor: lane j (threads 0..15 of the block's first warp) folds
+/// term(i) for i = j, j + 16, ... in order with fma(a_i, b_i, acc) (term returns a_i, b_i), then
+/// the pairwise tree j += j + 8, 4, 2, 1. The result is in thread 0. Called by the whole first
+/// warp.
+template <class F>
+__device__ inline float lane_sum(std::int64_t n, F&& term) {
+  float acc = 0.0f;
+  unsigned const j = threadIdx.x;
+  if (j < sum_lanes) {
+    std::int64_t i = j;
+    // Four terms' loads in flight per step; the fma chain keeps its order.
+    for (; i + 3 * sum_lanes < n; i += 4 * sum_lanes) {
+      float a[4], b[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) term(i + k * sum_lanes, a[k], b[k]);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc = __fmaf_rn(a[k], b[k], acc);
+    }
+    for (; i < n; i += sum_lanes) {
+      float a, b;
+      term(i, a, b);
+      acc = __fmaf_rn(a, b, acc);
+    }
+  }
+#pragma unroll
+  for (int w = sum_lanes / 2; w > 0; w /= 2) {
+    acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, w));
+  }
+  return acc;
+}
+
+/// The rows' buffers of a row kernel: dynamic shared memory when `shared`, else `scratch` (one
+/// slice of `floats` per block).
+__device__ inline float* row_buffer(bool shared, float* scratch, std::int64_t floats) noexcept {
+  extern __shared__ float smem[];
+  return shared ? smem : scratch + static_cast<std::int64_t>(blockIdx.x) * floats;
+}
+
+/// RMSNorm forward: one block per row (grid-stride). The row is loaded once into the block's
+/// buffer (and, with Save, quantized from the registers), the first warp's 16 lanes make the sum
+/// of squares, then the row is scaled from the buffer.
+template <class X, class W, class Y, class Save>
+AGOQ_KERNEL void rmsnorm_forward_kernel(X const* x, W const* w, float eps, Y* y, float* rstd,
+                                        std::int64_t rows, std::int64_t cols, bool shared,
+                                        float* scratch, Save save, unsigned long long* nonfinite) {
+  float* buf = row_buffer(shared, scratch, cols);
+  __shared__ float rs_shared;
+  float const inv_cols = __fdiv_rn(1.0f, static_cast<float>(cols));
+  std::int64_t const group_grid_cols =
+      (cols + std::int64_t{Save::lanes} * run - 1) / (std::int64_t{Save::lanes} * run);
+  unsigned long long bad = 0;
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    X const* xr = x + r * cols;
+    for (std::int64_t base = 0; base < cols; base += chunk) {
+      std::int64_t const c = base + std::int64_t{threadIdx.x} * run;
+      int const count = static_cast<int>(c >= cols ? 0 : cols - c < run ? cols - c : run);
+      float v[run] = {};
+      if (count > 0) agoq::detail::gpu::load_run(xr + c, count, v);
+#pragma unroll
+      for (int i = 0; i < run; ++i) {
+        if (i < count) buf[c + i] = v[i];
+      }
+      bad += static_cast<unsigned long long>(
+          save(r, c, count, r * group_grid_cols + c / (std::int64_t{Save::lanes} * run),
+               threadIdx.x % Save::lanes, v));
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      float const ss = lane_sum(cols, [&](std::int64_t i, float& a, float& b) {
+        a = buf[i];
+        b = a;
+      });
+      if (threadIdx.x == 0) {
+        float const rs = __fdiv_rn(1.0f, __fsqrt_rn(__fmaf_rn(ss, inv_cols, eps)));
+        rstd[r] = rs;
+        rs_shared = rs;
+      }
+    }
+    __syncthreads();
+    float const rs = rs_shared;
+    Y* yr = y + r * cols;
+    for (std::int64_t base = 0; base < cols; base += chunk) {
+      std::int64_t const c = base + std::int64_t{threadIdx.x} * run;
+      if (c >= cols) continue;
+      int const count = static_cast<int>(cols - c < run ? cols - c : run);
+      float wv[run];
+      agoq::detail::gpu::load_run(w + c, count, wv);
+      float o[run];
+#pragma unroll
+      for (int i = 0; i < run; ++i)
+        o[i] = __fmul_rn(__fmul_rn(buf[c + i < cols ? c + i : c], rs), wv[i]);
+      agoq::detail::gpu::store_run(yr + c, count, o);
+    }
+    __syncthreads();  // the buffer is refilled by the next row
+  }
+  add_warp_count(nonfinite, bad);
+}
+
+/// RMSNorm backward, dx: one block per row. The buffer holds x̂ and dy of the row (2 cols floats).
+template <class DY, class W, class DX>
+AGOQ_KERNEL void rmsnorm_backward_kernel(DY const* dy, const_quantized_view saved,
+                                         quantized_layout l, float const* rstd, W const* w, DX* dx,
+                                         bool shared, float* scratch,
+                                         unsigned long long* nonfinite) {
+  std::int64_t const rows = l.rows, cols = l.cols;
+  float* buf = row_buffer(shared, scratch, 2 * cols);
+  float* xh = buf;
+  float* dv = buf + cols;
+  float const inv_cols = __fdiv_rn(1.0f, static_cast<float>(cols));
+  __shared__ float k_shared;
+  unsigned long long bad = 0;
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    for (std::int64_t base = 0; base < cols; base += chunk) {
+      std::int64_t const c = base + std::int64_t{threadIdx.x} * run;
+      if (c >= cols) continue;
+      device::element_run const er{r, c, static_cast<int>(cols - c < run ? cols - c : run)};
+      float v[run], d[run];
+      bad += static_cast<unsigned long long>(decode_run(saved, l, er, v));
+      agoq::detail::gpu::load_run(dy + r * cols + c, er.count, d);
+      bad += static_cast<unsigned long long>(count_nonfinite(d, er.count));
+#pragma unroll
+      for (int i = 0; i < run; ++i) {
+        if (i < er.count) {
+          xh[c + i] = v[i];
+          dv[c + i] = d[i];
+        }
+      }
+    }
+    __syncthreads();
+    float const rs = rstd[r];
+    if (threadIdx.x < 32) {
+      float const s = lane_sum(cols, [&](std::int64_t i, float& a, float& b) {
+        a = __fmul_rn(numeric::to_float(w[i]), dv[i]);
+        b = xh[i];
+      });
+      if (threadIdx.x == 0) k_shared = __fmul_rn(__fmul_rn(rs, rs), __fmul_rn(s, inv_cols));
+    }
+    __syncthreads();
+    float const k = k_shared;
+    DX* dxr = dx + r * cols;
+    for (std::int64_t base = 0; base < cols; base += chunk) {
+      std::int64_t const c = base + std::int64_t{threadIdx.x} * run;
+      if (c >= cols) continue;
+      int const count = static_cast<int>(cols - c < run ? cols - c : run);
+      float wv[run];
+      agoq::detail::gpu::load_run(w + c, count, wv);
+      float o[run];
+#pragma unroll
+      for (int i = 0; i < run; ++i) {
+        std::int64_t const j = c + i < cols ? c + i : c;
+        o[i] = __fmul_rn(rs, __fmaf_rn(wv[i], dv[j], -__fmul_rn(xh[j], k)));
+      }
+      agoq::detail::gpu::store_run(dxr + c, count, o);
+    }
+    __syncthreads();
+  }
+  add_warp_count(nonfinite, bad);
+}
+
+/// RMSNorm backward, dweight: one thread per run of 8 columns folds the rows in order,
+/// dweight_i = fma(dy_i x̂_i, rstd, dweight_i), as the CPU executor does.
+template <class DY>
+AGOQ_KERNEL void rmsnorm_dweight_kernel(DY const* dy, const_quantized_view saved,
+                                        quantized_layout l, float const* rstd, float* dweight) {
+  std::int64_t const rows = l.rows, cols = l.cols;
+  std::int64_t const units = device::unit_count(1, cols);
+  for (std::int64_t u = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < units;
+       u += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    device::element_run const first = device::unit_run(u, 1, cols);
+    float acc[run];
+    agoq::detail::gpu::load_run(dweight + first.col, first.count, acc);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      device::element_run const er{r, first.col, first.count};
+      float v[run], d[run];
+      decode_run(saved, l, er, v);
+      agoq::detail::gpu::load_run(dy + r * cols + er.col, er.count, d);
+      float const rs = rstd[r];
+#pragma unroll
+      for (int i = 0; i < run; ++i) acc[i] = __fmaf_rn(__fmul_rn(d[i], v[i]), rs, acc[i]);
+    }
+    agoq::detail::gpu::store_run(dweight + first.col, first.count, acc);
+  }
+}
+
+/// SwiGLU forward: out = (g sigmoid(g)) u; saves gate and up through sg, su.
+template <class G, class U, class O, class Save>
+AGOQ_KERNEL void swiglu_forward_kernel(G const* gate, U const* up, O* out, std::int64_t rows,
+                                       std::int64_t cols, Save sg, Save su,
+                                       unsigned long long* nonfinite) {
+  unsigned long long bad = 0;
+  for_each_run<Save::lanes>(
+      rows, cols, [&](device::element_run const& r, std::int64_t group, unsigned lane) {
+        float g[run] = {}, u[run] = {};
+        std::int64_t const at = r.row * cols + r.col;
+        if (r.count > 0) {
+          agoq::detail::gpu::load_run(gate + at, r.count, g);
+          agoq::detail::gpu::load_run(up + at, r.count, u);
+        }
+        bad += static_cast<unsigned long long>(sg(r.row, r.col, r.count, group, lane, g));
+        bad += static_cast<unsigned long long>(su(r.row, r.col, r.count, group, lane, u));
+        if (r.count > 0) {
+          float o[run];
+#pragma unroll
+          for (int i = 0; i < run; ++i) o[i] = __fmul_rn(__fmul_rn(g[i], sigmoid(g[i])), u[i]);
+          agoq::detail::gpu::store_run(out + at, r.count, o);
+        }
+      });
+  add_warp_count(nonfinite, bad);
+}
+
+/// SwiGLU backward from the decoded saved gate and up.
+template <class D, class DG, class DU>
+AGOQ_KERNEL void swiglu_backward_kernel(D const* dout, const_quantized_view sg, quantized_layout lg,
+                                        const_quantized_view su, quantized_layout lu, DG* dgate,
+                                        DU* dup, unsigned long long* nonfinite) {
+  unsigned long long bad = 0;
+  for_each_run<1>(lg.rows, lg.cols, [&](device::element_run const& r, std::int64_t, unsigned) {
+    if (r.count == 0) return;
+    float g[run], u[run], d[run];
+    bad += static_cast<unsigned long long>(decode_run(sg, lg, r, g));
+    bad += static_cast<unsigned long long>(decode_run(su, lu, r, u));
+    std::int64_t const at = r.row * lg.cols + r.col;
+    agoq::detail::gpu::load_run(dout + at, r.count, d);
+    bad += static_cast<unsigned long long>(count_nonfinite(d, r.count));
+    float og[run], ou[run];
+#pragma unroll
+    for (int i = 0; i < run; ++i) {
+      float const s = sigmoid(g[i]);
+      ou[i] = __fmul_rn(d[i], __fmul_rn(g[i], s));
+      float const t = __fmul_rn(s, __fmaf_rn(g[i], __fsub_rn(1.0f, s), 1.0f));
+      og[i] = __fmul_rn(__fmul_rn(d[i], u[i]), t);
+    }
+    agoq::detail::gpu::store_run(dup + at, r.count, ou);
+    agoq::detail::gpu::store_run(dgate + at, r.count, og);
+  });
+  add_warp_count(nonfinite, bad);
+}
+
+/// GeLU forward: y = x sigmoid(2z); saves x through save.
+template <class X, class Y, class Save>
+AGOQ_KERNEL void gelu_forward_kernel(X const* x, Y* y, std::int64_t rows, std::int64_t cols,
+                                     Save save, unsigned long long* nonfinite) {
+  unsigned long long bad = 0;
+  for_each_run<Save::lanes>(
+      rows, cols, [&](device::element_run const& r, std::int64_t group, unsigned lane) {
+        float v[run] = {};
+        std::int64_t const at = r.row * cols + r.col;
+        if (r.count > 0) agoq::detail::gpu::load_run(x + at, r.count, v);
+        bad += static_cast<unsigned long long>(save(r.row, r.col, r.count, group, lane, v));
+        if (r.count > 0) {
+          float o[run];
+#pragma unroll
+          for (int i = 0; i < run; ++i) o[i] = __fmul_rn(v[i], sigmoid(gelu_arg(v[i])));
+          agoq::detail::gpu::store_run(y + at, r.count, o);
+        }
+      });
+  add_warp_count(nonfinite, bad);
+}
+
+/// GeLU backward from the decoded saved input:
+/// dx = dy fma(((2v) (s (1 - s))) k, fma(3c v, v, 1), s).
+template <class DY, class DX>
+AGOQ_KERNEL void gelu_backward_kernel(DY const* dy, const_quantized_view saved, quantized_layout l,
+                                      DX* dx, unsigned long long* nonfinite) {
+  constexpr float k = fused_detail::gelu_k;
+  constexpr float c3 = 3.0f * fused_detail::gelu_c;
+  unsigned long long bad = 0;
+  for_each_run<1>(l.rows, l.cols, [&](device::element_run const& r, std::int64_t, unsigned) {
+    if (r.count == 0) return;
+    float v[run], d[run];
+    bad += static_cast<unsigned long long>(decode_run(saved, l, r, v));
+    std::int64_t const at = r.row * l.cols + r.col;
+    agoq::detail::gpu::load_run(dy + at, r.count, d);
+    bad += static_cast<unsigned long long>(count_nonfinite(d, r.count));
+    float o[run];
+#pragma unroll
+    for (int i = 0; i < run; ++i) {
+      float const s = sigmoid(gelu_arg(v[i]));
+      float const a =
+          __fmul_rn(__fmul_rn(__fmul_rn(2.0f, v[i]), __fmul_rn(s, __fsub_rn(1.0f, s))), k);
+      float const dg = __fmaf_rn(a, __fmaf_rn(__fmul_rn(c3, v[i]), v[i], 1.0f), s);
+      o[i] = __fmul_rn(d[i], dg);
+    }
+    agoq::detail::gpu::store_run(dx + at, r.count, o);
+  });
+  add_warp_count(nonfinite, bad);
+}
+
+/// Residual add: sum = a + b rounded to S; saves the stored sum through save.
+template <class A, class B, class S, class Save>
+AGOQ_KERNEL void residual_add_kernel(A const* a, B const* b, S* sum, std::int64_t rows,
+                                     std::int64_t cols, Save save, unsigned long long* nonfinite) {
+  unsigned long long bad = 0;
+  for_each_run<Save::lanes>(
+      rows, cols, [&](device::element_run const& r, std::int64_t group, unsigned lane) {
+        float s[run] = {};
+        std::int64_t const at = r.row * cols + r.col;
+        if (r.count > 0) {
+          float av[run], bv[run];
+          agoq::detail::gpu::load_run(a + at, r.count, av);
+          agoq::detail::gpu::load_run(b + at, r.count, bv);
+#pragma unroll
+          for (int i = 0; i < run; ++i) {
+            // The saved copy quantizes the sum as stored (rounded to S), as the CPU op does.
+            s[i] = i < r.count ? numeric::to_float(numeric::from_float<S>(__fadd_rn(av[i], bv[i])))
+                               : 0.0f;
+          }
+          agoq::detail::gpu::store_run(sum + at, r.count, s);
+        }
+        bad += static_cast<unsigned long long>(save(r.row, r.col, r.count, group, lane, s));
+      });
+  add_warp_count(nonfinite, bad);
+}
+
+// ---- host side ----
+
+/// Lanes per group of the in-kernel saving for a per-group spec with G in {32, 64, 128, 256}; 0
+/// for every other grouping (saved by a second pass).
+inline int save_lanes(spec const& s) {
+  return agoq::detail::gpu::one_pass(s) ? static_cast<int>(s.group_cols / run) : 0;
+}
+
+/// Calls launch(saver) with a lane_save for `v` (one-pass groupings) or with no_save.
+template <class F>
+void with_lane_save(quantized_view const* v, quantize_options opt, F&& launch) {
+  if (v == nullptr || save_lanes(v->spec) == 0) {
+    launch(no_save{});
+    return;
+  }
+  dispatch_code(v->spec, [&](auto code) {
+    dispatch_rounding(v->spec, [&](auto rounding) {
+      using C = decltype(code);
+      using R = decltype(rounding);
+      switch (save_lanes(v->spec)) {
+        case 4:
+          launch(lane_save<C, R, 4>{*v, opt.seed, opt.offset});
+          break;
+        case 8:
+          launch(lane_save<C, R, 8>{*v, opt.seed, opt.offset});
+          break;
+        case 16:
+          launch(lane_save<C, R, 16>{*v, opt.seed, opt.offset});
+          break;
+        default:
+          launch(lane_save<C, R, 32>{*v, opt.seed, opt.offset});
+          break;
+      }
+    });
+  });
+}
+
+/// The second-pass save of a grouping the kernels do not save in place (adds to the count).
+template <class T>
+void save_second_pass(T const* x, quantized_view const* v, quantize_options opt,
+                      unsigned long long* count, cudaStream_t stream) {
+  if (v == nullptr || save_lanes(v->spec) != 0) return;
+  dispatch_code(v->spec, [&](auto code) {
+    dispatch_rounding(v->spec, [&](auto rounding) {
+      agoq::detail::gpu::launch_quantize<decltype(code), decltype(rounding)>(x, *v, opt, count,
+                                                                             stream);
+    });
+  });
+}
+
+inline unsigned long long* start_count(std::int64_t* nonfinite, cudaStream_t stream) {
+  auto* count = reinterpret_cast<unsigned long long*>(nonfinite);
+  if (count != nullptr) AGOQ_CUDA_TRY(cudaMemsetAsync(count, 0, sizeof(*count), stream));
+  return count;
+}
+
+template <class T>
+void check_device(T const* p, char const* what) {
+  agoq::detail::gpu::check_device_pointer(static_cast<void const*>(p), what);
+}
+
+/// The launch shape of a row kernel: grid, dynamic shared bytes, and a stream-ordered scratch
+/// buffer (grid slices of `floats`) when the row buffer exceeds the 48 KiB of shared memory.
+struct row_launch {
+  unsigned grid = 1;
+  std::size_t shared_bytes = 0;
+  float* scratch = nullptr;
+};
+
+inline row_launch make_row_launch(std::int64_t rows, std::int64_t floats, cudaStream_t stream) {
+  device::launch_policy const pol = agoq::detail::gpu::current_policy();
+  row_launch rl;
+  std::int64_t const bytes = floats * static_cast<std::int64_t>(sizeof(float));
+  // 48 KiB of shared memory without opting in, less the kernels' few static bytes.
+  if (bytes <= 48 * 1024 - 256) {
+    rl.grid = agoq::detail::gpu::grid_for(rows * row_threads, pol);
+    rl.shared_bytes = static_cast<std::size_t>(bytes);
+  } else {
+    // Long rows: a global buffer per block, fewer blocks (two per SM) to bound its size.
+    rl.grid = agoq::detail::gpu::grid_for(rows * row_threads, {row_threads, 2});
+    AGOQ_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&rl.scratch),
+                                  static_cast<std::size_t>(bytes) * rl.grid, stream));
+  }
+  return rl;
+}
+
+inline void end_row_launch(row_launch const& rl, cudaStream_t stream) {
+  AGOQ_CUDA_TRY(cudaGetLastError());
+  if (rl.scratch != nullptr) AGOQ_CUDA_TRY(cudaFreeAsync(rl.scratch, stream));
+}
+
+template <class X, class W, class Y>
+void rmsnorm_forward(cuda_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
+                     matrix_view<Y> y, std::span<float> rstd, quantized_view const* saved,
+                     quantize_options opt, std::int64_t* nonfinite) {
+  using namespace fused_detail;
+  std::int64_t const rows = x.extent(0);
+  std::int64_t const cols = x.extent(1);
+  char const* what = "rmsnorm_forward_async";
+  check_vector(rstd, rows, what, "rstd");
+  check_overlap(bytes_of(y.data_handle(), y.size()), bytes_of(x.data_handle(), x.size()), true,
+                what);
+  check_overlap(bytes_of(rstd.data(), rows), bytes_of(x.data_handle(), x.size()), false, what);
+  check_overlap(bytes_of(rstd.data(), rows), bytes_of(y.data_handle(), y.size()), false, what);
+  check_overlap(bytes_of(y.data_handle(), y.size()), bytes_of(weight.data(), cols), false, what);
+  cudaStream_t const stream = ex.stream.get();
+  unsigned long long* count = saved ? start_count(nonfinite, stream) : nullptr;
+  if (x.size() == 0) return;
+  check_device(x.data_handle(), what);
+  check_device(y.data_handle(), what);
+  check_device(weight.data(), what);
+  check_device(rstd.data(), what);
+  if (saved) agoq::detail::gpu::check_device_view(*saved, what);
+  using XT = std::remove_const_t<X>;
+  using WT = std::remove_const_t<W>;
+  using YT = std::remove_const_t<Y>;
+  // A spanning grouping is quantized first: y may overwrite x.
+  save_second_pass(static_cast<XT const*>(x.data_handle()), saved, opt, count, stream);
+  row_launch const rl = make_row_launch(rows, cols, stream);
+  with_lane_save(saved, opt, [&](auto save) {
+    rmsnorm_forward_kernel<XT, WT, YT><<<rl.grid, row_threads, rl.shared_bytes, stream>>>(
+        x.data_handle(), static_cast<WT const*>(weight.data()), eps, y.data_handle(), rstd.data(),
+        rows, cols, rl.scratch == nullptr, rl.scratch, save, count);
+  });
+  end_row_launch(rl, stream);
+}
+
+template <class X, class Y>
+void gelu_forward(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y, quantized_view const* saved,
+                  quantize_options opt, std::int64_t* nonfinite) {
+  using namespace fused_detail;
+  std::int64_t const rows = x.extent(0);
+  std::int64_t const cols = x.extent(1);
+  char const* what = "gelu_forward_async";
+  check_matrix(x, rows, cols, what, "x");
+  check_matrix(y, rows, cols, what, "y");
+  check_overlap(bytes_of(y.data_handle(), y.size()), bytes_of(x.data_handle(), x.size()), true,
+                what);
+  cudaStream_t const stream = ex.stream.get();
+  unsigned long long* count = saved ? start_count(nonfinite, stream) : nullptr;
+  if (x.size() == 0) return;
+  check_device(x.data_handle(), what);
+  check_device(y.data_handle(), what);
+  if (saved) agoq::detail::gpu::check_device_view(*saved, what);
+  using XT = std::remove_const_t<X>;
+  using YT = std::remove_const_t<Y>;
+  save_second_pass(static_cast<XT const*>(x.data_handle()), saved, opt, count, stream);
+  device::launch_policy const pol = agoq::detail::gpu::current_policy();
+  with_lane_save(saved, opt, [&](auto save) {
+    gelu_forward_kernel<XT, YT>
+        <<<agoq::detail::gpu::grid_for(device::unit_count(rows, cols), pol), pol.block_threads, 0,
+           stream>>>(x.data_handle(), y.data_handle(), rows, cols, save, count);
+  });
+  AGOQ_CUDA_TRY(cudaGetLastError());
+}
+
+template <class G, class U, class O>
+void swiglu_forward(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, matrix_view<O> out,
+                    quantized_view const* saved_gate, quantized_view const* saved_up,
+                    quantize_options opt, std::int64_t* nonfinite) {
+  using namespace fused_detail;
+  std::int64_t const rows = gate.extent(0);
+  std::int64_t const cols = gate.extent(1);
+  char const* what = "swiglu_forward_async";
+  check_matrix(gate, rows, cols, what, "gate");
+  check_matrix(up, rows, cols, what, "up");
+  check_matrix(out, rows, cols, what, "out");
+  auto const o = bytes_of(out.data_handle(), out.size());
+  check_overlap(o, bytes_of(gate.data_handle(), gate.size()), true, what);
+  check_overlap(o, bytes_of(up.data_handle(), up.size()), true, what);
+  cudaStream_t const stream = ex.stream.get();
+  unsigned long long* count = saved_gate ? start_count(nonfinite, stream) : nullptr;
+  if (gate.size() == 0) return;
+  check_device(gate.data_handle(), what);
+  check_device(up.data_handle(), what);
+  check_device(out.data_handle(), what);
+  using GT = std::remove_const_t<G>;
+  using UT = std::remove_const_t<U>;
+  using OT = std::remove_const_t<O>;
+  quantize_options const up_opt{opt.seed, opt.offset + static_cast<std::uint64_t>(rows * cols)};
+  device::launch_policy const pol = agoq::detail::gpu::current_policy();
+  unsigned const grid = agoq::detail::gpu::grid_for(device::unit_count(rows, cols), pol);
+  // In-kernel saving of both needs one code, rounding and group size (the usual case: one
+  // scheme from the policy); otherwise the op runs plain after second-pass saves.
+  bool const together = saved_gate != nullptr && save_lanes(saved_gate->spec) != 0 &&
+                        saved_gate->spec.code == saved_up->spec.code &&
+                        saved_gate->spec.bits == saved_up->spec.bits &&
+                        saved_gate->spec.rounding == saved_up->spec.rounding &&
+                        save_lanes(saved_up->spec) == save_lanes(saved_gate->spec);
+  if (saved_gate != nullptr) {
+    agoq::detail::gpu::check_device_view(*saved_gate, what);
+    agoq::detail::gpu::check_device_view(*saved_up, what);
+  }
+  if (!together) {
+    if (saved_gate != nullptr) {
+      auto second = [&](auto const* x, quantized_view const& v, quantize_options so) {
+        dispatch_code(v.spec, [&](auto code) {
+          dispatch_rounding(v.spec, [&](auto rounding) {
+            agoq::detail::gpu::launch_quantize<decltype(code), decltype(rounding)>(x, v, so, count,
+                                                                                   stream);
+          });
+        });
+      };
+      second(static_cast<GT const*>(gate.data_handle()), *saved_gate, opt);
+      second(static_cast<UT const*>(up.data_handle()), *saved_up, up_opt);
+    }
+    swiglu_forward_kernel<GT, UT, OT><<<grid, pol.block_threads, 0, stream>>>(
+        gate.data_handle(), up.data_handle(), out.data_handle(), rows, cols, no_save{}, no_save{},
+        count);
+  } else {
+    with_lane_save(saved_gate, opt, [&](auto sg) {
+      if constexpr (!std::is_same_v<decltype(sg), no_save>) {
+        auto su = sg;
+        su.out = *saved_up;
+        su.offset = up_opt.offset;
+        swiglu_forward_kernel<GT, UT, OT><<<grid, pol.block_threads, 0, stream>>>(
+            gate.data_handle(), up.data_handle(), out.data_handle(), rows, cols, sg, su, count);
+      }
+    });
+  }
+  AGOQ_CUDA_TRY(cudaGetLastError());
+}
+
+template <class A, class B, class S>
+void residual_add(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum,
+                  quantized_view const* saved, quantize_options opt, std::int64_t* nonfinite) {
+  using namespace fused_detail;
+  std::int64_t const rows = a.extent(0);
+  std::int64_t const cols = a.extent(1);
+  char const* what = "residual_add_async";
+  check_matrix(a, rows, cols, what, "a");
+  check_matrix(b, rows, cols, what, "b");
+  check_matrix(sum, rows, cols, what, "sum");
+  auto const s = bytes_of(sum.data_handle(), sum.size());
+  check_overlap(s, bytes_of(a.data_handle(), a.size()), true, what);
+  check_overlap(s, bytes_of(b.data_handle(), b.size()), true, what);
+  cudaStream_t const stream = ex.stream.get();
+  unsigned long long* count = saved ? start_count(nonfinite, stream) : nullptr;
+  if (a.size() == 0) return;
+  check_device(a.data_handle(), what);
+  check_device(b.data_handle(), what);
+  check_device(sum.data_handle(), what);
+  if (saved) agoq::detail::gpu::check_device_view(*saved, what);
+  using AT = std::remove_const_t<A>;
+  using BT = std::remove_const_t<B>;
+  device::launch_policy const pol = agoq::detail::gpu::current_policy();
+  with_lane_save(saved, opt, [&](auto save) {
+    residual_add_kernel<AT, BT, S>
+        <<<agoq::detail::gpu::grid_for(device::unit_count(rows, cols), pol), pol.block_threads, 0,
+           stream>>>(a.data_handle(), b.data_handle(), sum.data_handle(), rows, cols, save, count);
+  });
+  AGOQ_CUDA_TRY(cudaGetLastError());
+  // A spanning grouping is quantized from the stored sum, after it.
+  save_second_pass(static_cast<S const*>(sum.data_handle()), saved, opt, count, stream);
+}
+
+}  // namespace fused_gpu
+
+/// RMSNorm forward on the device, fused with saving its input: the twin of
+/// rmsnorm_forward(host_executor, ...) (same y, rstd and saved bits). `nonfinite` (optional,
+/// device-accessible) receives the non-finite count of x. y may be x itself. Stream-ordered on
+/// ex.stream; does not synchronize.
+/// \throws agoq::invalid_argument as the CPU op, and on a pageable host pointer;
+/// agoq::cuda_error when a CUDA call fails.
+template <fused_input X, fused_input W, fused_output Y>
+void rmsnorm_forward_async(cuda_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
+                           matrix_view<Y> y, quantized_view saved_x, std::span<float> rstd,
+                           quantize_options opt = {}, std::int64_t* nonfinite = nullptr) {
+  char const* what = "rmsnorm_forward_async";
+  fused_detail::check_rmsnorm_args(x, y, x.extent(1), static_cast<std::int64_t>(weight.size()), eps,
+                                   what);
+  fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), what, "saved_x");
+  fused_detail::check_vector(weight, x.extent(1), what, "weight");
+  fused_gpu::rmsnorm_forward(ex, x, weight, eps, y, rstd, &saved_x, opt, nonfinite);
+}
+
+/// The plain RMSNorm forward on the device (no saved copy): the same y and rstd bits.
+/// Stream-ordered; does not synchronize. \throws as the fused overload.
+template <fused_input X, fused_input W, fused_output Y>
+void rmsnorm_forward_async(cuda_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
+                           matrix_view<Y> y, std::span<float> rstd) {
+  char const* what = "rmsnorm_forward_async";
+  fused_detail::check_rmsnorm_args(x, y, x.extent(1), static_cast<std::int64_t>(weight.size()), eps,
+                                   what);
+  fused_detail::check_vector(weight, x.extent(1), what, "weight");
+  fused_gpu::rmsnorm_forward(ex, x, weight, eps, y, rstd, nullptr, {}, nullptr);
+}
+
+/// RMSNorm backward on the device from the quantized input: the twin of
+/// rmsnorm_backward(host_executor, ...) (same dx and dweight bits; dweight accumulated over the
+/// rows in order into what it holds). `nonfinite` receives the non-finite count of dy plus the
+/// values decoded under a non-finite stored scale. dx may be dy itself. Stream-ordered; does not
+/// synchronize. \throws as the CPU op, and on a pageable host pointer.
+template <fused_input DY, fused_input W, fused_output DX>
+void rmsnorm_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantized_view saved_x,
+                            std::span<float const> rstd, std::span<W> weight, matrix_view<DX> dx,
+                            std::span<float> dweight, std::int64_t* nonfinite = nullptr) {
+  using namespace fused_detail;
+  char const* what = "rmsnorm_backward_async";
+  std::int64_t const rows = dy.extent(0);
+  std::int64_t const cols = dy.extent(1);
+  check_matrix(dy, rows, cols, what, "dy");
+  check_matrix(dx, rows, cols, what, "dx");
+  check_saved(saved_x, rows, cols, what, "saved_x");
+  check_vector(rstd, rows, what, "rstd");
+  check_vector(weight, cols, what, "weight");
+  check_vector(dweight, cols, what, "dweight");
+  auto const out = bytes_of(dx.data_handle(), dx.size());
+  auto const dw = bytes_of(dweight.data(), cols);
+  check_overlap(out, bytes_of(dy.data_handle(), dy.size()), true, what);
+  check_overlap(out, dw, false, what);
+  check_overlap(out, bytes_of(weight.data(), cols), false, what);
+  check_overlap(out, bytes_of(rstd.data(), rows), false, what);
+  check_overlap(dw, bytes_of(dy.data_handle(), dy.size()), false, what);
+  cudaStream_t const stream = ex.stream.get();
+  unsigned long long* count = fused_gpu::start_count(nonfinite, stream);
+  if (dy.size() == 0) return;
+  fused_gpu::check_device(dy.data_handle(), what);
+  fused_gpu::check_device(dx.data_handle(), what);
+  fused_gpu::check_device(rstd.data(), what);
+  fused_gpu::check_device(weight.data(), what);
+  fused_gpu::check_device(dweight.data(), what);
+  agoq::detail::gpu::check_device_view(saved_x, what);
+  using DYT = std::remove_const_t<DY>;
+  using WT = std::remove_const_t<W>;
+  quantized_layout const l = saved_x.layout();
+  // dweight first: dx may overwrite dy.
+  device::launch_policy const pol = agoq::detail::gpu::current_policy();
+  fused_gpu::rmsnorm_dweight_kernel<DYT>
+      <<<agoq::detail::gpu::grid_for(device::unit_count(1, cols), pol), pol.block_threads, 0,
+         stream>>>(static_cast<DYT const*>(dy.data_handle()), saved_x, l, rstd.data(),
+                   dweight.data());
+  AGOQ_CUDA_TRY(cudaGetLastError());
+  fused_gpu::row_launch const rl = fused_gpu::make_row_launch(rows, 2 * cols, stream);
+  fused_gpu::rmsnorm_backward_kernel<DYT, WT, DX>
+      <<<rl.grid, fused_gpu::row_threads, rl.shared_bytes, stream>>>(
+          static_cast<DYT const*>(dy.data_handle()), saved_x, l, rstd.data(),
+          static_cast<WT const*>(weight.data()), dx.data_handle(), rl.scratch == nullptr,
+          rl.scratch, count);
+  fused_gpu::end_row_launch(rl, stream);
+}
+
+/// SwiGLU forward on the device, fused with saving both inputs: the twin of
+/// swiglu_forward(host_executor, ...): saved_gate and saved_up bit-identical (up at stream
+/// positions offset + tokens * features on), out within the bound of the file comment.
+/// `nonfinite` receives the non-finite count of gate plus that of up. out may be gate or up
+/// itself. Stream-ordered; does not synchronize. \throws as the CPU op, and on a pageable host
+/// pointer.
+template <fused_input G, fused_input U, fused_output O>
+void swiglu_forward_async(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up,
+                          matrix_view<O> out, quantized_view saved_gate, quantized_view saved_up,
+                          quantize_options opt = {}, std::int64_t* nonfinite = nullptr) {
+  fused_detail::check_saved(saved_gate, gate.extent(0), gate.extent(1), "swiglu_forward_async",
+                            "saved_gate");
+  fused_detail::check_saved(saved_up, gate.extent(0), gate.extent(1), "swiglu_forward_async",
+                            "saved_up");
+  fused_gpu::swiglu_forward(ex, gate, up, out, &saved_gate, &saved_up, opt, nonfinite);
+}
+
+/// The plain SwiGLU forward on the device (no saved copies). Stream-ordered.
+/// \throws as the fused overload.
+template <fused_input G, fused_input U, fused_output O>
+void swiglu_forward_async(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up,
+                          matrix_view<O> out) {
+  fused_gpu::swiglu_forward(ex, gate, up, out, nullptr, nullptr, {}, nullptr);
+}
+
+/// SwiGLU backward on the device from the quantized inputs: the twin of
+/// swiglu_backward(host_executor, ...). `nonfinite` receives the non-finite count of dout plus the
+/// values decoded under a non-finite stored scale. dgate or dup may be dout itself (not each
+/// other). Stream-ordered; does not synchronize. \throws as the CPU op, and on a pageable host
+/// pointer.
+template <fused_input D, fused_output DG, fused_output DU>
+void swiglu_backward_async(cuda_executor ex, matrix_view<D> dout, const_quantized_view saved_gate,
+                           const_quantized_view saved_up, matrix_view<DG> dgate,
+                           matrix_view<DU> dup, std::int64_t* nonfinite = nullptr) {
+  using namespace fused_detail;
+  char const* what = "swiglu_backward_async";
+  std::int64_t const rows = dout.extent(0);
+  std::int64_t const cols = dout.extent(1);
+  check_matrix(dout, rows, cols, what, "dout");
+  check_matrix(dgate, rows, cols, what, "dgate");
+  check_matrix(dup, rows, cols, what, "dup");
+  check_saved(saved_gate, rows, cols, what, "saved_gate");
+  check_saved(saved_up, rows, cols, what, "saved_up");
+  auto const in = bytes_of(dout.data_handle(), dout.size());
+  auto const og = bytes_of(dgate.data_handle(), dgate.size());
+  auto const ou = bytes_of(dup.data_handle(), dup.size());
+  check_overlap(og, in, true, what);
+  check_overlap(ou, in, true, what);
+  check_overlap(og, ou, false, what);
+  cudaStream_t const stream = ex.stream.get();
+  unsigned long long* count = fused_gpu::start_count(nonfinite, stream);
+  if (dout.size() == 0) return;
+  fused_gpu::check_device(dout.data_handle(), what);
+  fused_gpu::check_device(dgate.data_handle(), what);
+  fused_gpu::check_device(dup.data_handle(), what);
+  agoq::detail::gpu::check_device_view(saved_gate, what);
+  agoq::detail::gpu::check_device_view(saved_up, what);
+  using DT = std::remove_const_t<D>;
+  device::launch_policy const pol = agoq::detail::gpu::current_policy();
+  fused_gpu::swiglu_backward_kernel<DT, DG, DU>
+      <<<agoq::detail::gpu::grid_for(device::unit_count(rows, cols), pol), pol.block_threads, 0,
+         stream>>>(static_cast<DT const*>(dout.data_handle()), saved_gate, saved_gate.layout(),
+                   saved_up, saved_up.layout(), dgate.data_handle(), dup.data_handle(), count);
+  AGOQ_CUDA_TRY(cudaGetLastError());
+}
+
+/// GeLU forward (tanh approximation) on the device, fused with saving its input: the twin of
+/// gelu_forward(host_executor, ...): saved_x bit-identical, y within the bound of the file
+/// comment. `nonfinite` receives the non-finite count of x. y may be x itself. Stream-ordered;
+/// does not synchronize. \throws as the CPU op, and on a pageable host pointer.
+template <fused_input X, fused_output Y>
+void gelu_forward_async(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y,
+                        quantized_view saved_x, quantize_options opt = {},
+                        std::int64_t* nonfinite = nullptr) {
+  fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), "gelu_forward_async", "saved_x");
+  fused_gpu::gelu_forward(ex, x, y, &saved_x, opt, nonfinite);
+}
+
+/// The plain GeLU forward on the device (no saved copy). Stream-ordered.
+/// \throws as the fused overload.
+template <fused_input X, fused_output Y>
+void gelu_forward_async(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y) {
+  fused_gpu::gelu_forward(ex, x, y, nullptr, {}, nullptr);
+}
+
+/// GeLU backward (tanh approximation) on the device from the quantized input: the twin of
+/// gelu_backward(host_executor, ...). `nonfinite` receives the non-finite count of dy plus the
+/// values decoded under a non-finite stored scale. dx may be dy itself. Stream-ordered; does not
+/// synchronize. \throws as the CPU op, and on a pageable host pointer.
+template <fused_input DY, fused_output DX>
+void gelu_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantized_view saved_x,
+                         matrix_view<DX> dx, std::int64_t* nonfinite = nullptr) {
+  using namespace fused_detail;
+  char const* what = "gelu_backward_async";
+  std::int64_t const rows = dy.extent(0);
+  std::int64_t const cols = dy.extent(1);
+  check_matrix(dy, rows, cols, what, "dy");
+  check_matrix(dx, rows, cols, what, "dx");
+  check_saved(saved_x, rows, cols, what, "saved_x");
+  check_overlap(bytes_of(dx.data_handle(), dx.size()), bytes_of(dy.data_handle(), dy.size()), true,
+                what);
+  cudaStream_t const stream = ex.stream.get();
+  unsigned long long* count = fused_gpu::start_count(nonfinite, stream);
+  if (dy.size() == 0) return;
+  fused_gpu::check_device(dy.data_handle(), what);
+  fused_gpu::check_device(dx.data_handle(), what);
+  agoq::detail::gpu::check_device_view(saved_x, what);
+  using DYT = std::remove_const_t<DY>;
+  device::launch_policy const pol = agoq::detail::gpu::current_policy();
+  fused_gpu::gelu_backward_kernel<DYT, DX>
+      <<<agoq::detail::gpu::grid_for(device::unit_count(rows, cols), pol), pol.block_threads, 0,
+         stream>>>(static_cast<DYT const*>(dy.data_handle()), saved_x, saved_x.layout(),
+                   dx.data_handle(), count);
+  AGOQ_CUDA_TRY(cudaGetLastError());
+}
+
+/// Residual add on the device, fused with saving the sum: the twin of
+/// residual_add(host_executor, ...) (same sum and saved bits). `nonfinite` receives the non-finite
+/// count of the sum. sum may be a or b itself. Stream-ordered; does not synchronize.
+/// \throws as the CPU op, and on a pageable host pointer.
+template <fused_input A, fused_input B, fused_output S>
+void residual_add_async(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum,
+                        quantized_view saved_sum, quantize_options opt = {},
+                        std::int64_t* nonfinite = nullptr) {
+  fused_detail::check_saved(saved_sum, a.extent(0), a.extent(1), "residual_add_async", "saved_sum");
+  fused_gpu::residual_add(ex, a, b, sum, &saved_sum, opt, nonfinite);
+}
+
+/// The plain residual add on the device (no saved copy), same sum bits. Stream-ordered.
+/// \throws as the fused overload.
+template <fused_input A, fused_input B, fused_output S>
+void residual_add_async(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum) {
+  fused_gpu::residual_add(ex, a, b, sum, nullptr, {}, nullptr);
+}
+
+}  // namespace agoq::activation

@@ -1,0 +1,368 @@
+// The device tier of the fused ops (activation/fused.cuh) against the CPU executor
+// (activation/fused.hpp): saved codes, scales and zero points, non-finite counts, and the outputs
+// of RMSNorm and the residual add bit for bit; the outputs of SwiGLU and GeLU (which go through
+// e^x, glibc's on the host and CUDA's expf on the device) within the bound of
+// docs/activations.md. Built once per element type (AGOQ_TEST_ELEMENT), every operand of that
+// type.
+#include "device_support.cuh"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <agoq/activation/fused.cuh>
+
+using namespace agoq;
+using namespace agoq::activation;
+using agoq::test::device_bytes;
+
+using element = AGOQ_TEST_ELEMENT;
+
+namespace {
+
+// One-pass groupings (saved inside the op's kernel) and the others (saved by a second pass).
+std::vector<std::string> const specs = {
+    "int8_g128_sym_rne_f32", "int4_g128_sym_sr_f32",    "int4_g32_asym_rne_bf16",
+    "fp8e4m3_g64_rne_e8m0",  "fp8e5m2_g256_sr_bf16",    "int2_g32_sym_rne_f32",
+    "int8_g64_asym_sr_f32",  "int8_row_sym_rne_f32",    "int4_g7_sym_rne_f32",
+    "int8_col_sym_rne_f32",  "int8_tensor_asym_sr_f32", "int4_b3x5_sym_rne_bf16",
+    "int8_g48_sym_rne_f32"};
+
+// Ragged shapes; 13000 columns exceed the row kernels' shared-memory buffers.
+std::vector<std::pair<std::int64_t, std::int64_t>> const shapes = {
+    {1, 1}, {3, 5}, {7, 300}, {33, 129}, {2, 4097}, {130, 256}, {3, 13000}};
+
+quantize_options const opt{0x5eedULL, 977};
+
+/// A device copy of a host vector.
+template <class T>
+struct dvec {
+  device_bytes bytes;
+  std::int64_t n;
+  explicit dvec(std::vector<T> const& h)
+      : bytes(h.size() * sizeof(T) + 1), n(static_cast<std::int64_t>(h.size())) {
+    if (!h.empty()) bytes.upload(h.data(), h.size() * sizeof(T));
+  }
+  T* get() const { return reinterpret_cast<T*>(bytes.get()); }
+  std::vector<T> download() const {
+    std::vector<T> h(static_cast<std::size_t>(n));
+    if (n) bytes.download(h.data(), h.size() * sizeof(T));
+    return h;
+  }
+};
+
+/// A device quantized buffer of a spec and shape.
+struct dsaved {
+  quantized_layout l;
+  device_bytes codes, scales, zero;
+  quantized_view v;
+  dsaved(spec const& s, std::int64_t rows, std::int64_t cols)
+      : l(make_layout(s, rows, cols)),
+        codes(l.codes_bytes + 1),
+        scales(l.scales_bytes + 1),
+        zero(l.zero_points_bytes + 1),
+        v{s, rows, cols, codes.get(), scales.get(), s.has_zero_point() ? zero.get() : nullptr} {}
+};
+
+void check_same_saved(quantized_view d, quantized_tensor const& h) {
+  test::sections const got = test::download(d);
+  test::sections const want = test::host_sections(h.view());
+  CHECK(test::first_difference(got.codes, want.codes) == -1);
+  CHECK(test::first_difference(got.scales, want.scales) == -1);
+  CHECK(test::first_difference(got.zero_points, want.zero_points) == -1);
+}
+
+template <class T>
+bool same_bits(std::vector<T> const& a, std::vector<T> const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+std::int64_t count_of(device_bytes const& c) {
+  std::int64_t n = -1;
+  c.download(&n, sizeof(n));
+  return n;
+}
+
+/// The spacing of T's values at |v| (one ulp of the output type).
+double ulp_of(double v) {
+  double const a = std::fabs(v);
+  int const mant = std::is_same_v<element, float> ? 24 : std::is_same_v<element, half> ? 11 : 8;
+  if (a == 0.0) return std::ldexp(1.0, -149);
+  return std::ldexp(1.0, std::ilogb(a) - (mant - 1));
+}
+
+/// Device and CPU outputs of a chain through e^x: both NaN, or equal, or within 2^-20 of the
+/// chain's term magnitude m (the fp32 difference e^x's last bits can make) plus one ulp of the
+/// output type (where that difference flips the output's rounding).
+void check_close(std::vector<element> const& dev, std::vector<element> const& cpu,
+                 std::vector<double> const& m) {
+  std::int64_t bad = 0;
+  for (std::size_t i = 0; i < dev.size(); ++i) {
+    double const d = numeric::to_float(dev[i]);
+    double const c = numeric::to_float(cpu[i]);
+    if (std::isnan(d) && std::isnan(c)) continue;
+    if (d == c) continue;
+    double const tol = std::ldexp(m[i], -20) + ulp_of(std::fmax(std::fabs(d), std::fabs(c)));
+    if (!(std::fabs(d - c) <= tol)) ++bad;
+  }
+  CHECK(bad == 0);
+}
+
+cuda_executor const ex{cudaStream_t{}};
+
+template <class T>
+matrix_view<T const> cview(std::vector<T> const& v, std::int64_t r, std::int64_t c) {
+  return matrix_view<T const>(v.data(), r, c);
+}
+
+}  // namespace
+
+TEST_CASE("rmsnorm_forward_async / rmsnorm_backward_async equal the CPU executor bit for bit") {
+  for (auto const& [rows, cols] : shapes) {
+    std::int64_t const n = rows * cols;
+    auto const x = test::random_input<element>(n, 11 + rows, true);
+    auto const w = test::random_input<element>(cols, 12, false);
+    auto const dy = test::random_input<element>(n, 13 + cols, true);
+    std::vector<float> dw0(static_cast<std::size_t>(cols));
+    for (std::int64_t i = 0; i < cols; ++i) dw0[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+    float const eps = 1e-5f;
+    dvec<element> dx_in(x), dw_in(w), ddy(dy);
+    // The plain op.
+    std::vector<element> y(static_cast<std::size_t>(n));
+    std::vector<float> rstd(static_cast<std::size_t>(rows));
+    rmsnorm_forward(host, cview(x, rows, cols), std::span<element const>(w), eps,
+                    matrix_view<element>(y.data(), rows, cols), std::span<float>(rstd));
+    dvec<element> dy_out(y);
+    dvec<float> drstd(rstd);
+    rmsnorm_forward_async(ex, matrix_view<element const>(dx_in.get(), rows, cols),
+                          std::span<element const>(dw_in.get(), cols), eps,
+                          matrix_view<element>(dy_out.get(), rows, cols),
+                          std::span<float>(drstd.get(), rows));
+    CHECK(same_bits(dy_out.download(), y));
+    CHECK(same_bits(drstd.download(), rstd));
+    for (auto const& name : specs) {
+      CAPTURE(name);
+      CAPTURE(rows);
+      CAPTURE(cols);
+      spec const s = spec::parse(name);
+      quantized_tensor ref(s, rows, cols);
+      std::int64_t const bad = rmsnorm_forward(
+          host, cview(x, rows, cols), std::span<element const>(w), eps,
+          matrix_view<element>(y.data(), rows, cols), ref.view(), std::span<float>(rstd), opt);
+      dsaved sv(s, rows, cols);
+      device_bytes count(sizeof(std::int64_t));
+      rmsnorm_forward_async(ex, matrix_view<element const>(dx_in.get(), rows, cols),
+                            std::span<element const>(dw_in.get(), cols), eps,
+                            matrix_view<element>(dy_out.get(), rows, cols), sv.v,
+                            std::span<float>(drstd.get(), rows), opt,
+                            reinterpret_cast<std::int64_t*>(count.get()));
+      CHECK(count_of(count) == bad);
+      CHECK(same_bits(dy_out.download(), y));
+      CHECK(same_bits(drstd.download(), rstd));
+      check_same_saved(sv.v, ref);
+
+      // Backward from the saved copy.
+      std::vector<element> dxh(static_cast<std::size_t>(n));
+      std::vector<float> dwh = dw0;
+      std::int64_t const bbad =
+          rmsnorm_backward(host, cview(dy, rows, cols), ref.view(), std::span<float const>(rstd),
+                           std::span<element const>(w),
+                           matrix_view<element>(dxh.data(), rows, cols), std::span<float>(dwh));
+      dvec<element> ddx(dxh);
+      dvec<float> ddw(dw0);
+      rmsnorm_backward_async(
+          ex, matrix_view<element const>(ddy.get(), rows, cols), const_quantized_view(sv.v),
+          std::span<float const>(drstd.get(), rows), std::span<element const>(dw_in.get(), cols),
+          matrix_view<element>(ddx.get(), rows, cols), std::span<float>(ddw.get(), cols),
+          reinterpret_cast<std::int64_t*>(count.get()));
+      CHECK(count_of(count) == bbad);
+      CHECK(same_bits(ddx.download(), dxh));
+      CHECK(same_bits(ddw.download(), dwh));
+    }
+  }
+}
+
+TEST_CASE("residual_add_async equals the CPU executor bit for bit, in place too") {
+  for (auto const& [rows, cols] : shapes) {
+    std::int64_t const n = rows * cols;
+    auto const a = test::random_input<element>(n, 21 + rows, true);
+    auto const b = test::random_input<element>(n, 22 + cols, true);
+    dvec<element> da(a), db(b);
+    std::vector<element> sum(static_cast<std::size_t>(n));
+    residual_add(host, cview(a, rows, cols), cview(b, rows, cols),
+                 matrix_view<element>(sum.data(), rows, cols));
+    dvec<element> dsum(sum);
+    residual_add_async(ex, matrix_view<element const>(da.get(), rows, cols),
+                       matrix_view<element const>(db.get(), rows, cols),
+                       matrix_view<element>(dsum.get(), rows, cols));
+    CHECK(same_bits(dsum.download(), sum));
+    for (auto const& name : specs) {
+      CAPTURE(name);
+      spec const s = spec::parse(name);
+      quantized_tensor ref(s, rows, cols);
+      std::int64_t const bad =
+          residual_add(host, cview(a, rows, cols), cview(b, rows, cols),
+                       matrix_view<element>(sum.data(), rows, cols), ref.view(), opt);
+      dsaved sv(s, rows, cols);
+      device_bytes count(sizeof(std::int64_t));
+      dvec<element> inplace(a);  // sum written over a
+      residual_add_async(ex, matrix_view<element const>(inplace.get(), rows, cols),
+                         matrix_view<element const>(db.get(), rows, cols),
+                         matrix_view<element>(inplace.get(), rows, cols), sv.v, opt,
+                         reinterpret_cast<std::int64_t*>(count.get()));
+      CHECK(count_of(count) == bad);
+      CHECK(same_bits(inplace.download(), sum));
+      check_same_saved(sv.v, ref);
+    }
+  }
+}
+
+TEST_CASE("swiglu_forward_async / swiglu_backward_async: saved bits equal, outputs within bound") {
+  for (auto const& [rows, cols] : shapes) {
+    std::int64_t const n = rows * cols;
+    auto const g = test::random_input<element>(n, 31 + rows, true);
+    auto const u = test::random_input<element>(n, 32 + cols, true);
+    auto const d = test::random_input<element>(n, 33, true);
+    dvec<element> dg(g), du(u), dd(d);
+    std::vector<double> m(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+      m[i] = std::fabs(double{numeric::to_float(g[i])} * numeric::to_float(u[i]));
+    }
+    std::vector<element> out(static_cast<std::size_t>(n));
+    swiglu_forward(host, cview(g, rows, cols), cview(u, rows, cols),
+                   matrix_view<element>(out.data(), rows, cols));
+    dvec<element> dout(out);
+    swiglu_forward_async(ex, matrix_view<element const>(dg.get(), rows, cols),
+                         matrix_view<element const>(du.get(), rows, cols),
+                         matrix_view<element>(dout.get(), rows, cols));
+    check_close(dout.download(), out, m);
+    for (std::size_t k = 0; k < specs.size(); ++k) {
+      // Same spec for both (one kernel) and different ones (second passes).
+      spec const sg = spec::parse(specs[k]);
+      spec const su = spec::parse(specs[k % 2 == 0 ? k : (k + 1) % specs.size()]);
+      CAPTURE(specs[k]);
+      quantized_tensor rg(sg, rows, cols), ru(su, rows, cols);
+      std::int64_t const bad =
+          swiglu_forward(host, cview(g, rows, cols), cview(u, rows, cols),
+                         matrix_view<element>(out.data(), rows, cols), rg.view(), ru.view(), opt);
+      dsaved vg(sg, rows, cols), vu(su, rows, cols);
+      device_bytes count(sizeof(std::int64_t));
+      swiglu_forward_async(ex, matrix_view<element const>(dg.get(), rows, cols),
+                           matrix_view<element const>(du.get(), rows, cols),
+                           matrix_view<element>(dout.get(), rows, cols), vg.v, vu.v, opt,
+                           reinterpret_cast<std::int64_t*>(count.get()));
+      CHECK(count_of(count) == bad);
+      check_close(dout.download(), out, m);
+      check_same_saved(vg.v, rg);
+      check_same_saved(vu.v, ru);
+
+      std::vector<element> hg(static_cast<std::size_t>(n)), hu(static_cast<std::size_t>(n));
+      std::int64_t const bbad = swiglu_backward(host, cview(d, rows, cols), rg.view(), ru.view(),
+                                                matrix_view<element>(hg.data(), rows, cols),
+                                                matrix_view<element>(hu.data(), rows, cols));
+      dvec<element> og(hg), ou(hu);
+      swiglu_backward_async(
+          ex, matrix_view<element const>(dd.get(), rows, cols), const_quantized_view(vg.v),
+          const_quantized_view(vu.v), matrix_view<element>(og.get(), rows, cols),
+          matrix_view<element>(ou.get(), rows, cols), reinterpret_cast<std::int64_t*>(count.get()));
+      CHECK(count_of(count) == bbad);
+      // Terms from the decoded values the backward reads.
+      std::vector<float> gh(static_cast<std::size_t>(n)), uh(static_cast<std::size_t>(n));
+      dequantize(host, rg.view(), matrix_view<float>(gh.data(), rows, cols));
+      dequantize(host, ru.view(), matrix_view<float>(uh.data(), rows, cols));
+      std::vector<double> mg(static_cast<std::size_t>(n)), mu(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) {
+        double const dv = std::fabs(double{numeric::to_float(d[i])});
+        mu[i] = dv * std::fabs(double{gh[i]});
+        mg[i] = dv * std::fabs(double{uh[i]}) * (1.0 + std::fabs(double{gh[i]}));
+      }
+      check_close(og.download(), hg, mg);
+      check_close(ou.download(), hu, mu);
+    }
+  }
+}
+
+TEST_CASE("gelu_forward_async / gelu_backward_async: saved bits equal, outputs within bound") {
+  double const k = fused_detail::gelu_k;
+  double const c = fused_detail::gelu_c;
+  for (auto const& [rows, cols] : shapes) {
+    std::int64_t const n = rows * cols;
+    auto const x = test::random_input<element>(n, 41 + rows, true);
+    auto const dy = test::random_input<element>(n, 42 + cols, true);
+    dvec<element> dx_in(x), ddy(dy);
+    std::vector<double> m(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) m[i] = std::fabs(double{numeric::to_float(x[i])});
+    std::vector<element> y(static_cast<std::size_t>(n));
+    gelu_forward(host, cview(x, rows, cols), matrix_view<element>(y.data(), rows, cols));
+    dvec<element> dyo(y);
+    gelu_forward_async(ex, matrix_view<element const>(dx_in.get(), rows, cols),
+                       matrix_view<element>(dyo.get(), rows, cols));
+    check_close(dyo.download(), y, m);
+    for (auto const& name : specs) {
+      CAPTURE(name);
+      spec const s = spec::parse(name);
+      quantized_tensor ref(s, rows, cols);
+      std::int64_t const bad = gelu_forward(
+          host, cview(x, rows, cols), matrix_view<element>(y.data(), rows, cols), ref.view(), opt);
+      dsaved sv(s, rows, cols);
+      device_bytes count(sizeof(std::int64_t));
+      gelu_forward_async(ex, matrix_view<element const>(dx_in.get(), rows, cols),
+                         matrix_view<element>(dyo.get(), rows, cols), sv.v, opt,
+                         reinterpret_cast<std::int64_t*>(count.get()));
+      CHECK(count_of(count) == bad);
+      check_close(dyo.download(), y, m);
+      check_same_saved(sv.v, ref);
+
+      std::vector<element> dxh(static_cast<std::size_t>(n));
+      std::int64_t const bbad = gelu_backward(host, cview(dy, rows, cols), ref.view(),
+                                              matrix_view<element>(dxh.data(), rows, cols));
+      dvec<element> ddx(dxh);
+      gelu_backward_async(ex, matrix_view<element const>(ddy.get(), rows, cols),
+                          const_quantized_view(sv.v), matrix_view<element>(ddx.get(), rows, cols),
+                          reinterpret_cast<std::int64_t*>(count.get()));
+      CHECK(count_of(count) == bbad);
+      std::vector<float> xh(static_cast<std::size_t>(n));
+      dequantize(host, ref.view(), matrix_view<float>(xh.data(), rows, cols));
+      std::vector<double> mb(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) {
+        double const v = xh[i];
+        mb[i] = std::fabs(double{numeric::to_float(dy[i])}) *
+                (1.0 + 2.0 * std::fabs(v) * k * (1.0 + 3.0 * c * v * v));
+      }
+      check_close(ddx.download(), dxh, mb);
+    }
+  }
+}
+
+TEST_CASE("the device fused ops validate like the CPU ops") {
+  std::int64_t const rows = 4, cols = 64;
+  spec const s = spec::parse("int8_g32_sym_rne_f32");
+  dsaved sv(s, rows, cols);
+  std::vector<element> const zeros(static_cast<std::size_t>(rows * cols));
+  dvec<element> x(zeros), y(zeros);
+  dvec<element> w{std::vector<element>(static_cast<std::size_t>(cols))};
+  dvec<float> rstd{std::vector<float>(static_cast<std::size_t>(rows))};
+  auto const xv = matrix_view<element const>(x.get(), rows, cols);
+  auto const yv = matrix_view<element>(y.get(), rows, cols);
+  auto const ws = std::span<element const>(w.get(), cols);
+  CHECK_THROWS_AS(rmsnorm_forward_async(ex, xv, ws.first(cols - 1), 1e-5f, yv, sv.v,
+                                        std::span<float>(rstd.get(), rows)),
+                  invalid_argument);
+  CHECK_THROWS_AS(
+      rmsnorm_forward_async(ex, xv, ws, -1.0f, yv, sv.v, std::span<float>(rstd.get(), rows)),
+      invalid_argument);
+  CHECK_THROWS_AS(
+      rmsnorm_forward_async(ex, xv, ws, 1e-5f, matrix_view<element>(y.get() + 1, rows - 1, cols),
+                            sv.v, std::span<float>(rstd.get(), rows)),
+      invalid_argument);
+  std::vector<element> host_x(static_cast<std::size_t>(rows * cols));
+  CHECK_THROWS_AS(gelu_forward_async(ex, cview(host_x, rows, cols), yv, sv.v), invalid_argument);
+  CHECK_THROWS_AS(residual_add_async(ex, xv, xv, matrix_view<element>(x.get() + 1, rows, cols - 1)),
+                  invalid_argument);
+  // Empty tensors are no-ops.
+  gelu_forward_async(ex, matrix_view<element const>(nullptr, 0, cols),
+                     matrix_view<element>(nullptr, 0, cols));
+  AGOQ_CUDA_TRY(cudaDeviceSynchronize());
+}
