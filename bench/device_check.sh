@@ -50,7 +50,7 @@ if [ -n "$prebuilt" ]; then
 else
   build=build-device
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-    -DCMAKE_PREFIX_PATH="$PWD/.deps" -DAGOQ_WERROR=ON 2>&1 | tail -n 3 | tee "$out/configure.log"
+    -DCMAKE_PREFIX_PATH="$PWD/.deps" -DAGOQ_WERROR="${AGOQ_WERROR:-ON}" 2>&1 | tail -n 3 | tee "$out/configure.log"
   # nccl_test exists only where CMake finds NCCL; the prebuilt mode runs it when it was built.
   if ! cmake --build "$build" --target "${gpu_tests[@]:0:8}" "${benches[@]}" quantized_matmul \
       >"$out/build.log" 2>&1; then

@@ -9,8 +9,8 @@
 /// any order) and each lane encodes its own elements (device::quantize_group_lanes). Stochastic
 /// rounding draws what the host step draws: stream_seed(seed, t, 0) for m and
 /// stream_seed(seed, t, 1) for v, element i at stream position i. So params, codes and scales
-/// equal the host step's bit for bit: tests/device/adamw_device_test.cu checks it, and is
-/// unverified until it runs on a GPU (bench/device_check.sh).
+/// equal the host step's bit for bit: tests/device/adamw_device_test.cu checks it (it passed on an
+/// H200; bench/device_check.sh runs it).
 ///
 /// Supported state formats are adamw_state's defaults: m as int8_g128_sym_sr_f32 (int8_linear),
 /// v as fp8e4m3_g128_sr_f32 codes of sqrt(v) (e4m3_sqrt). Other moment formats, block sizes or
