@@ -6,34 +6,34 @@ $AGOQ_TORCH_BUILD_DIR (default: <repo>/build/pytorch) and reused while its sourc
 headers are unchanged. docs/pytorch.md documents the API and its conventions.
 """
 
-import os
-import pathlib
-import sys
+import os as _os
+import pathlib as _pathlib
+import sys as _sys
 
-import torch
+import torch as _torch
 
-_HERE = pathlib.Path(__file__).resolve().parent
+_HERE = _pathlib.Path(__file__).resolve().parent
 _REPO = _HERE.parents[2]
 _MIN_TORCH = (1, 13)
 
 
 def _check_torch():
     """Raises ImportError with a clear message when this torch lacks what the extension needs."""
-    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    version = tuple(int(p) for p in _torch.__version__.split("+")[0].split(".")[:2])
     if version < _MIN_TORCH:
         raise ImportError(
-            f"agoq_torch needs torch >= {_MIN_TORCH[0]}.{_MIN_TORCH[1]} (found {torch.__version__})")
+            f"agoq_torch needs torch >= {_MIN_TORCH[0]}.{_MIN_TORCH[1]} (found {_torch.__version__})")
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_gloo_available():
         raise ImportError("agoq_torch needs torch.distributed with the gloo backend, which this "
-                          f"torch {torch.__version__} was built without")
+                          f"torch {_torch.__version__} was built without")
     from torch.utils import cpp_extension  # noqa: F401  (ImportError names what is missing)
 
 
 def _cuda_include_dirs():
     """The CUDA toolkit's include folders: agoq's element types come from cuda_bf16.h and
     cuda_fp16.h, its views from CCCL (libcu++'s mdspan); nothing here needs a GPU."""
-    root = pathlib.Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    root = _pathlib.Path(_os.environ.get("CUDA_HOME", "/usr/local/cuda"))
     dirs = [root / "include", root / "include" / "cccl"]
     if not (root / "include" / "cuda_bf16.h").exists():
         raise ImportError(f"agoq_torch: the CUDA toolkit headers were not found under {root} "
@@ -44,13 +44,13 @@ def _cuda_include_dirs():
 def _load():
     _check_torch()
     from torch.utils import cpp_extension
-    build = pathlib.Path(os.environ.get("AGOQ_TORCH_BUILD_DIR", _REPO / "build" / "pytorch"))
+    build = _pathlib.Path(_os.environ.get("AGOQ_TORCH_BUILD_DIR", _REPO / "build" / "pytorch"))
     build.mkdir(parents=True, exist_ok=True)
     sources = sorted(str(p) for p in (_HERE / "csrc").glob("*.cpp"))
-    verbose = os.environ.get("AGOQ_TORCH_VERBOSE", "") not in ("", "0")
-    if not verbose:
+    verbose = _os.environ.get("AGOQ_TORCH_VERBOSE", "") not in ("", "0")
+    if not verbose and not (build / "agoq_torch_C.so").exists():
         print("agoq_torch: building the extension if needed (about two minutes the first time)",
-              file=sys.stderr, flush=True)
+              file=_sys.stderr, flush=True)
     # ninja tracks the included headers (agoq's and csrc/common.hpp): editing one rebuilds.
     return cpp_extension.load(
         name="agoq_torch_C",
@@ -65,7 +65,6 @@ def _load():
 
 _C = _load()
 
-from_module = [name for name in dir(_C) if not name.startswith("_")]
-globals().update({name: getattr(_C, name) for name in from_module})
-__all__ = from_module
+__all__ = [name for name in dir(_C) if not name.startswith("_")]
+globals().update({name: getattr(_C, name) for name in __all__})
 __version__ = _C.version

@@ -35,6 +35,9 @@ class process_group_communicator {
   int size() const { return pg_->getSize(); }
   agoq::comm::memory_space memory() const { return agoq::comm::memory_space::host; }
 
+  /// Drops this adapter's reference to the process group.
+  void release() noexcept { pg_.reset(); }
+
   void all_to_all(std::byte const* send, std::byte* recv, std::size_t n) {
     if (n == 0) return;
     auto const total = static_cast<std::int64_t>(n) * size();
@@ -77,6 +80,19 @@ class counted_communicator {
  public:
   explicit counted_communicator(c10::intrusive_ptr<c10d::ProcessGroup> pg)
       : inner_(std::move(pg)), counted_(inner_) {}
+  /// Drops the process group without the GIL: when this is the last reference, destroying a gloo
+  /// group joins its threads, and one of them may be waiting for the GIL to free a tensor (a
+  /// deadlock at process exit otherwise; torch's own bindings release the GIL there too).
+  ~counted_communicator() {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      inner_.release();
+    } else {
+      inner_.release();
+    }
+  }
+  counted_communicator(counted_communicator const&) = delete;
+  counted_communicator& operator=(counted_communicator const&) = delete;
   agoq::comm::counting<process_group_communicator>& comm() { return counted_; }
   int rank() const { return counted_.rank(); }
   int size() const { return counted_.size(); }
