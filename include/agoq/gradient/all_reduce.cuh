@@ -455,16 +455,8 @@ void reduce_scatter_8bit_async(cuda_executor ex, C& comm, std::span<In const> in
   detail::check_device_span(input.data(), what);
   detail::check_device_span(shard.data(), what);
   detail::check_device_span(status, what);
-  auto const n = static_cast<std::int64_t>(input.size());
-  detail::local_error err = detail::local_error::none;
-  if (opt.group_size >= min_group_size && opt.group_size <= max_group_size) {
-    chunk_plan const plan(n, opt.group_size, comm.size());
-    if (static_cast<std::int64_t>(shard.size()) < plan.count(comm.rank()))
-      err = detail::local_error::output_size;
-  }
-  if (err == detail::local_error::none &&
-      ((input.data() == nullptr && n > 0) || (shard.data() == nullptr && !shard.empty())))
-    err = detail::local_error::null_pointer;
+  detail::local_error const err = detail::shard_errors(
+      input, shard, static_cast<int>(comm.size()), static_cast<int>(comm.rank()), opt.group_size);
   cudaStream_t const stream = ex.stream.get();
   detail::device_collective(
       stream, comm, std::span<T const>(input.data(), input.size()), opt, err,

@@ -641,6 +641,20 @@ all_reduce_result hierarchical(host_executor ex, Intra& intra, Inter& inter, std
   return {nonfinite, local};
 }
 
+/// A reduce-scatter's verdict on its spans: a shard shorter than this rank's chunk of the bucket,
+/// or a null pointer with elements. Host and device executors share it.
+template <class In, class Out>
+local_error shard_errors(std::span<In const> input, std::span<Out> shard, int ranks, int rank,
+                         int group_size) {
+  auto const n = static_cast<std::int64_t>(input.size());
+  if (group_size >= min_group_size && group_size <= max_group_size &&
+      static_cast<std::int64_t>(shard.size()) < chunk_plan(n, group_size, ranks).count(rank))
+    return local_error::output_size;
+  if ((input.data() == nullptr && n > 0) || (shard.data() == nullptr && !shard.empty()))
+    return local_error::null_pointer;
+  return local_error::none;
+}
+
 template <class In, class Out>
 local_error span_errors(std::span<In const> in, std::span<Out> out, std::size_t out_needed) {
   if (out.size() != out_needed) return local_error::output_size;
@@ -804,15 +818,8 @@ reduce_scatter_8bit(host_executor ex, C& comm, std::span<In const> input, std::s
                     all_reduce_options const& opt = {}) {
   using T = std::remove_const_t<In>;
   auto const n = static_cast<std::int64_t>(input.size());
-  detail::local_error err = detail::local_error::none;
-  if (opt.group_size >= min_group_size && opt.group_size <= max_group_size) {
-    chunk_plan const p(n, opt.group_size, comm.size());
-    if (static_cast<std::int64_t>(shard.size()) < p.count(comm.rank()))
-      err = detail::local_error::output_size;
-  }
-  if (err == detail::local_error::none &&
-      ((input.data() == nullptr && n > 0) || (shard.data() == nullptr && !shard.empty())))
-    err = detail::local_error::null_pointer;
+  detail::local_error const err = detail::shard_errors(
+      input, shard, static_cast<int>(comm.size()), static_cast<int>(comm.rank()), opt.group_size);
   return detail::reduce_scatter(ex, comm, n, detail::span_source<T>{input.data(), 0, 0},
                                 shard.data(), opt, err);
 }

@@ -138,33 +138,43 @@ py::dict reduce_result(bool nonfinite, std::int64_t local) {
   return d;
 }
 
-/// all_reduce_8bit from a tensor or a GradientBuffer into a 1-D tensor; the GIL is released while
-/// the collective runs.
+/// Calls f(source) with the GIL released, source being the GradientBuffer or the 1-D span of the
+/// tensor `input` is (the operand forms agoq's collectives take).
+template <class F>
+void with_source(py::object const& input, char const* what, F&& f) {
+  if (py::isinstance<grad::gradient_buffer>(input)) {
+    auto const& b = input.cast<grad::gradient_buffer const&>();
+    py::gil_scoped_release nogil;
+    f(b);
+    return;
+  }
+  auto const in = input.cast<torch::Tensor>();
+  check_vector(in, -1, what);
+  py::gil_scoped_release nogil;
+  dispatch_element(in.scalar_type(), [&]<class I>(I) {
+    f(std::span<I const>(data_as<I const>(in), static_cast<std::size_t>(in.numel())));
+  });
+}
+
+/// Calls f(span) with the 1-D tensor `out` as a span of its element type.
+template <class F>
+void with_output(torch::Tensor const& out, F&& f) {
+  dispatch_element(out.scalar_type(), [&]<class O>(O) {
+    f(std::span<O>(data_as<O>(out), static_cast<std::size_t>(out.numel())));
+  });
+}
+
+/// all_reduce_8bit from a tensor or a GradientBuffer into a 1-D tensor.
 py::dict all_reduce(counted_communicator& c, py::object const& input, torch::Tensor const& output,
                     int group_size, bool average, bool stochastic, std::uint64_t seed,
                     std::uint64_t step) {
   check_vector(output, -1, "all_reduce_8bit (output)");
   auto const opt = reduce_options(group_size, average, stochastic, seed, step);
   grad::all_reduce_result r;
-  if (py::isinstance<grad::gradient_buffer>(input)) {
-    auto const& b = input.cast<grad::gradient_buffer const&>();
-    py::gil_scoped_release nogil;
-    dispatch_element(output.scalar_type(), [&]<class O>(O) {
-      r = grad::all_reduce_8bit(agoq::host, c.comm(), b,
-                                std::span<O>(data_as<O>(output), output.numel()), opt);
-    });
-  } else {
-    auto const in = input.cast<torch::Tensor>();
-    check_vector(in, -1, "all_reduce_8bit (input)");
-    py::gil_scoped_release nogil;
-    dispatch_element(in.scalar_type(), [&]<class I>(I) {
-      dispatch_element(output.scalar_type(), [&]<class O>(O) {
-        r = grad::all_reduce_8bit(agoq::host, c.comm(),
-                                  std::span<I const>(data_as<I const>(in), in.numel()),
-                                  std::span<O>(data_as<O>(output), output.numel()), opt);
-      });
-    });
-  }
+  with_source(input, "all_reduce_8bit (input)", [&](auto const& src) {
+    with_output(output,
+                [&](auto out) { r = grad::all_reduce_8bit(agoq::host, c.comm(), src, out, opt); });
+  });
   return reduce_result(r.nonfinite, r.local_nonfinite);
 }
 
@@ -175,25 +185,11 @@ py::dict reduce_scatter(counted_communicator& c, py::object const& input,
   check_vector(shard, -1, "reduce_scatter_8bit (shard)");
   auto const opt = reduce_options(group_size, average, stochastic, seed, step);
   grad::reduce_scatter_result r;
-  if (py::isinstance<grad::gradient_buffer>(input)) {
-    auto const& b = input.cast<grad::gradient_buffer const&>();
-    py::gil_scoped_release nogil;
-    dispatch_element(shard.scalar_type(), [&]<class O>(O) {
-      r = grad::reduce_scatter_8bit(agoq::host, c.comm(), b,
-                                    std::span<O>(data_as<O>(shard), shard.numel()), opt);
+  with_source(input, "reduce_scatter_8bit (input)", [&](auto const& src) {
+    with_output(shard, [&](auto out) {
+      r = grad::reduce_scatter_8bit(agoq::host, c.comm(), src, out, opt);
     });
-  } else {
-    auto const in = input.cast<torch::Tensor>();
-    check_vector(in, -1, "reduce_scatter_8bit (input)");
-    py::gil_scoped_release nogil;
-    dispatch_element(in.scalar_type(), [&]<class I>(I) {
-      dispatch_element(shard.scalar_type(), [&]<class O>(O) {
-        r = grad::reduce_scatter_8bit(agoq::host, c.comm(),
-                                      std::span<I const>(data_as<I const>(in), in.numel()),
-                                      std::span<O>(data_as<O>(shard), shard.numel()), opt);
-      });
-    });
-  }
+  });
   py::dict d = reduce_result(r.nonfinite, r.local_nonfinite);
   d["begin"] = r.begin;
   d["end"] = r.end;
