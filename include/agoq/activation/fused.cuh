@@ -509,17 +509,23 @@ void with_lane_save(quantized_view const* v, quantize_options opt, F&& launch) {
   });
 }
 
+/// Saves x into v with quantize_async's kernels (a pass of its own; adds to the count).
+template <class T>
+void launch_save(T const* x, quantized_view const& v, quantize_options opt,
+                 unsigned long long* count, cudaStream_t stream) {
+  dispatch_code(v.spec, [&](auto code) {
+    dispatch_rounding(v.spec, [&](auto rounding) {
+      agoq::detail::gpu::launch_quantize<decltype(code), decltype(rounding)>(x, v, opt, count,
+                                                                             stream);
+    });
+  });
+}
+
 /// The second-pass save of a grouping the kernels do not save in place (adds to the count).
 template <class T>
 void save_second_pass(T const* x, quantized_view const* v, quantize_options opt,
                       unsigned long long* count, cudaStream_t stream) {
-  if (v == nullptr || save_lanes(v->spec) != 0) return;
-  dispatch_code(v->spec, [&](auto code) {
-    dispatch_rounding(v->spec, [&](auto rounding) {
-      agoq::detail::gpu::launch_quantize<decltype(code), decltype(rounding)>(x, *v, opt, count,
-                                                                             stream);
-    });
-  });
+  if (v != nullptr && save_lanes(v->spec) == 0) launch_save(x, *v, opt, count, stream);
 }
 
 inline unsigned long long* start_count(std::int64_t* nonfinite, cudaStream_t stream) {
@@ -571,12 +577,7 @@ void rmsnorm_forward(cuda_executor ex, matrix_view<X> x, std::span<W> weight, fl
   std::int64_t const rows = x.extent(0);
   std::int64_t const cols = x.extent(1);
   char const* what = "rmsnorm_forward_async";
-  check_vector(rstd, rows, what, "rstd");
-  check_overlap(bytes_of(y.data_handle(), y.size()), bytes_of(x.data_handle(), x.size()), true,
-                what);
-  check_overlap(bytes_of(rstd.data(), rows), bytes_of(x.data_handle(), x.size()), false, what);
-  check_overlap(bytes_of(rstd.data(), rows), bytes_of(y.data_handle(), y.size()), false, what);
-  check_overlap(bytes_of(y.data_handle(), y.size()), bytes_of(weight.data(), cols), false, what);
+  check_rmsnorm_outputs(x, weight, y, rstd, what);
   cudaStream_t const stream = ex.stream.get();
   unsigned long long* count = saved ? start_count(nonfinite, stream) : nullptr;
   if (x.size() == 0) return;
@@ -636,12 +637,7 @@ void swiglu_forward(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, ma
   std::int64_t const rows = gate.extent(0);
   std::int64_t const cols = gate.extent(1);
   char const* what = "swiglu_forward_async";
-  check_matrix(gate, rows, cols, what, "gate");
-  check_matrix(up, rows, cols, what, "up");
-  check_matrix(out, rows, cols, what, "out");
-  auto const o = bytes_of(out.data_handle(), out.size());
-  check_overlap(o, bytes_of(gate.data_handle(), gate.size()), true, what);
-  check_overlap(o, bytes_of(up.data_handle(), up.size()), true, what);
+  check_binary(gate, up, out, what, "gate", "up", "out");
   cudaStream_t const stream = ex.stream.get();
   unsigned long long* count = saved_gate ? start_count(nonfinite, stream) : nullptr;
   if (gate.size() == 0) return;
@@ -667,16 +663,8 @@ void swiglu_forward(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, ma
   }
   if (!together) {
     if (saved_gate != nullptr) {
-      auto second = [&](auto const* x, quantized_view const& v, quantize_options so) {
-        dispatch_code(v.spec, [&](auto code) {
-          dispatch_rounding(v.spec, [&](auto rounding) {
-            agoq::detail::gpu::launch_quantize<decltype(code), decltype(rounding)>(x, v, so, count,
-                                                                                   stream);
-          });
-        });
-      };
-      second(static_cast<GT const*>(gate.data_handle()), *saved_gate, opt);
-      second(static_cast<UT const*>(up.data_handle()), *saved_up, up_opt);
+      launch_save(static_cast<GT const*>(gate.data_handle()), *saved_gate, opt, count, stream);
+      launch_save(static_cast<UT const*>(up.data_handle()), *saved_up, up_opt, count, stream);
     }
     swiglu_forward_kernel<GT, UT, OT><<<grid, pol.block_threads, 0, stream>>>(
         gate.data_handle(), up.data_handle(), out.data_handle(), rows, cols, no_save{}, no_save{},
@@ -702,12 +690,7 @@ void residual_add(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_v
   std::int64_t const rows = a.extent(0);
   std::int64_t const cols = a.extent(1);
   char const* what = "residual_add_async";
-  check_matrix(a, rows, cols, what, "a");
-  check_matrix(b, rows, cols, what, "b");
-  check_matrix(sum, rows, cols, what, "sum");
-  auto const s = bytes_of(sum.data_handle(), sum.size());
-  check_overlap(s, bytes_of(a.data_handle(), a.size()), true, what);
-  check_overlap(s, bytes_of(b.data_handle(), b.size()), true, what);
+  check_binary(a, b, sum, what, "a", "b", "sum");
   cudaStream_t const stream = ex.stream.get();
   unsigned long long* count = saved ? start_count(nonfinite, stream) : nullptr;
   if (a.size() == 0) return;

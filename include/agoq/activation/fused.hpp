@@ -449,6 +449,36 @@ inline void check_overlap(span_bytes out, span_bytes in, bool exact_allowed, cha
                                      (exact_allowed ? " without being the same buffer" : ""));
 }
 
+/// The argument checks of an op with two [rows, cols] inputs and one output of that shape (the
+/// output may be either input itself; no other overlap). Both executors call it.
+template <class A, class B, class O>
+void check_binary(matrix_view<A> a, matrix_view<B> b, matrix_view<O> out, char const* what,
+                  char const* a_name, char const* b_name, char const* out_name) {
+  std::int64_t const rows = a.extent(0);
+  std::int64_t const cols = a.extent(1);
+  check_matrix(a, rows, cols, what, a_name);
+  check_matrix(b, rows, cols, what, b_name);
+  check_matrix(out, rows, cols, what, out_name);
+  auto const o = bytes_of(out.data_handle(), out.size());
+  check_overlap(o, bytes_of(a.data_handle(), a.size()), true, what);
+  check_overlap(o, bytes_of(b.data_handle(), b.size()), true, what);
+}
+
+/// RMSNorm forward's checks of rstd ([rows]) and of overlaps: y may be x itself; rstd and the
+/// weight overlap nothing. Both executors call it.
+template <class X, class W, class Y>
+void check_rmsnorm_outputs(matrix_view<X> x, std::span<W> weight, matrix_view<Y> y,
+                           std::span<float> rstd, char const* what) {
+  std::int64_t const rows = x.extent(0);
+  check_vector(rstd, rows, what, "rstd");
+  auto const xb = bytes_of(x.data_handle(), x.size());
+  auto const yb = bytes_of(y.data_handle(), y.size());
+  check_overlap(yb, xb, true, what);
+  check_overlap(bytes_of(rstd.data(), rows), xb, false, what);
+  check_overlap(bytes_of(rstd.data(), rows), yb, false, what);
+  check_overlap(yb, bytes_of(weight.data(), x.extent(1)), false, what);
+}
+
 /// Sum of v(i) for i in [0, n) in fp32 over 16 independent lanes (vectorizable), then a fixed
 /// pairwise reduction of the lanes.
 template <class F>
@@ -660,12 +690,7 @@ std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> we
   std::int64_t const rows = x.extent(0);
   std::int64_t const cols = x.extent(1);
   char const* what = "rmsnorm_forward";
-  check_vector(rstd, rows, what, "rstd");
-  check_overlap(bytes_of(y.data_handle(), y.size()), bytes_of(x.data_handle(), x.size()), true,
-                what);
-  check_overlap(bytes_of(rstd.data(), rows), bytes_of(x.data_handle(), x.size()), false, what);
-  check_overlap(bytes_of(rstd.data(), rows), bytes_of(y.data_handle(), y.size()), false, what);
-  check_overlap(bytes_of(y.data_handle(), y.size()), bytes_of(weight.data(), cols), false, what);
+  check_rmsnorm_outputs(x, weight, y, rstd, what);
   if (x.size() == 0) return 0;
   return with_saver<std::remove_const_t<X>>(ex, saved, opt, [&](auto& save) {
     return rmsnorm_rows(x.data_handle(), weight.data(), eps, y.data_handle(), rstd.data(), rows,
@@ -680,12 +705,7 @@ std::int64_t swiglu_forward(matrix_view<G> gate, matrix_view<U> up, matrix_view<
   std::int64_t const rows = gate.extent(0);
   std::int64_t const cols = gate.extent(1);
   char const* what = "swiglu_forward";
-  check_matrix(gate, rows, cols, what, "gate");
-  check_matrix(up, rows, cols, what, "up");
-  check_matrix(out, rows, cols, what, "out");
-  auto const o = bytes_of(out.data_handle(), out.size());
-  check_overlap(o, bytes_of(gate.data_handle(), gate.size()), true, what);
-  check_overlap(o, bytes_of(up.data_handle(), up.size()), true, what);
+  check_binary(gate, up, out, what, "gate", "up", "out");
   if (gate.size() == 0) return 0;
   using OT = std::remove_const_t<O>;
   auto const* gp = gate.data_handle();
@@ -742,12 +762,7 @@ std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b, 
   std::int64_t const rows = a.extent(0);
   std::int64_t const cols = a.extent(1);
   char const* what = "residual_add";
-  check_matrix(a, rows, cols, what, "a");
-  check_matrix(b, rows, cols, what, "b");
-  check_matrix(sum, rows, cols, what, "sum");
-  auto const s = bytes_of(sum.data_handle(), sum.size());
-  check_overlap(s, bytes_of(a.data_handle(), a.size()), true, what);
-  check_overlap(s, bytes_of(b.data_handle(), b.size()), true, what);
+  check_binary(a, b, sum, what, "a", "b", "sum");
   if (a.size() == 0) return 0;
   return with_saver<S>(ex, saved, opt, [&](auto& save) {
     return residual_rows(a.data_handle(), b.data_handle(), sum.data_handle(), rows, cols, save);
