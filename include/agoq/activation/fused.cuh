@@ -16,9 +16,10 @@
 /// portable expressions under -march with FMA), so nvcc contracts nothing on its own and the
 /// results equal the CPU executor's bit for bit: RMSNorm (y, rstd, dx, dweight; the sums of
 /// squares and of w·dy·x̂ run as 16 lanes, lane j taking the elements j mod 16 in order, combined
-/// by the same pairwise tree) and the residual add. SwiGLU and GeLU go through e^x: the device's
-/// expf (at most 2 ulp from e^x) is not glibc's expf (at most about 0.5 ulp), so their outputs
-/// may differ from the CPU executor's in the last bits of fp32, bounded in docs/activations.md.
+/// by the same pairwise tree) and the residual add. SwiGLU and GeLU call the very functions the
+/// CPU executor calls per element (fused_detail::swiglu, swiglu_grads, gelu, gelu_grad: explicit
+/// fmas, agoq's e^x of numeric/exp.hpp rather than CUDA's expf), so their outputs equal the CPU
+/// executor's bit for bit too.
 ///
 /// Element types float, bfloat16 and half for every operand. Host functions validate (extents,
 /// null or pageable host pointers, specs, eps, overlaps: agoq::invalid_argument, as the CPU ops)
@@ -48,17 +49,6 @@ inline constexpr int row_threads = 256;
 inline constexpr std::int64_t chunk = std::int64_t{row_threads} * run;
 /// The 16 lanes of the CPU executor's sums (fused_detail::lane_sum).
 inline constexpr int sum_lanes = 16;
-
-/// 1 / (1 + e^-g) with the device's expf (see the file comment).
-__device__ inline float sigmoid(float g) noexcept {
-  return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
-}
-
-/// z' = 2 sqrt(2/pi) (v + c v^3) as the CPU executor evaluates it: (2k) (fma(c v v, v, v)).
-__device__ inline float gelu_arg(float v) noexcept {
-  constexpr float two_k = 2.0f * fused_detail::gelu_k;  // exact
-  return __fmul_rn(two_k, __fmaf_rn(__fmul_rn(__fmul_rn(fused_detail::gelu_c, v), v), v, v));
-}
 
 /// No saved copy in the kernel (the plain op, or a grouping saved by a second pass).
 struct no_save {
@@ -361,7 +351,7 @@ AGOQ_KERNEL void swiglu_forward_kernel(G const* gate, U const* up, O* out, std::
         if (r.count > 0) {
           float o[run];
 #pragma unroll
-          for (int i = 0; i < run; ++i) o[i] = __fmul_rn(__fmul_rn(g[i], sigmoid(g[i])), u[i]);
+          for (int i = 0; i < run; ++i) o[i] = fused_detail::swiglu(g[i], u[i]);
           agoq::detail::gpu::store_run(out + at, r.count, o);
         }
       });
@@ -385,10 +375,7 @@ AGOQ_KERNEL void swiglu_backward_kernel(D const* dout, const_quantized_view sg, 
     float og[run], ou[run];
 #pragma unroll
     for (int i = 0; i < run; ++i) {
-      float const s = sigmoid(g[i]);
-      ou[i] = __fmul_rn(d[i], __fmul_rn(g[i], s));
-      float const t = __fmul_rn(s, __fmaf_rn(g[i], __fsub_rn(1.0f, s), 1.0f));
-      og[i] = __fmul_rn(__fmul_rn(d[i], u[i]), t);
+      fused_detail::swiglu_grads(d[i], g[i], u[i], og[i], ou[i]);
     }
     agoq::detail::gpu::store_run(dup + at, r.count, ou);
     agoq::detail::gpu::store_run(dgate + at, r.count, og);
@@ -410,20 +397,17 @@ AGOQ_KERNEL void gelu_forward_kernel(X const* x, Y* y, std::int64_t rows, std::i
         if (r.count > 0) {
           float o[run];
 #pragma unroll
-          for (int i = 0; i < run; ++i) o[i] = __fmul_rn(v[i], sigmoid(gelu_arg(v[i])));
+          for (int i = 0; i < run; ++i) o[i] = fused_detail::gelu(v[i]);
           agoq::detail::gpu::store_run(y + at, r.count, o);
         }
       });
   add_warp_count(nonfinite, bad);
 }
 
-/// GeLU backward from the decoded saved input:
-/// dx = dy fma(((2v) (s (1 - s))) k, fma(3c v, v, 1), s).
+/// GeLU backward from the decoded saved input: dx = fused_detail::gelu_grad(dy, x̂).
 template <class DY, class DX>
 AGOQ_KERNEL void gelu_backward_kernel(DY const* dy, const_quantized_view saved, quantized_layout l,
                                       DX* dx, unsigned long long* nonfinite) {
-  constexpr float k = fused_detail::gelu_k;
-  constexpr float c3 = 3.0f * fused_detail::gelu_c;
   unsigned long long bad = 0;
   for_each_run<1>(l.rows, l.cols, [&](device::element_run const& r, std::int64_t, unsigned) {
     if (r.count == 0) return;
@@ -434,13 +418,7 @@ AGOQ_KERNEL void gelu_backward_kernel(DY const* dy, const_quantized_view saved, 
     bad += static_cast<unsigned long long>(count_nonfinite(d, r.count));
     float o[run];
 #pragma unroll
-    for (int i = 0; i < run; ++i) {
-      float const s = sigmoid(gelu_arg(v[i]));
-      float const a =
-          __fmul_rn(__fmul_rn(__fmul_rn(2.0f, v[i]), __fmul_rn(s, __fsub_rn(1.0f, s))), k);
-      float const dg = __fmaf_rn(a, __fmaf_rn(__fmul_rn(c3, v[i]), v[i], 1.0f), s);
-      o[i] = __fmul_rn(d[i], dg);
-    }
+    for (int i = 0; i < run; ++i) o[i] = fused_detail::gelu_grad(d[i], v[i]);
     agoq::detail::gpu::store_run(dx + at, r.count, o);
   });
   add_warp_count(nonfinite, bad);

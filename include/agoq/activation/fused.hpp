@@ -18,16 +18,15 @@
 /// codes start on a byte are made inside those loops (group_saver): each group's statistics from
 /// the registers of the pass that streams it in, its codes from those of the pass that writes
 /// the output. Elsewhere the row is quantized once it is in the L1 cache (row_saver). SwiGLU and
-/// GeLU, bound by the scalar expf of their portable loops, quantize each row the same way.
+/// GeLU, whose loops g++ vectorizes (agoq's e^x, numeric/exp.hpp, is plain fp32 arithmetic),
+/// quantize each row the same way.
 ///
 /// Each forward op also exists without the saved view (the plain op, same arithmetic, same output
 /// bits). Every function is host only and synchronous, and throws agoq::invalid_argument on
 /// mismatched extents, null pointers, invalid specs or partially overlapping buffers; an output
 /// may be the very same buffer as an input of its op (in place), any other overlap is refused.
 /// Empty tensors are no-ops. The CUDA versions are in fused.cuh (rmsnorm_forward_async and the
-/// others, stream-ordered): the same saved bits, the same RMSNorm and residual-add outputs, and
-/// SwiGLU/GeLU outputs within the bound of docs/activations.md §7.1 (the device's expf is not
-/// glibc's).
+/// others, stream-ordered), with the same saved bits and the same output bits.
 #pragma once
 
 #include <algorithm>
@@ -45,6 +44,7 @@
 #include "../layout/params.hpp"
 #include "../layout/view.hpp"
 #include "../numeric/element.hpp"
+#include "../numeric/exp.hpp"
 #include "../quantize.hpp"
 #include "../scheme/dispatch.hpp"
 
@@ -496,12 +496,50 @@ float lane_sum(std::int64_t n, F&& v) {
   return acc[0];
 }
 
-/// 1 / (1 + e^-g).
-inline float sigmoid(float g) noexcept { return 1.0f / (1.0f + std::exp(-g)); }
+// The element math of SwiGLU and GeLU, shared by the CPU and CUDA executors: every multiply-add
+// an explicit fma and every other step one rounding with no product next to a sum, so that no
+// compiler (g++ at any -ffp-contract, clang, nvcc) contracts it differently and both executors
+// compute the same bits. e^x is agoq's (numeric/exp.hpp), not the C library's nor CUDA's expf.
+
+/// 1 / (1 + e^-g), the sum rounded once (fma of exp_parts). Host and device.
+AGOQ_HOST_DEVICE inline float sigmoid(float g) noexcept {
+  numeric::exp_product const e = numeric::exp_parts(-g);
+  return 1.0f / cuda::std::fma(e.head, e.scale, 1.0f);
+}
 
 /// sqrt(2 / pi) and the cubic coefficient of the tanh approximation of GeLU.
 inline constexpr float gelu_k = 0.7978845608028654f;
 inline constexpr float gelu_c = 0.044715f;
+
+/// SwiGLU's output (g sigmoid(g)) u. Host and device.
+AGOQ_HOST_DEVICE inline float swiglu(float g, float u) noexcept { return (g * sigmoid(g)) * u; }
+
+/// SwiGLU's gradients from dout = d, with s = sigmoid(g): du = d (g s) and
+/// dg = (d u) (s fma(g, 1 - s, 1)). Host and device.
+AGOQ_HOST_DEVICE inline void swiglu_grads(float d, float g, float u, float& dg,
+                                          float& du) noexcept {
+  float const s = sigmoid(g);
+  du = d * (g * s);
+  dg = (d * u) * (s * cuda::std::fma(g, 1.0f - s, 1.0f));
+}
+
+/// 2z = 2 sqrt(2/pi) (v + c v^3), evaluated as (2k) fma((c v) v, v, v) (2k is exact). Host and
+/// device.
+AGOQ_HOST_DEVICE inline float gelu_arg(float v) noexcept {
+  return (2.0f * gelu_k) * cuda::std::fma((gelu_c * v) * v, v, v);
+}
+
+/// GeLU (tanh approximation) as v sigmoid(2z): (1 + tanh z) / 2 = sigmoid(2z), one exp and no
+/// cancellation. Host and device.
+AGOQ_HOST_DEVICE inline float gelu(float v) noexcept { return v * sigmoid(gelu_arg(v)); }
+
+/// GeLU's gradient d gelu'(v) with s = sigmoid(2z):
+/// d fma(((2v) (s (1 - s))) k, fma((3c) v, v, 1), s) (3c rounded once). Host and device.
+AGOQ_HOST_DEVICE inline float gelu_grad(float d, float v) noexcept {
+  float const s = sigmoid(gelu_arg(v));
+  float const a = ((2.0f * v) * (s * (1.0f - s))) * gelu_k;
+  return d * cuda::std::fma(a, cuda::std::fma((3.0f * gelu_c) * v, v, 1.0f), s);
+}
 
 template <class In, class Out>
 void check_rmsnorm_args(matrix_view<In> x, matrix_view<Out> y, std::int64_t hidden,
@@ -718,8 +756,7 @@ std::int64_t swiglu_forward(matrix_view<G> gate, matrix_view<U> up, matrix_view<
     nonfinite += gate_saver.row(gr, r) + up_saver.row(ur, r);
     OT* orow = op + r * cols;
     for (std::int64_t i = 0; i < cols; ++i) {
-      float const g = numeric::to_float(gr[i]);
-      orow[i] = numeric::from_float<OT>(g * sigmoid(g) * numeric::to_float(ur[i]));
+      orow[i] = numeric::from_float<OT>(swiglu(numeric::to_float(gr[i]), numeric::to_float(ur[i])));
     }
   }
   return nonfinite;
@@ -745,11 +782,7 @@ std::int64_t gelu_forward(matrix_view<X> x, matrix_view<Y> y,
     nonfinite += saver.row(xr, r);
     YT* yr = yp + r * cols;
     for (std::int64_t i = 0; i < cols; ++i) {
-      float const v = numeric::to_float(xr[i]);
-      // (1 + tanh z) / 2 = sigmoid(2z): one exp, no cancellation (and several times faster
-      // than tanhf).
-      float const s = sigmoid(2.0f * gelu_k * (v + gelu_c * v * v * v));
-      yr[i] = numeric::from_float<YT>(v * s);
+      yr[i] = numeric::from_float<YT>(gelu(numeric::to_float(xr[i])));
     }
   }
   return nonfinite;
@@ -950,10 +983,10 @@ std::int64_t swiglu_backward(host_executor ex, matrix_view<D> dout, const_quanti
     GT* dgr = dgate.data_handle() + r * cols;
     UT* dur = dup.data_handle() + r * cols;
     for (std::int64_t i = 0; i < cols; ++i) {
-      float const d = numeric::to_float(dr[i]);
-      float const s = fused_detail::sigmoid(g[i]);
-      dur[i] = numeric::from_float<UT>(d * (g[i] * s));
-      dgr[i] = numeric::from_float<GT>(d * u[i] * (s * (1.0f + g[i] * (1.0f - s))));
+      float dg, du;
+      fused_detail::swiglu_grads(numeric::to_float(dr[i]), g[i], u[i], dg, du);
+      dur[i] = numeric::from_float<UT>(du);
+      dgr[i] = numeric::from_float<GT>(dg);
     }
   }
   return nonfinite + bad_scales;
@@ -1005,18 +1038,13 @@ std::int64_t gelu_backward(host_executor ex, matrix_view<DY> dy, const_quantized
   fused_detail::row_loader loader(ex, saved_x);
   std::int64_t nonfinite = 0;
   std::int64_t bad_scales = 0;
-  constexpr float k = fused_detail::gelu_k;
-  constexpr float c = fused_detail::gelu_c;
   for (std::int64_t r = 0; r < rows; ++r) {
     auto const* dr = dy.data_handle() + r * cols;
     float const* x = loader.row(r, bad_scales);
     nonfinite += fused_detail::count_nonfinite(dr, cols);
     DT* dxr = dx.data_handle() + r * cols;
     for (std::int64_t i = 0; i < cols; ++i) {
-      float const v = x[i];
-      float const s = fused_detail::sigmoid(2.0f * k * (v + c * v * v * v));
-      float const dg = s + 2.0f * v * (s * (1.0f - s)) * k * (1.0f + 3.0f * c * v * v);
-      dxr[i] = numeric::from_float<DT>(numeric::to_float(dr[i]) * dg);
+      dxr[i] = numeric::from_float<DT>(fused_detail::gelu_grad(numeric::to_float(dr[i]), x[i]));
     }
   }
   return nonfinite + bad_scales;
