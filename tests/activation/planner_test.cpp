@@ -114,10 +114,67 @@ TEST_CASE("the planner matches brute force within its own bound") {
   }
 }
 
+TEST_CASE("interleaved: the planner fits every peak moment and matches brute force") {
+  // p = 2, v = 2, m = 4, one layer per chunk: device 0 holds layers 0 and 2, device 1 layers 1
+  // and 3; device 0 peaks at (3,2) and (4,1) chunk micro-batches, device 1 at (2,1) and (3,0).
+  planner_input in = small_input();
+  in.parallel.virtual_stages = 2;
+  in.step.micro_batches = 4;
+  std::vector<storage> const three = {storage::with(int4_g128), storage::with(int8_g128),
+                                      storage::precise()};
+  in.policy.set(tensor_kind::mlp_input, storage::with(int4_g128), three);
+  in.policy.set(tensor_kind::swiglu_output, storage::with(int4_g128), three);
+  in.errors.set_outlier(tensor_kind::swiglu_output, 5.0);
+  tensor_kind const kinds[2] = {tensor_kind::mlp_input, tensor_kind::swiglu_output};
+  auto const need = minimum(in);
+  activation_plan previous;
+  for (std::int64_t extra = 0; extra <= 900000; extra += 25000) {
+    in.budget_bytes = std::max(need[0], need[1]) + extra;
+    auto const plan = make_plan(in);
+    for (std::int64_t s = 0; s < 2; ++s) {
+      auto const& st = plan.stages()[static_cast<std::size_t>(s)];
+      std::int64_t const layers[2] = {s, s + 2};
+      // 2 layers x 2 kinds x 3 options = 81 plans, their memory from the memory model.
+      double best = std::numeric_limits<double>::infinity();
+      for (int code = 0; code < 81; ++code) {
+        auto option = [&](std::int64_t l, tensor_kind k) -> storage {
+          int c = code;
+          for (std::int64_t const x : layers)
+            for (tensor_kind const y : kinds) {
+              if (x == l && y == k) return three[static_cast<std::size_t>(c % 3)];
+              c /= 3;
+            }
+          return in.policy.candidates(k).front();
+        };
+        auto const mem = estimate_memory(in.model, in.parallel, in.step, in.states, option);
+        if (mem[static_cast<std::size_t>(s)].total() > in.budget_bytes) continue;
+        double err = 0;
+        for (std::int64_t const l : layers)
+          for (tensor_kind const k : kinds)
+            err += in.errors.weighted(l, k, shape_of(k, in.model, shard_of(in.parallel, in.step)),
+                                      option(l, k));
+        best = std::min(best, err);
+      }
+      CHECK(st.error >= best * (1 - 1e-12));
+      CHECK(st.error_lower_bound <= best * (1 + 1e-12));
+      CHECK(st.memory.total() <= in.budget_bytes);
+    }
+    if (extra > 0) {
+      for (std::int64_t l = 0; l < 4; ++l)
+        for (tensor_kind const k : kinds) CHECK(bits_of(plan, l, k) >= bits_of(previous, l, k));
+    }
+    previous = plan;
+  }
+  // With room for everything, everything is precise.
+  CHECK(previous.total_error() == 0.0);
+}
+
 TEST_CASE("more memory never lowers a bit width, and stages with fewer micro-batches get more") {
   planner_input in;
   in.model = {block_style::llama, 16, 1024, 3584, 8, 2, 0, 32000, false};
   in.parallel.pp = 4;
+  SUBCASE("1F1B") { in.parallel.virtual_stages = 1; }
+  SUBCASE("interleaved, v = 2") { in.parallel.virtual_stages = 2; }
   in.step = {1, 512, 0};
   in.states.gradients = gradient_format::int8_g128;
   auto const need = minimum(in);
@@ -177,12 +234,17 @@ TEST_CASE("plan memory equals the memory model, and in-flight counts come from t
     auto const& st = plan.stages()[s];
     CHECK(st.memory.total() == check[s].total());
     CHECK(st.memory.activations == check[s].activations);
-    auto const counts = in_flight_micro_batches(2, 2, static_cast<std::int64_t>(s), 8);
+    CHECK(st.memory.in_flight == check[s].in_flight);
+    auto const peaks = in_flight_peaks(2, 2, static_cast<std::int64_t>(s), 8);
+    CHECK(std::find(peaks.begin(), peaks.end(), st.memory.in_flight) != peaks.end());
+    std::int64_t activations = 0;
     for (auto const& t : st.tensors) {
       layer_place const where = place_of(t.layer, in.model, in.parallel);
       CHECK(where.stage == static_cast<std::int64_t>(s));
-      CHECK(t.in_flight == counts[static_cast<std::size_t>(where.chunk)]);
+      CHECK(t.in_flight == st.memory.in_flight[static_cast<std::size_t>(where.chunk)]);
+      activations += t.bytes * t.in_flight;
     }
+    CHECK(activations == st.memory.activations);
   }
   CHECK(plan.storage_of(5, tensor_kind::o_proj_input) ==
         plan.storage_of(5, tensor_kind::attention_output));

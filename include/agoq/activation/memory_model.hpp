@@ -1,8 +1,9 @@
 /// \file
 /// A per-GPU memory model of one training step: weights (bf16 + fp32 master), gradients (fp32,
 /// bf16 or 8-bit), optimizer states (fp32 or 8-bit Adam), and the saved activations (bf16 or as
-/// planned) under tensor, pipeline (1F1B, interleaved), data (ZeRO 0-3) and sequence
-/// parallelism; and Megatron's published activation formula to check it against. Host only.
+/// planned) at the peak moment of the pipeline schedule (1F1B or interleaved, replayed exactly)
+/// under tensor, pipeline, data (ZeRO 0-3) and sequence parallelism; and Megatron's published
+/// activation formula to check it against. Host only.
 /// What is and is not counted is listed in docs/activations.md.
 #pragma once
 
@@ -102,7 +103,7 @@ inline std::int64_t layer_parameters(model_shape const& m, std::int64_t tp) {
 
 /// Rows of the vocabulary one tensor-parallel rank holds (the vocabulary is split, padded).
 inline std::int64_t vocab_per_rank(model_shape const& m, std::int64_t tp) {
-  return detail::ceil_div(m.vocab, tp);
+  return agoq::detail::ceil_div(m.vocab, tp);
 }
 
 /// The pipeline device (rank along the pipeline) holding global layer `layer`, and its local
@@ -118,68 +119,114 @@ inline layer_place place_of(std::int64_t layer, model_shape const& m, parallel_c
   return {global_chunk % p.pp, global_chunk / p.pp};
 }
 
-/// The largest number of micro-batches whose activations each local model chunk of pipeline
-/// device `stage` holds at once during one step (saved by a forward, not yet freed by its
-/// backward).
-/// - 1F1B (v = 1; Narayanan et al. 2021, PipeDream-Flush): stage s of p runs p - s - 1 warm-up
-///   forwards, then alternates one forward and one backward, so it holds min(p - s, m).
-/// - Interleaved (v > 1; Megatron-LM's schedule): device r runs 2 (p - r - 1) + (v - 1) p warm-up
-///   forward units (all m v units when m == p), then one forward and one backward per step; units
-///   go through the chunks in groups of p micro-batches (forward: chunk 0 first; backward: chunk
-///   v - 1 first). The schedule is replayed and each chunk's maximum is returned. Their sum is an
-///   upper bound on the peak (different chunks peak at different times); the peak count itself
-///   is peak_in_flight_units().
-/// `micro_batches` = 0 means enough micro-batches that the cap never binds. Throws
-/// agoq::invalid_argument for stage outside [0, pp), or an interleaved m that is not a multiple
-/// of pp.
-inline std::vector<std::int64_t> in_flight_micro_batches(std::int64_t pp, std::int64_t v,
-                                                         std::int64_t stage,
-                                                         std::int64_t micro_batches) {
+namespace detail {
+
+/// Checks the arguments of the in-flight functions below.
+inline void check_schedule(std::int64_t pp, std::int64_t v, std::int64_t stage,
+                           std::int64_t micro_batches) {
   AGOQ_EXPECTS(pp >= 1 && v >= 1, "in_flight: pp and virtual_stages must be positive");
   AGOQ_EXPECTS(stage >= 0 && stage < pp, "in_flight: stage " + std::to_string(stage) +
                                              " outside [0, " + std::to_string(pp) + ")");
   AGOQ_EXPECTS(micro_batches >= 0, "in_flight: micro_batches must be >= 0");
-  if (v == 1) {
-    std::int64_t const n = pp - stage;
-    return {micro_batches > 0 ? std::min(n, micro_batches) : n};
-  }
-  AGOQ_EXPECTS(micro_batches == 0 || micro_batches % pp == 0,
+  AGOQ_EXPECTS(v == 1 || micro_batches % pp == 0,
                "in_flight: the interleaved schedule needs micro_batches (" +
                    std::to_string(micro_batches) + ") to be a multiple of pp (" +
                    std::to_string(pp) + ")");
-  // Without a cap, replay enough micro-batches for the steady state to show every chunk's peak.
-  std::int64_t const m = micro_batches > 0 ? micro_batches : pp * (2 * v + 2);
-  std::int64_t const total = m * v;
-  std::int64_t const warmup =
-      m == pp ? total : std::min(2 * (pp - stage - 1) + (v - 1) * pp, total);
-  std::vector<std::int64_t> now(static_cast<std::size_t>(v), 0);
-  std::vector<std::int64_t> peak(static_cast<std::size_t>(v), 0);
-  auto forward = [&](std::int64_t k) {
-    auto const c = static_cast<std::size_t>((k % (pp * v)) / pp);
-    peak[c] = std::max(peak[c], ++now[c]);
-  };
-  auto backward = [&](std::int64_t j) {
-    --now[static_cast<std::size_t>(v - 1 - (j % (pp * v)) / pp)];
-  };
-  for (std::int64_t k = 0; k < warmup; ++k) forward(k);
-  for (std::int64_t i = 0; i < total - warmup; ++i) {
-    forward(warmup + i);
-    backward(i);
-  }
-  return peak;
 }
 
-/// The most model-chunk micro-batches device `stage` holds at one moment: min(p - s, m) for
-/// 1F1B; for the interleaved schedule min(2 (p - s - 1) + (v - 1) p + 1, m v) (m v when m == p),
-/// which for the first stage is p v + p - 1 chunk units = L (1 + (p - 1) / (p v)) layers' worth,
-/// Korthikanti et al. 2022, §4.2.3. Throws as in_flight_micro_batches.
+/// The micro-batches of the step the in-flight functions follow: `micro_batches`, or for 0 (no
+/// cap) 3 pp, enough that the steady state runs through a whole period of its peak moments
+/// (pp v steps; see in_flight_peaks) on every device.
+inline std::int64_t schedule_micro_batches(std::int64_t pp, std::int64_t micro_batches) {
+  return micro_batches > 0 ? micro_batches : 3 * pp;
+}
+
+/// The forward units device `stage` runs before its first backward (Megatron-LM's
+/// num_warmup_microbatches): p - s - 1 for 1F1B; 2 (p - s - 1) + (v - 1) p for the interleaved
+/// schedule, all m v when m == p; never more than the m v units of the step.
+inline std::int64_t warmup_units(std::int64_t pp, std::int64_t v, std::int64_t stage,
+                                 std::int64_t micro_batches) {
+  std::int64_t const total = schedule_micro_batches(pp, micro_batches) * v;
+  if (v > 1 && total == pp * v) return total;
+  return std::min(v == 1 ? pp - stage - 1 : 2 * (pp - stage - 1) + (v - 1) * pp, total);
+}
+
+/// How many of the first `n` units of a device's forward order run on local chunk `chunk`: the
+/// order takes pp micro-batches through chunk 0, the same pp through chunk 1, ..., then the next
+/// pp micro-batches (its backward order is the same with the chunks reversed).
+inline std::int64_t units_on_chunk(std::int64_t n, std::int64_t pp, std::int64_t v,
+                                   std::int64_t chunk) {
+  return n / (pp * v) * pp + std::clamp<std::int64_t>(n % (pp * v) - chunk * pp, 0, pp);
+}
+
+}  // namespace detail
+
+/// The micro-batches each local model chunk of pipeline device `stage` holds (saved by a forward,
+/// not yet freed by its backward) at each moment the device holds the most, one vector of v
+/// counts per distinct moment, in schedule order. These moments are all that matter for memory:
+/// every other moment of the step holds at most as much in every chunk as one of them, so for
+/// any per-chunk sizes the device's peak is the largest of these vectors' sums weighted by the
+/// sizes.
+/// - 1F1B (v = 1; Narayanan et al. 2021, PipeDream-Flush): stage s of p runs w = p - s - 1
+///   warm-up forwards, then alternates one forward and one backward; one moment, min(p - s, m).
+/// - Interleaved (v > 1; Megatron-LM's schedule): device s runs w = 2 (p - s - 1) + (v - 1) p
+///   warm-up forward units (all m v when m == p), then one forward and one backward unit per
+///   step. Forward units go through the chunks in groups of p micro-batches (chunk 0 first),
+///   backward units likewise from chunk v - 1. The peaks are the moments right after each
+///   steady-state forward, when w + 1 units are alive (without a steady state, the end of the
+///   warm-up); after F forwards and B backwards chunk c holds f_c(F) - f_{v-1-c}(B),
+///   f_c(n) = floor(n / (p v)) p + clamp(n mod p v - c p, 0, p).
+///   They repeat every p v steps, so at most p v moments are distinct.
+/// `micro_batches` = 0 means enough micro-batches that the cap never binds. Throws
+/// agoq::invalid_argument for stage outside [0, pp), or an interleaved m that is not a multiple
+/// of pp.
+inline std::vector<std::vector<std::int64_t>> in_flight_peaks(std::int64_t pp, std::int64_t v,
+                                                              std::int64_t stage,
+                                                              std::int64_t micro_batches) {
+  detail::check_schedule(pp, v, stage, micro_batches);
+  std::int64_t const total = detail::schedule_micro_batches(pp, micro_batches) * v;
+  std::int64_t const warmup = detail::warmup_units(pp, v, stage, micro_batches);
+  auto alive = [&](std::int64_t forwards, std::int64_t backwards) {
+    std::vector<std::int64_t> n(static_cast<std::size_t>(v));
+    for (std::int64_t c = 0; c < v; ++c)
+      n[static_cast<std::size_t>(c)] = detail::units_on_chunk(forwards, pp, v, c) -
+                                       detail::units_on_chunk(backwards, pp, v, v - 1 - c);
+    return n;
+  };
+  if (warmup == total) return {alive(total, 0)};
+  std::vector<std::vector<std::int64_t>> peaks;
+  for (std::int64_t i = 0; i < std::min(pp * v, total - warmup); ++i) {
+    auto n = alive(warmup + i + 1, i);
+    if (std::find(peaks.begin(), peaks.end(), n) == peaks.end()) peaks.push_back(std::move(n));
+  }
+  return peaks;
+}
+
+/// The most micro-batches each local model chunk of device `stage` holds at once: per chunk, the
+/// largest count of in_flight_peaks. For v > 1 the chunks reach these at different moments, so
+/// their sum exceeds the device's peak (p = 4, v = 2, device 0: 8 + 4 = 12 against 11); the
+/// memory model uses in_flight_peaks. Throws as in_flight_peaks.
+inline std::vector<std::int64_t> in_flight_micro_batches(std::int64_t pp, std::int64_t v,
+                                                         std::int64_t stage,
+                                                         std::int64_t micro_batches) {
+  auto const peaks = in_flight_peaks(pp, v, stage, micro_batches);
+  std::vector<std::int64_t> most = peaks.front();
+  for (auto const& n : peaks)
+    for (std::size_t c = 0; c < most.size(); ++c) most[c] = std::max(most[c], n[c]);
+  return most;
+}
+
+/// The most model-chunk micro-batches device `stage` holds at one moment (the sum of any of
+/// in_flight_peaks), in closed form: min(w + 1, m v) with w the warm-up units, i.e.
+/// min(p - s, m) for 1F1B and, for the interleaved schedule, min(2 (p - s - 1) + (v - 1) p + 1,
+/// m v) (m v when m == p). For the first device and m >= 2p that is p v + p - 1 chunk units =
+/// L (1 + (p - 1) / (p v)) layers' worth, Korthikanti et al. 2022, §4.2.3. Throws as
+/// in_flight_peaks.
 inline std::int64_t peak_in_flight_units(std::int64_t pp, std::int64_t v, std::int64_t stage,
                                          std::int64_t micro_batches) {
-  auto const per_chunk = in_flight_micro_batches(pp, v, stage, micro_batches);
-  if (v == 1) return per_chunk[0];
-  std::int64_t const m = micro_batches > 0 ? micro_batches : pp * (2 * v + 2);
-  if (m == pp) return m * v;
-  return std::min(2 * (pp - stage - 1) + (v - 1) * pp + 1, m * v);
+  detail::check_schedule(pp, v, stage, micro_batches);
+  return std::min(detail::warmup_units(pp, v, stage, micro_batches) + 1,
+                  detail::schedule_micro_batches(pp, micro_batches) * v);
 }
 
 /// Bytes of `n` parameters' gradients in format `g` (the 8-bit buffer as one flat
@@ -209,9 +256,12 @@ struct stage_memory {
   std::int64_t master_weights = 0;      ///< fp32 master copy (sharded under ZeRO >= 1)
   std::int64_t gradients = 0;           ///< gradient buffer (sharded under ZeRO >= 2)
   std::int64_t optimizer = 0;           ///< Adam moments (sharded under ZeRO >= 1)
-  std::int64_t activations = 0;         ///< saved tensors of the transformer blocks, all in flight
-  std::int64_t head_activations = 0;    ///< final norm, LM head input and fp32 logits (last stage)
-  std::vector<std::int64_t> in_flight;  ///< micro-batches in flight per local chunk
+  std::int64_t activations = 0;         ///< saved tensors of the transformer blocks at the peak
+  std::int64_t head_activations = 0;    ///< final norm, LM head input and fp32 logits (last stage),
+                                        ///< at the same moment
+  std::vector<std::int64_t> in_flight;  ///< micro-batches in flight per local chunk at the
+                                        ///< moment `activations` + `head_activations` peak (one
+                                        ///< of in_flight_peaks)
 
   /// States: weights + master + gradients + optimizer.
   std::int64_t states() const noexcept { return weights + master_weights + gradients + optimizer; }
@@ -245,8 +295,44 @@ inline std::int64_t head_activation_bytes(model_shape const& m, shard_shape cons
   return 2 * 2 * rows * m.hidden + 4 * sh.tokens() * vocab_per_rank(m, sh.tp);
 }
 
+namespace detail {
+
+/// The bytes of saved activations a pipeline device holds at each of its peak moments `peaks`
+/// (in_flight_peaks) when one micro-batch saves chunk_bytes[c] in local chunk c, plus
+/// `head_bytes` in the last chunk (the output head's, on the last device).
+inline std::vector<std::int64_t> bytes_at_peaks(std::vector<std::vector<std::int64_t>> const& peaks,
+                                                std::vector<std::int64_t> const& chunk_bytes,
+                                                std::int64_t head_bytes) {
+  std::vector<std::int64_t> out;
+  for (auto const& n : peaks) {
+    std::int64_t bytes = n.back() * head_bytes;
+    for (std::size_t c = 0; c < n.size(); ++c) bytes += n[c] * chunk_bytes[c];
+    out.push_back(bytes);
+  }
+  return out;
+}
+
+/// Sets `s.in_flight`, `s.activations` and `s.head_activations` to the first of `peaks` that
+/// holds the most bytes (bytes_at_peaks): the device's activation peak.
+inline void set_activation_peak(stage_memory& s,
+                                std::vector<std::vector<std::int64_t>> const& peaks,
+                                std::vector<std::int64_t> const& chunk_bytes,
+                                std::int64_t head_bytes) {
+  auto const bytes = bytes_at_peaks(peaks, chunk_bytes, head_bytes);
+  auto const at =
+      static_cast<std::size_t>(std::max_element(bytes.begin(), bytes.end()) - bytes.begin());
+  s.in_flight = peaks[at];
+  s.head_activations = s.in_flight.back() * head_bytes;
+  s.activations = bytes[at] - s.head_activations;
+}
+
+}  // namespace detail
+
 /// The memory of every pipeline device for one step with saved tensor `k` of global layer `l`
-/// stored as `choose(l, k)` (a callable returning agoq::activation::storage). Throws
+/// stored as `choose(l, k)` (a callable returning agoq::activation::storage). The activations are
+/// those of the device's peak moment: of its in_flight_peaks, the one whose in-flight chunks
+/// (and output head) hold the most bytes; chunks may differ in size when their layers are stored
+/// differently, and the head lives in the last device's last chunk. Throws
 /// agoq::invalid_argument for an invalid configuration.
 template <class Choose>
 requires std::invocable<Choose&, std::int64_t, tensor_kind> std::vector<stage_memory>
@@ -264,7 +350,6 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
   for (std::int64_t r = 0; r < p.pp; ++r) {
     stage_memory s;
     s.stage = r;
-    s.in_flight = in_flight_micro_batches(p.pp, p.virtual_stages, r, st.micro_batches);
     s.parameters = per_layer * lc * p.virtual_stages;
     bool const first = r == 0;
     bool const last = r == p.pp - 1;
@@ -273,20 +358,21 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
     if (last && (!m.tied_embeddings || p.pp > 1)) s.parameters += embedding;
     if (last) s.parameters += final_norm;
     auto shard = [&](int from_stage) {
-      return p.zero_stage >= from_stage ? detail::ceil_div(s.parameters, p.dp) : s.parameters;
+      return p.zero_stage >= from_stage ? agoq::detail::ceil_div(s.parameters, p.dp) : s.parameters;
     };
     s.weights = 2 * shard(3);
     s.master_weights = 4 * shard(1);
     s.gradients = gradient_bytes(f.gradients, shard(2));
     s.optimizer = optimizer_bytes(f.optimizer, shard(1));
+    std::vector<std::int64_t> chunk_bytes(static_cast<std::size_t>(p.virtual_stages), 0);
     for (std::int64_t c = 0; c < p.virtual_stages; ++c) {
       std::int64_t const first_layer = (c * p.pp + r) * lc;
-      std::int64_t chunk_bytes = 0;
       for (std::int64_t l = first_layer; l < first_layer + lc; ++l)
-        chunk_bytes += layer_activation_bytes(m, sh, [&](tensor_kind k) { return choose(l, k); });
-      s.activations += chunk_bytes * s.in_flight[static_cast<std::size_t>(c)];
+        chunk_bytes[static_cast<std::size_t>(c)] +=
+            layer_activation_bytes(m, sh, [&](tensor_kind k) { return choose(l, k); });
     }
-    if (last) s.head_activations = head_activation_bytes(m, sh) * s.in_flight.back();
+    detail::set_activation_peak(s, in_flight_peaks(p.pp, p.virtual_stages, r, st.micro_batches),
+                                chunk_bytes, last ? head_activation_bytes(m, sh) : 0);
     out.push_back(std::move(s));
   }
   return out;

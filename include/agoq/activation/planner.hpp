@@ -35,7 +35,8 @@ struct planned_tensor {
   tensor_kind kind = tensor_kind::qkv_input;
   storage choice;
   std::int64_t bytes = 0;      ///< one micro-batch's copy on one GPU
-  std::int64_t in_flight = 0;  ///< copies held at once (micro-batches in flight of its chunk)
+  std::int64_t in_flight = 0;  ///< copies held at its device's activation peak (micro-batches of
+                               ///< its chunk then in flight, stage_memory::in_flight)
   double error = 0;            ///< weighted modelled error (sensitivity x relative error)
 };
 
@@ -99,7 +100,8 @@ class activation_plan {
 
 namespace detail {
 
-/// One option of one planner item: its bytes (all copies in flight), weighted error, candidate.
+/// One option of one planner item: its bytes (one copy times the item's chunk weight, see
+/// make_plan), weighted error, candidate.
 struct plan_option {
   std::int64_t bytes = 0;
   double error = 0;
@@ -139,7 +141,7 @@ inline std::vector<plan_option> lower_hull(std::vector<plan_option> options) {
 /// One step up an item's hull.
 struct plan_upgrade {
   double gain = 0;         ///< error removed per byte added
-  std::int64_t bytes = 0;  ///< bytes added
+  std::int64_t bytes = 0;  ///< bytes added (weighted as plan_option's)
   double error = 0;        ///< error removed
   std::size_t item = 0;
   std::size_t step = 0;  ///< from hull[step] to hull[step + 1]
@@ -148,15 +150,17 @@ struct plan_upgrade {
 }  // namespace detail
 
 /// Plans every saved tensor (see the file comment). Per pipeline device the problem is a
-/// multiple-choice knapsack: each (layer, kind) takes one candidate; its bytes are the stored
-/// size times the micro-batches its chunk holds in flight, its cost the weighted modelled error.
-/// The planner takes each item's cheapest hull option, then applies hull upgrades in one fixed
-/// order (largest error removed per byte first; ties by layer, kind, step) while they fit,
-/// stopping at the first that does not. Consequences (docs/activations.md): the plan is
-/// deterministic; a larger budget never lowers any tensor's choice; the plan is the exact optimum
-/// of the relaxation whenever it stops on a hull point, and `error_lower_bound` bounds the exact
-/// optimum from below otherwise. Stages holding fewer micro-batches pay less per upgrade, so they
-/// get more bits.
+/// multiple-choice knapsack: each (layer, kind) takes one candidate, its cost the weighted
+/// modelled error; the device must fit the budget at each of its peak moments (in_flight_peaks),
+/// where a tensor of local chunk c counts n_c times its stored size. Under 1F1B there is one
+/// such moment. The planner takes each item's cheapest hull option, then applies hull upgrades in
+/// one fixed order while they fit at every peak moment, stopping at the first that does not. The
+/// order is by error removed per byte weighted by w_c, the sum of n_c over the peak moments (ties
+/// by layer, kind, step): the order that solves the relaxation in which the moments share one
+/// budget. Consequences (docs/activations.md): the plan is deterministic; a larger budget never
+/// lowers any tensor's choice; `error_lower_bound` (that relaxation's optimum) bounds the exact
+/// optimum from below, and under 1F1B the plan is exact whenever it stops on a hull point.
+/// Stages holding fewer micro-batches pay less per upgrade, so they get more bits.
 ///
 /// Throws agoq::invalid_argument for an invalid configuration, and when the budget cannot hold
 /// some device even with every tensor at its smallest candidate; the message names that device
@@ -169,9 +173,10 @@ inline activation_plan make_plan(planner_input const& in) {
   shard_shape const sh = shard_of(p, in.step);
   std::int64_t const lc = p.layers_per_chunk(m);
 
-  // Memory that does not depend on the plan: states and the output head, per device.
+  // Memory that does not depend on the plan: the states, per device.
   auto const fixed = estimate_memory(m, p, in.step, in.states,
                                      [](std::int64_t, tensor_kind) { return storage::precise(); });
+  std::int64_t const head = head_activation_bytes(m, sh);
 
   std::vector<tensor_kind> owned;
   for (tensor_kind const k : block_tensors(m.style))
@@ -186,39 +191,47 @@ inline activation_plan make_plan(planner_input const& in) {
   for (std::int64_t r = 0; r < p.pp; ++r) {
     stage_plan sp;
     sp.memory = fixed[static_cast<std::size_t>(r)];
-    sp.memory.activations = 0;
-    std::int64_t const base = sp.memory.total();
+    std::int64_t const head_bytes = r == p.pp - 1 ? head : 0;
+    auto const peaks = in_flight_peaks(p.pp, p.virtual_stages, r, in.step.micro_batches);
+    // w_c: the copies of chunk c summed over the peak moments (n_c under 1F1B).
+    std::vector<std::int64_t> weight(static_cast<std::size_t>(p.virtual_stages), 0);
+    for (auto const& n : peaks)
+      for (std::size_t c = 0; c < weight.size(); ++c) weight[c] += n[c];
 
     std::vector<planned_tensor> items;
+    std::vector<std::size_t> chunk_of;
     std::vector<std::vector<detail::plan_option>> hulls;
-    std::int64_t used = base;
-    for (std::int64_t c = 0; c < p.virtual_stages; ++c) {
-      std::int64_t const n = sp.memory.in_flight[static_cast<std::size_t>(c)];
-      std::int64_t const first_layer = (c * p.pp + r) * lc;
+    std::vector<std::int64_t> chunk_bytes(weight.size(), 0);
+    for (std::size_t c = 0; c < weight.size(); ++c) {
+      std::int64_t const first_layer = (static_cast<std::int64_t>(c) * p.pp + r) * lc;
       for (std::int64_t l = first_layer; l < first_layer + lc; ++l) {
         for (std::size_t ki = 0; ki < owned.size(); ++ki) {
           tensor_kind const k = owned[ki];
           auto const& cands = in.policy.candidates(k);
           std::vector<detail::plan_option> opts;
           for (std::size_t i = 0; i < cands.size(); ++i)
-            opts.push_back({cands[i].bytes(shapes[ki]) * n,
+            opts.push_back({cands[i].bytes(shapes[ki]) * weight[c],
                             in.errors.weighted(l, k, shapes[ki], cands[i]), i});
           hulls.push_back(detail::lower_hull(std::move(opts)));
           detail::plan_option const& start = hulls.back().front();
-          items.push_back({l, k, cands[start.candidate], start.bytes / std::max<std::int64_t>(n, 1),
-                           n, start.error});
-          used += start.bytes;
+          items.push_back({l, k, cands[start.candidate], start.bytes / weight[c], 0, start.error});
+          chunk_of.push_back(c);
+          chunk_bytes[c] += items.back().bytes;
         }
       }
     }
+    auto const start = detail::bytes_at_peaks(peaks, chunk_bytes, head_bytes);
+    std::int64_t const used = sp.memory.states() + *std::max_element(start.begin(), start.end());
+    std::vector<std::int64_t> room;  // left at each peak moment
+    for (std::int64_t const x : start) room.push_back(in.budget_bytes - sp.memory.states() - x);
     if (used > in.budget_bytes && used - in.budget_bytes > worst_short) {
       worst_short = used - in.budget_bytes;
       worst_stage = r;
       worst_need = used;
     }
 
-    std::vector<detail::plan_upgrade> ups;
-    for (std::size_t i = 0; i < hulls.size(); ++i)
+    std::vector<detail::plan_upgrade> ups;  // none where nothing fits: make_plan throws below
+    for (std::size_t i = 0; used <= in.budget_bytes && i < hulls.size(); ++i)
       for (std::size_t j = 0; j + 1 < hulls[i].size(); ++j) {
         std::int64_t const db = hulls[i][j + 1].bytes - hulls[i][j].bytes;
         double const de = hulls[i][j].error - hulls[i][j + 1].error;
@@ -230,28 +243,45 @@ inline activation_plan make_plan(planner_input const& in) {
                 if (a.item != b.item) return a.item < b.item;
                 return a.step < b.step;
               });
+    // The plan applies upgrades while they fit at every peak moment. The relaxation (the sum of
+    // the moments' constraints: upgrade bytes are w_c per copy, room the sum of the rooms) goes
+    // on from there, the first upgrade that does not fit taken fractionally; what it removes
+    // beyond the plan is the gap to the lower bound.
     std::vector<std::size_t> at(hulls.size(), 0);
-    std::int64_t room = in.budget_bytes - used;
+    std::int64_t relaxed_room = 0;
+    for (std::int64_t const x : room) relaxed_room += x;
+    bool fits = true;
     double relaxed_gain = 0;
     for (detail::plan_upgrade const& u : ups) {
-      if (room < 0) break;
-      if (u.bytes > room) {
-        relaxed_gain = u.error * static_cast<double>(room) / static_cast<double>(u.bytes);
+      if (u.bytes > relaxed_room) {
+        relaxed_gain += u.error * static_cast<double>(relaxed_room) / static_cast<double>(u.bytes);
         break;
       }
-      room -= u.bytes;
+      relaxed_room -= u.bytes;
+      std::size_t const c = chunk_of[u.item];
+      std::int64_t const copy = u.bytes / weight[c];
+      for (std::size_t j = 0; fits && j < peaks.size(); ++j) fits = peaks[j][c] * copy <= room[j];
+      if (!fits) {
+        relaxed_gain += u.error;
+        continue;
+      }
+      for (std::size_t j = 0; j < peaks.size(); ++j) room[j] -= peaks[j][c] * copy;
       at[u.item] = u.step + 1;
     }
 
+    std::fill(chunk_bytes.begin(), chunk_bytes.end(), 0);
     for (std::size_t i = 0; i < items.size(); ++i) {
       detail::plan_option const& o = hulls[i][at[i]];
       planned_tensor& t = items[i];
       t.choice = in.policy.candidates(t.kind)[o.candidate];
-      t.bytes = t.in_flight > 0 ? o.bytes / t.in_flight : 0;
+      t.bytes = o.bytes / weight[chunk_of[i]];
       t.error = o.error;
-      sp.memory.activations += o.bytes;
+      chunk_bytes[chunk_of[i]] += t.bytes;
       sp.error += o.error;
     }
+    detail::set_activation_peak(sp.memory, peaks, chunk_bytes, head_bytes);
+    for (std::size_t i = 0; i < items.size(); ++i)
+      items[i].in_flight = sp.memory.in_flight[chunk_of[i]];
     sp.error_lower_bound = std::max(0.0, sp.error - relaxed_gain);
     sp.unused_bytes = in.budget_bytes - sp.memory.total();
     sp.tensors = std::move(items);
