@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -279,6 +280,57 @@ TEST_CASE_TEMPLATE("rmsnorm_backward from the quantized input is within the prop
       bad_dw += !within(dw[i], dw_ref[i], dw_err[i] + g_dw * dw_mag[i]);
     }
     CHECK(bad_dw == 0);
+  }
+}
+
+TEST_CASE("dweight_block_rows: at least 32 rows a block, at most 512 blocks") {
+  using fused_detail::dweight_block_rows;
+  CHECK(dweight_block_rows(1) == 32);
+  CHECK(dweight_block_rows(16384) == 32);
+  CHECK(dweight_block_rows(16385) == 33);
+  CHECK(dweight_block_rows(std::int64_t{1} << 31) == std::int64_t{1} << 22);
+  for (std::int64_t const rows :
+       {std::int64_t{1}, std::int64_t{31}, std::int64_t{16385}, std::int64_t{3000000000}}) {
+    CHECK(agoq::detail::ceil_div(rows, dweight_block_rows(rows)) <= 512);
+  }
+}
+
+TEST_CASE(
+    "rmsnorm_backward sums dweight in blocks of rows, each in row order, then in block order") {
+  // The order both executors follow (the device test checks the CUDA one against this one): the
+  // reference repeats it in fp32 from the decoded input and must match bit for bit, also onto a
+  // dweight that already holds values.
+  std::int64_t const cols = 24;
+  for (std::int64_t rows : {1, 31, 32, 33, 100, 16385}) {
+    CAPTURE(rows);
+    auto const x = random_tensor<bfloat16>(rows * cols, 11);
+    auto const w = random_tensor<bfloat16>(cols, 12, 1.0f);
+    auto const dy = random_tensor<bfloat16>(rows * cols, 13);
+    quantized_tensor saved(int4_g128, rows, cols);
+    std::vector<bfloat16> y(x.size());
+    std::vector<float> rstd(static_cast<std::size_t>(rows));
+    rmsnorm_forward(agoq::host, cview(x, rows, cols), std::span<bfloat16 const>(w), eps,
+                    mview(y, rows, cols), saved.view(), std::span<float>(rstd), opts);
+    std::vector<float> xh(x.size());
+    agoq::dequantize(agoq::host, saved.view(), matrix_view<float>(xh.data(), rows, cols));
+    std::vector<float> dw(static_cast<std::size_t>(cols));
+    for (std::int64_t i = 0; i < cols; ++i) dw[i] = 0.25f * static_cast<float>(i) - 3.0f;
+    std::vector<float> want = dw;
+    std::int64_t const block = fused_detail::dweight_block_rows(rows);
+    for (std::int64_t b = 0; b * block < rows; ++b) {
+      std::vector<float> p(static_cast<std::size_t>(cols), 0.0f);
+      for (std::int64_t r = b * block; r < std::min(rows, (b + 1) * block); ++r) {
+        for (std::int64_t i = 0; i < cols; ++i) {
+          std::size_t const k = static_cast<std::size_t>(r * cols + i);
+          p[i] = std::fma(numeric::to_float(dy[k]) * xh[k], rstd[r], p[i]);
+        }
+      }
+      for (std::int64_t i = 0; i < cols; ++i) want[i] += p[i];
+    }
+    std::vector<bfloat16> dx(x.size());
+    rmsnorm_backward(agoq::host, cview(dy, rows, cols), saved.view(), std::span<float const>(rstd),
+                     std::span<bfloat16 const>(w), mview(dx, rows, cols), std::span<float>(dw));
+    CHECK(std::memcmp(dw.data(), want.data(), dw.size() * sizeof(float)) == 0);
   }
 }
 

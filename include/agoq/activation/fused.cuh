@@ -12,11 +12,12 @@
 ///
 /// Outputs: every fp32 step is written as the explicit operation the CPU executor performs
 /// (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn, and __fmaf_rn exactly where the CPU executor
-/// multiplies-adds: its AVX-512 loops' explicit fused multiply-adds and g++'s contraction of the
-/// portable expressions under -march with FMA), so nvcc contracts nothing on its own and the
-/// results equal the CPU executor's bit for bit: RMSNorm (y, rstd, dx, dweight; the sums of
-/// squares and of w·dy·x̂ run as 16 lanes, lane j taking the elements j mod 16 in order, combined
-/// by the same pairwise tree) and the residual add. SwiGLU and GeLU call the very functions the
+/// multiplies-adds: its explicit fmas, in the AVX-512 loops and in the portable ones), so nvcc
+/// contracts nothing on its own and the results equal the CPU executor's bit for bit: RMSNorm
+/// (y, rstd, dx, dweight; the sums of squares and of w·dy·x̂ run as 16 lanes, lane j taking the
+/// elements j mod 16 in order, combined by the same pairwise tree; dweight's sum over the rows in
+/// fused_detail::dweight_block_rows blocks, each folded in row order, then added in block order)
+/// and the residual add. SwiGLU and GeLU call the very functions the
 /// CPU executor calls per element (fused_detail::swiglu, swiglu_grads, gelu, gelu_grad: explicit
 /// fmas, agoq's e^x of numeric/exp.hpp rather than CUDA's expf), so their outputs equal the CPU
 /// executor's bit for bit too.
@@ -307,19 +308,25 @@ AGOQ_KERNEL void rmsnorm_backward_kernel(DY const* dy, const_quantized_view save
   add_warp_count(nonfinite, bad);
 }
 
-/// RMSNorm backward, dweight: one thread per run of 8 columns folds the rows in order,
-/// dweight_i = fma(dy_i x̂_i, rstd, dweight_i), as the CPU executor does.
+/// RMSNorm backward, dweight's block sums: unit u = (block b, run of 8 columns) folds the rows of
+/// block b (fused_detail::dweight_block_rows) in order from 0, p_i = fma(dy_i x̂_i, rstd, p_i), as
+/// the CPU executor does, into partial[b * cols + i]. Consecutive threads take consecutive runs of
+/// one block, so their loads of each row coalesce.
 template <class DY>
-AGOQ_KERNEL void rmsnorm_dweight_kernel(DY const* dy, const_quantized_view saved,
-                                        quantized_layout l, float const* rstd, float* dweight) {
+AGOQ_KERNEL void rmsnorm_dweight_blocks_kernel(DY const* dy, const_quantized_view saved,
+                                               quantized_layout l, float const* rstd,
+                                               float* partial) {
   std::int64_t const rows = l.rows, cols = l.cols;
-  std::int64_t const units = device::unit_count(1, cols);
+  std::int64_t const block = fused_detail::dweight_block_rows(rows);
+  std::int64_t const runs = device::unit_count(1, cols);
+  std::int64_t const units = runs * agoq::detail::ceil_div(rows, block);
   for (std::int64_t u = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < units;
        u += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    device::element_run const first = device::unit_run(u, 1, cols);
-    float acc[run];
-    agoq::detail::gpu::load_run(dweight + first.col, first.count, acc);
-    for (std::int64_t r = 0; r < rows; ++r) {
+    std::int64_t const b = u / runs;
+    device::element_run const first = device::unit_run(u - b * runs, 1, cols);
+    float acc[run] = {};
+    std::int64_t const end = rows < (b + 1) * block ? rows : (b + 1) * block;
+    for (std::int64_t r = b * block; r < end; ++r) {
       device::element_run const er{r, first.col, first.count};
       float v[run], d[run];
       decode_run(saved, l, er, v);
@@ -327,6 +334,25 @@ AGOQ_KERNEL void rmsnorm_dweight_kernel(DY const* dy, const_quantized_view saved
       float const rs = rstd[r];
 #pragma unroll
       for (int i = 0; i < run; ++i) acc[i] = __fmaf_rn(__fmul_rn(d[i], v[i]), rs, acc[i]);
+    }
+    agoq::detail::gpu::store_run(partial + b * cols + first.col, first.count, acc);
+  }
+}
+
+/// RMSNorm backward, dweight: one thread per run of 8 columns adds the `blocks` block sums to
+/// dweight in block order, as the CPU executor does.
+AGOQ_KERNEL inline void rmsnorm_dweight_fold_kernel(float const* partial, std::int64_t blocks,
+                                                    std::int64_t cols, float* dweight) {
+  std::int64_t const units = device::unit_count(1, cols);
+  for (std::int64_t u = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < units;
+       u += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    device::element_run const first = device::unit_run(u, 1, cols);
+    float acc[run], p[run];
+    agoq::detail::gpu::load_run(dweight + first.col, first.count, acc);
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      agoq::detail::gpu::load_run(partial + b * cols + first.col, first.count, p);
+#pragma unroll
+      for (int i = 0; i < run; ++i) acc[i] = __fadd_rn(acc[i], p[i]);
     }
     agoq::detail::gpu::store_run(dweight + first.col, first.count, acc);
   }
@@ -722,10 +748,11 @@ void rmsnorm_forward_async(cuda_executor ex, matrix_view<X> x, std::span<W> weig
 }
 
 /// RMSNorm backward on the device from the quantized input: the twin of
-/// rmsnorm_backward(host_executor, ...) (same dx and dweight bits; dweight accumulated over the
-/// rows in order into what it holds). `nonfinite` receives the non-finite count of dy plus the
-/// values decoded under a non-finite stored scale. dx may be dy itself. Stream-ordered; does not
-/// synchronize. \throws as the CPU op, and on a pageable host pointer.
+/// rmsnorm_backward(host_executor, ...) (same dx and dweight bits; dweight's sum over the rows in
+/// the same blocks and orders, the blocks folded in parallel through a workspace of at most
+/// 512 x hidden floats, allocated and freed in stream order). `nonfinite` receives the non-finite
+/// count of dy plus the values decoded under a non-finite stored scale. dx may be dy itself.
+/// Stream-ordered; does not synchronize. \throws as the CPU op, and on a pageable host pointer.
 template <fused_input DY, fused_input W, fused_output DX>
 void rmsnorm_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantized_view saved_x,
                             std::span<float const> rstd, std::span<W> weight, matrix_view<DX> dx,
@@ -759,13 +786,22 @@ void rmsnorm_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantize
   using DYT = std::remove_const_t<DY>;
   using WT = std::remove_const_t<W>;
   quantized_layout const l = saved_x.layout();
-  // dweight first: dx may overwrite dy.
+  // dweight first: dx may overwrite dy. Its block sums go through a stream-ordered workspace.
   device::launch_policy const pol = agoq::detail::gpu::current_policy();
-  fused_gpu::rmsnorm_dweight_kernel<DYT>
-      <<<agoq::detail::gpu::grid_for(device::unit_count(1, cols), pol), pol.block_threads, 0,
-         stream>>>(static_cast<DYT const*>(dy.data_handle()), saved_x, l, rstd.data(),
-                   dweight.data());
+  std::int64_t const blocks = agoq::detail::ceil_div(rows, dweight_block_rows(rows));
+  float* partial = nullptr;
+  AGOQ_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&partial),
+                                static_cast<std::size_t>(blocks * cols) * sizeof(float), stream));
+  fused_gpu::rmsnorm_dweight_blocks_kernel<DYT>
+      <<<agoq::detail::gpu::grid_for(blocks * device::unit_count(1, cols), pol), pol.block_threads,
+         0, stream>>>(static_cast<DYT const*>(dy.data_handle()), saved_x, l, rstd.data(), partial);
   AGOQ_CUDA_TRY(cudaGetLastError());
+  fused_gpu::
+      rmsnorm_dweight_fold_kernel<<<agoq::detail::gpu::grid_for(device::unit_count(1, cols), pol),
+                                    pol.block_threads, 0, stream>>>(partial, blocks, cols,
+                                                                    dweight.data());
+  AGOQ_CUDA_TRY(cudaGetLastError());
+  AGOQ_CUDA_TRY(cudaFreeAsync(partial, stream));
   fused_gpu::row_launch const rl = fused_gpu::make_row_launch(rows, 2 * cols, stream);
   fused_gpu::rmsnorm_backward_kernel<DYT, WT, DX>
       <<<rl.grid, fused_gpu::row_threads, rl.shared_bytes, stream>>>(
@@ -777,7 +813,7 @@ void rmsnorm_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantize
 
 /// SwiGLU forward on the device, fused with saving both inputs: the twin of
 /// swiglu_forward(host_executor, ...): saved_gate and saved_up bit-identical (up at stream
-/// positions offset + tokens * features on), out within the bound of the file comment.
+/// positions offset + tokens * features on), out bit-identical.
 /// `nonfinite` receives the non-finite count of gate plus that of up. out may be gate or up
 /// itself. Stream-ordered; does not synchronize. \throws as the CPU op, and on a pageable host
 /// pointer.
@@ -842,9 +878,9 @@ void swiglu_backward_async(cuda_executor ex, matrix_view<D> dout, const_quantize
 }
 
 /// GeLU forward (tanh approximation) on the device, fused with saving its input: the twin of
-/// gelu_forward(host_executor, ...): saved_x bit-identical, y within the bound of the file
-/// comment. `nonfinite` receives the non-finite count of x. y may be x itself. Stream-ordered;
-/// does not synchronize. \throws as the CPU op, and on a pageable host pointer.
+/// gelu_forward(host_executor, ...): saved_x and y bit-identical. `nonfinite` receives the
+/// non-finite count of x. y may be x itself. Stream-ordered; does not synchronize. \throws as the
+/// CPU op, and on a pageable host pointer.
 template <fused_input X, fused_output Y>
 void gelu_forward_async(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y,
                         quantized_view saved_x, quantize_options opt = {},

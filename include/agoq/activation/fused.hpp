@@ -479,21 +479,38 @@ void check_rmsnorm_outputs(matrix_view<X> x, std::span<W> weight, matrix_view<Y>
   check_overlap(yb, bytes_of(weight.data(), x.extent(1)), false, what);
 }
 
-/// Sum of v(i) for i in [0, n) in fp32 over 16 independent lanes (vectorizable), then a fixed
-/// pairwise reduction of the lanes.
+/// Sum of a_i b_i for i in [0, n) in fp32 over 16 independent lanes (vectorizable): lane j folds
+/// i = j, j + 16, ... in order with fma(a_i, b_i, acc), term(i, a, b) giving a_i and b_i; then a
+/// fixed pairwise reduction of the lanes. The CUDA executor's lane_sum (fused.cuh) is its twin.
 template <class F>
-float lane_sum(std::int64_t n, F&& v) {
+float lane_sum(std::int64_t n, F&& term) {
   constexpr int lanes = 16;
   float acc[lanes] = {};
+  auto const fold = [&](std::int64_t i, int j) {
+    float a, b;
+    term(i, a, b);
+    acc[j] = std::fma(a, b, acc[j]);
+  };
   std::int64_t i = 0;
   for (; i + lanes <= n; i += lanes) {
-    for (int j = 0; j < lanes; ++j) acc[j] += v(i + j);
+    for (int j = 0; j < lanes; ++j) fold(i + j, j);
   }
-  for (int j = 0; i + j < n; ++j) acc[j] += v(i + j);
+  for (int j = 0; i + j < n; ++j) fold(i + j, j);
   for (int w = lanes / 2; w > 0; w /= 2) {
     for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
   }
   return acc[0];
+}
+
+/// Rows per block of RMSNorm backward's dweight sum, the same on both executors: each block of
+/// that many consecutive rows (the last one possibly shorter) is folded in row order into a
+/// partial sum starting at 0, p_i = fma(dy_ti x̂_ti, rstd_t, p_i), and the blocks' partial sums
+/// are then added to dweight in block order. At least 32 rows, and at most 512 blocks, so that a
+/// GPU folds the blocks in parallel into a bounded workspace (512 x hidden floats). Host and
+/// device.
+AGOQ_HOST_DEVICE constexpr std::int64_t dweight_block_rows(std::int64_t rows) noexcept {
+  std::int64_t const spread = agoq::detail::ceil_div(rows, 512);
+  return spread > 32 ? spread : 32;
 }
 
 // The element math of SwiGLU and GeLU, shared by the CPU and CUDA executors: every multiply-add
@@ -686,12 +703,10 @@ std::int64_t rmsnorm_rows(X const* x, W const* w, float eps, Y* y, float* rstd, 
   for (std::int64_t r = 0; r < rows; ++r) {
     X const* xr = x + r * cols;
     // The sum of squares streams the row in from memory; the quantization then reads it hot.
-    float const ss = lane_sum(cols, [&](std::int64_t i) {
-      float const v = numeric::to_float(xr[i]);
-      return v * v;
-    });
+    float const ss = lane_sum(
+        cols, [&](std::int64_t i, float& a, float& b) { a = b = numeric::to_float(xr[i]); });
     nonfinite += save.row(xr, r);
-    float const rs = 1.0f / std::sqrt(ss * inv_cols + eps);
+    float const rs = 1.0f / std::sqrt(std::fma(ss, inv_cols, eps));
     rstd[r] = rs;
     Y* yr = y + r * cols;
     for (std::int64_t i = 0; i < cols; ++i) {
@@ -855,8 +870,10 @@ std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> we
 
 /// RMSNorm backward from the quantized input: with x̂ the decoded saved_x (fp32, row by row) and
 /// r = rstd[t] from the forward, c = (1/hidden) sum_j weight_j dy_j x̂_j,
-/// dx_i = r (weight_i dy_i - x̂_i r^2 c) and dweight_i += dy_i x̂_i r (fp32, accumulated over
-/// tokens into what dweight holds). Returns the number of non-finite values in dy plus the number
+/// dx_i = r fma(weight_i, dy_i, -(x̂_i (r^2 c))) and dweight_i += sum over tokens of dy_i x̂_i r
+/// (fp32, in blocks of fused_detail::dweight_block_rows tokens: each block's sum folded in token
+/// order with fused multiply-adds, then the block sums added to what dweight holds in order).
+/// Returns the number of non-finite values in dy plus the number
 /// of values decoded under a non-finite stored scale (zero for any buffer the forward wrote). dx
 /// may be dy itself. Host only; synchronous. \throws agoq::invalid_argument on mismatched extents,
 /// null pointers, an invalid spec or partially overlapping buffers.
@@ -888,25 +905,33 @@ std::int64_t rmsnorm_backward(host_executor ex, matrix_view<DY> dy, const_quanti
   W const* w = weight.data();
   float* dwp = dweight.data();
   float const inv_cols = 1.0f / static_cast<float>(cols);
+  std::int64_t const block = fused_detail::dweight_block_rows(rows);
+  std::vector<float> partial(static_cast<std::size_t>(cols));
   std::int64_t nonfinite = 0;
   std::int64_t bad_scales = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
+    if (r % block == 0) std::fill(partial.begin(), partial.end(), 0.0f);
     auto const* dyr = dyp + r * cols;
     float const* xh = loader.row(r, bad_scales);
     nonfinite += fused_detail::count_nonfinite(dyr, cols);
     float const rs = rstd[static_cast<std::size_t>(r)];
     float const c =
         fused_detail::lane_sum(cols,
-                               [&](std::int64_t i) {
-                                 return numeric::to_float(w[i]) * numeric::to_float(dyr[i]) * xh[i];
+                               [&](std::int64_t i, float& a, float& b) {
+                                 a = numeric::to_float(w[i]) * numeric::to_float(dyr[i]);
+                                 b = xh[i];
                                }) *
         inv_cols;
-    float const k = rs * rs * c;
+    float const k = (rs * rs) * c;
     DT* dxr = dxp + r * cols;
     for (std::int64_t i = 0; i < cols; ++i) {
       float const d = numeric::to_float(dyr[i]);
-      dwp[i] += d * xh[i] * rs;
-      dxr[i] = numeric::from_float<DT>(rs * (numeric::to_float(w[i]) * d - xh[i] * k));
+      partial[static_cast<std::size_t>(i)] =
+          std::fma(d * xh[i], rs, partial[static_cast<std::size_t>(i)]);
+      dxr[i] = numeric::from_float<DT>(rs * std::fma(numeric::to_float(w[i]), d, -(xh[i] * k)));
+    }
+    if (r % block == block - 1 || r == rows - 1) {
+      for (std::int64_t i = 0; i < cols; ++i) dwp[i] += partial[static_cast<std::size_t>(i)];
     }
   }
   return nonfinite + bad_scales;
