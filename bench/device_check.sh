@@ -21,10 +21,13 @@ fi
 out="${1:-device-check}"
 mkdir -p "$out"
 arch="${CUDA_ARCH:-90}"
+# nccl_test stays last (built only where CMake finds NCCL).
 gpu_tests=(quantize_device_test_float quantize_device_test_bfloat16 quantize_device_test_half
            adamw_device_test all_reduce_device_test fused_device_test_float
-           fused_device_test_bfloat16 fused_device_test_half nccl_test)
-benches=(quantize_device_bench optim_device_bench all_reduce_device_bench fused_device_bench)
+           fused_device_test_bfloat16 fused_device_test_half buffer_device_test_float
+           buffer_device_test_bfloat16 buffer_device_test_half nccl_test)
+benches=(quantize_device_bench optim_device_bench all_reduce_device_bench fused_device_bench
+         buffer_device_bench)
 
 if [ -n "$prebuilt" ]; then
   build="$prebuilt"
@@ -52,7 +55,8 @@ else
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
     -DCMAKE_PREFIX_PATH="$PWD/.deps" -DAGOQ_WERROR="${AGOQ_WERROR:-ON}" 2>&1 | tail -n 3 | tee "$out/configure.log"
   # nccl_test exists only where CMake finds NCCL; the prebuilt mode runs it when it was built.
-  if ! cmake --build "$build" --target "${gpu_tests[@]:0:8}" "${benches[@]}" quantized_matmul \
+  if ! cmake --build "$build" --target "${gpu_tests[@]:0:${#gpu_tests[@]}-1}" "${benches[@]}" \
+      quantized_matmul \
       >"$out/build.log" 2>&1; then
     tail -n 40 "$out/build.log"
     echo "build failed" >"$out/summary.md"
@@ -79,6 +83,10 @@ all_reduce_rc=$?
   --benchmark_out="$out/fused_bench.json" --benchmark_out_format=json >"$out/fused_bench.log" 2>&1
 fused_rc=$?
 [ "$bench_rc" -eq 0 ] && bench_rc=$fused_rc
+"$build/bench/buffer_device_bench" --benchmark_min_time=0.2 \
+  --benchmark_out="$out/buffer_bench.json" --benchmark_out_format=json >"$out/buffer_bench.log" 2>&1
+buffer_rc=$?
+[ "$bench_rc" -eq 0 ] && bench_rc=$buffer_rc
 
 python3 bench/summarize_device.py "$out" "$tests_rc" "$example_rc" "$bench_rc" >"$out/summary.md"
 cat "$out/summary.md"

@@ -105,3 +105,23 @@ if fused.exists():
             print(f"| {op} | {size >> 20} | {p:.1f} | {t:.1f} | {t / p:.2f} | {gbps[(op, size, f)]:.0f} |")
         elif f == -1:
             print(f"| {op} | {size >> 20} | | {t:.1f} | | {gbps[(op, size, f)]:.0f} |")
+
+# The gradient buffer's accumulate (dequantize, add, requantize in one pass) beside a copy of the
+# same bytes (bench/buffer_device_bench.cu).
+buffer = out / "buffer_bench.json"
+if buffer.exists():
+    print("\n## Gradient buffer accumulate (ratio to a copy of the same bytes)\n")
+    kernels, copies = {}, {}
+    for b in json.loads(buffer.read_text())["benchmarks"]:
+        if b.get("error_occurred"):
+            continue
+        size = int(re.search(r"elements:(\d+)", b["name"]).group(1))
+        if b["name"].startswith("bm_copy"):
+            copies[size] = b["bytes_per_second"] / 1e9
+        else:
+            kernels[(b["name"].split("/")[1], size)] = b["bytes_per_second"] / 1e9
+    print("| rounding | Mi elements | GB/s | copy GB/s | accumulate / copy |")
+    print("|---|---|---|---|---|")
+    for (variant, size), gbps in sorted(kernels.items()):
+        c = copies.get(size, float("nan"))
+        print(f"| {variant} | {size >> 20} | {gbps:.0f} | {c:.0f} | {gbps / c:.2f} |")

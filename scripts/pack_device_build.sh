@@ -14,8 +14,10 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITEC
   -DAGOQ_HOST_ARCH=x86-64-v3 -DCUDAToolkit_ROOT="$cuda_root" >/dev/null
 tests=(quantize_device_test_float quantize_device_test_bfloat16 quantize_device_test_half
        adamw_device_test all_reduce_device_test fused_device_test_float
-       fused_device_test_bfloat16 fused_device_test_half)
-benches=(quantize_device_bench optim_device_bench all_reduce_device_bench fused_device_bench)
+       fused_device_test_bfloat16 fused_device_test_half buffer_device_test_float
+       buffer_device_test_bfloat16 buffer_device_test_half)
+benches=(quantize_device_bench optim_device_bench all_reduce_device_bench fused_device_bench
+         buffer_device_bench)
 targets=("${tests[@]}" "${benches[@]}" quantized_matmul)
 # nccl_test is built where CMake found NCCL.
 if cmake --build "$build" --target help | grep -q '^nccl_test:'; then targets+=(nccl_test); fi

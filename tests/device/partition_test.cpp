@@ -66,6 +66,51 @@ TEST_CASE("group_lane_run covers every element once and names its layout group")
   }
 }
 
+TEST_CASE("group_lanes: the power of two of lanes holding a group of 8-element runs") {
+  static_assert(group_lanes(32) == 4 && group_lanes(64) == 8 && group_lanes(128) == 16 &&
+                group_lanes(256) == 32);
+  CHECK(group_lanes(33) == 8);    // 5 runs
+  CHECK(group_lanes(100) == 16);  // 13 runs
+  CHECK(group_lanes(129) == 32);  // 17 runs
+  for (std::int64_t g = 32; g <= 256; ++g) {
+    std::int64_t const lanes = group_lanes(g);
+    REQUIRE((lanes & (lanes - 1)) == 0);
+    REQUIRE(lanes * elements_per_thread >= g);
+    REQUIRE((lanes / 2) * elements_per_thread < g);
+  }
+}
+
+TEST_CASE("padded_group_lane_run covers every element once, inside its own group") {
+  for (std::int64_t g : {32, 33, 40, 64, 100, 127, 128, 129, 200, 255, 256}) {
+    std::int64_t const lanes = group_lanes(g);
+    spec s = spec::parse("int8_g32_sym_rne_f32");
+    s.group_cols = g;
+    for (auto [rows, cols] : shapes) {
+      quantized_layout const l = make_layout(s, rows, cols);
+      std::int64_t const threads = l.groups() * lanes;
+      std::vector<int> hits(static_cast<std::size_t>(rows * cols), 0);
+      for (std::int64_t t = 0; t < threads + 64; ++t) {
+        std::int64_t group = -1;
+        element_run const r = padded_group_lane_run(t, g, lanes, rows, cols, group);
+        REQUIRE(group == t / lanes);
+        REQUIRE(r.count >= 0);
+        REQUIRE(r.count <= elements_per_thread);
+        if (t >= threads) {
+          REQUIRE(r.count == 0);
+          continue;
+        }
+        // Lane 0 of every group has elements (it stores the group's scale).
+        if (t % lanes == 0) REQUIRE(r.count > 0);
+        for (int i = 0; i < r.count; ++i) {
+          REQUIRE(l.group_of(r.row, r.col + i) == group);
+          ++hits[static_cast<std::size_t>(r.row * cols + r.col + i)];
+        }
+      }
+      for (int h : hits) REQUIRE(h == 1);
+    }
+  }
+}
+
 TEST_CASE("launch policies fill an SM") {
   static_assert(policy_for(80).block_threads % 32 == 0);
   static_assert(policy_for(90).block_threads * policy_for(90).blocks_per_sm == 2048);
@@ -83,6 +128,19 @@ TEST_CASE("64-bit runs beyond 2^31 elements") {
   std::int64_t group = 0;
   element_run const r = group_lane_run(units - 1, 128, rows, cols, group);
   CHECK(r.row == 2);
+  // The buffer pass over a flat bucket past 2^31 elements, G = 100 (16 lanes).
+  std::int64_t const n = (std::int64_t{1} << 31) + 37;
+  std::int64_t const groups = (n + 99) / 100;
+  std::int64_t const last_group_first = (groups - 1) * 16;
+  element_run const a = padded_group_lane_run(last_group_first, 100, 16, 1, n, group);
+  CHECK(group == groups - 1);
+  CHECK(a.col == (groups - 1) * 100);
+  // That group holds n - (groups - 1) 100 = 85 elements: lanes 0..10, the last one 5.
+  element_run const b = padded_group_lane_run(last_group_first + 10, 100, 16, 1, n, group);
+  CHECK(b.count == 5);
+  CHECK(b.col + b.count == n);
+  CHECK(padded_group_lane_run(last_group_first + 11, 100, 16, 1, n, group).count == 0);
+  CHECK(padded_group_lane_run(groups * 16, 100, 16, 1, n, group).count == 0);
 }
 
 TEST_CASE("divmod takes the 32-bit path when it can and agrees with 64-bit division") {

@@ -54,13 +54,26 @@ AGOQ_HOST_DEVICE constexpr std::int64_t unit_count(std::int64_t rows, std::int64
   return rows * ((cols + elements_per_thread - 1) / elements_per_thread);
 }
 
-/// In the one-pass per-group kernel, `Lanes = G / elements_per_thread` consecutive threads share
-/// a group of G columns: thread t covers lane t % Lanes of group t / Lanes. Returns that run (count
-/// 0 past the end of the row or of the tensor) and the group index in `group`. Host and device.
-AGOQ_HOST_DEVICE constexpr element_run group_lane_run(std::int64_t t, std::int64_t group_size,
-                                                      std::int64_t rows, std::int64_t cols,
-                                                      std::int64_t& group) noexcept {
-  std::int64_t const lanes = group_size / elements_per_thread;
+/// The lanes that share a group of `group_size` columns in the one-pass per-group kernels: the
+/// smallest power of two holding ceil(G / elements_per_thread) runs (G / 8 when 8 divides G and the
+/// quotient is a power of two: 4, 8, 16, 32 for G = 32, 64, 128, 256). Host and device.
+AGOQ_HOST_DEVICE constexpr std::int64_t group_lanes(std::int64_t group_size) noexcept {
+  std::int64_t const runs = (group_size + elements_per_thread - 1) / elements_per_thread;
+  std::int64_t lanes = 1;
+  while (lanes < runs) lanes *= 2;
+  return lanes;
+}
+
+/// In a one-pass per-group kernel, `lanes` consecutive threads share a group of G columns (lanes
+/// * elements_per_thread >= G): thread t covers lane t % lanes of group t / lanes, the run of up
+/// to elements_per_thread columns from group_in_row * G + lane * elements_per_thread, cut at the
+/// group's and the row's end (count 0 for a lane past either). Returns that run and the group
+/// index in `group`. Host and device.
+AGOQ_HOST_DEVICE constexpr element_run padded_group_lane_run(std::int64_t t,
+                                                             std::int64_t group_size,
+                                                             std::int64_t lanes, std::int64_t rows,
+                                                             std::int64_t cols,
+                                                             std::int64_t& group) noexcept {
   std::int64_t const per_row = (cols + group_size - 1) / group_size;
   std::int64_t lane = 0;
   divmod(t, lanes, group, lane);
@@ -68,12 +81,24 @@ AGOQ_HOST_DEVICE constexpr element_run group_lane_run(std::int64_t t, std::int64
   if (per_row == 0 || group >= rows * per_row) return r;
   std::int64_t group_in_row = 0;
   divmod(group, per_row, r.row, group_in_row);
-  r.col = group_in_row * group_size + lane * elements_per_thread;
-  std::int64_t const left = cols - r.col;
+  std::int64_t const in_group = lane * elements_per_thread;
+  r.col = group_in_row * group_size + in_group;
+  std::int64_t const to_group_end = group_size - in_group;
+  std::int64_t const to_row_end = cols - r.col;
+  std::int64_t const left = to_group_end < to_row_end ? to_group_end : to_row_end;
   r.count = static_cast<int>(left <= 0                    ? 0
                              : left < elements_per_thread ? left
                                                           : elements_per_thread);
   return r;
+}
+
+/// In the one-pass per-group kernel, `Lanes = G / elements_per_thread` consecutive threads share
+/// a group of G columns: thread t covers lane t % Lanes of group t / Lanes. Returns that run (count
+/// 0 past the end of the row or of the tensor) and the group index in `group`. Host and device.
+AGOQ_HOST_DEVICE constexpr element_run group_lane_run(std::int64_t t, std::int64_t group_size,
+                                                      std::int64_t rows, std::int64_t cols,
+                                                      std::int64_t& group) noexcept {
+  return padded_group_lane_run(t, group_size, group_size / elements_per_thread, rows, cols, group);
 }
 
 /// Walks the groups of consecutive columns of one row with one division up front: `group` is the

@@ -1,6 +1,8 @@
 /// \file
 /// The CUDA executor of the precise 8-bit collectives (DESIGN §5, "Gradients"): the device twin
-/// of all_reduce.hpp's all_reduce_8bit and reduce_scatter_8bit, over a communicator that moves
+/// of all_reduce.hpp's all_reduce_8bit, reduce_scatter_8bit and all_reduce_8bit_hierarchical,
+/// with float, half or bfloat16 spans or a device_gradient_buffer (buffer.cuh) as operands where
+/// the CPU executor takes spans or a gradient_buffer, over communicators that move
 /// device memory (nccl_communicator, in_process_device_group::member, or a user's own), with the
 /// same payload blocks, stream keys and arithmetic, so every rank ends with the bits the CPU
 /// executor computes from the same inputs and options. Needs nvcc.
@@ -20,6 +22,10 @@
 ///    positions counted in the bucket), its header written on the device, all_gather, then
 ///    dequantize_async of the P gathered blocks into the output. Reduce-scatter: step 4 writes the
 ///    shard directly.
+/// A device_gradient_buffer input is copied into the blocks in step 2 (no quantization; its count
+/// sets the flag), and a device_gradient_buffer output receives the gathered codes and scales in
+/// step 5. The hierarchical form composes these steps over the node and the peers (see
+/// detail::hierarchical_async; its record exchange synchronizes twice).
 ///
 /// Workspace: allocated and freed stream-ordered (cudaMallocAsync / cudaFreeAsync on `ex.stream`,
 /// the device's default memory pool): 2 P block_bytes + 4 ceil(ceil(N/G)/P) G bytes, about
@@ -33,6 +39,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -42,8 +49,10 @@
 
 #include "../comm/communicator.hpp"
 #include "../cuda_check.hpp"
+#include "../detail/gpu/allocation.cuh"
 #include "../quantize.cuh"
 #include "all_reduce.hpp"
+#include "buffer.cuh"
 #include "payload.hpp"
 #include "reduce_map.hpp"
 
@@ -111,13 +120,15 @@ AGOQ_KERNEL void reduce_blocks_kernel(std::uint8_t const* recv, std::int64_t blo
 }
 
 /// Writes the P headers of the send blocks: flags carry payload_flag_nonfinite when this rank's
-/// P chunk counts add up to more than zero (pack_blocks' rule). One thread.
+/// P chunk counts add up to more than zero or the source's flags (`extra`, when not null) carry it
+/// (pack_blocks' rule). One thread.
 AGOQ_KERNEL void scatter_headers_kernel(std::uint8_t* send, chunk_plan plan,
-                                        std::int64_t const* counts) {
+                                        std::int64_t const* counts, std::int64_t const* extra) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   std::int64_t total = 0;
   for (std::int64_t j = 0; j < plan.ranks; ++j) total += counts[j];
-  std::uint8_t const flags = total > 0 ? payload_flag_nonfinite : 0;
+  bool const flagged = total > 0 || (extra != nullptr && (*extra & payload_flag_nonfinite) != 0);
+  std::uint8_t const flags = flagged ? payload_flag_nonfinite : 0;
   for (std::int64_t j = 0; j < plan.ranks; ++j) {
     encode_payload_header(send + j * plan.block_bytes(), flags, plan.group_size, plan.count(j));
   }
@@ -138,26 +149,33 @@ AGOQ_KERNEL void check_headers_kernel(std::uint8_t const* recv, chunk_plan plan,
 }
 
 /// Writes the header of the gather block of chunk j: the received flags (acc[0]) plus
-/// payload_flag_nonfinite when the requantization met a non-finite sum (requantize_chunk's rule).
-/// One thread.
+/// payload_flag_nonfinite when the requantization met a non-finite sum (requantize_chunk's rule;
+/// `requantized` may be null for a block assembled without requantization). One thread.
 AGOQ_KERNEL void gather_header_kernel(std::uint8_t* block, chunk_plan plan, std::int64_t j,
                                       std::int64_t const* acc, std::int64_t const* requantized) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   auto flags = static_cast<std::uint8_t>(acc[0]);
-  if (*requantized > 0) flags |= payload_flag_nonfinite;
+  if (requantized != nullptr && *requantized > 0) flags |= payload_flag_nonfinite;
   encode_payload_header(block, flags, plan.group_size, plan.count(j));
 }
 
-/// Fills the caller's status from the last headers' flags (acc[0]), the corruption mark (acc[1])
-/// and this rank's P chunk counts. One thread.
+/// Fills the caller's status (when not null) from the last headers' flags (acc[0]), the
+/// corruption mark (acc[1]) and this rank's P chunk counts, and sets *flag_count (a
+/// device_gradient_buffer output's count, when not null) to the global flag, as the CPU
+/// executor's mark_written does. One thread.
 AGOQ_KERNEL void status_kernel(std::int64_t ranks, std::int64_t const* counts,
-                               std::int64_t const* acc, all_reduce_status* status) {
+                               std::int64_t const* acc, all_reduce_status* status,
+                               std::int64_t* flag_count) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   std::int64_t total = 0;
   for (std::int64_t j = 0; j < ranks; ++j) total += counts[j];
-  status->nonfinite = (acc[0] & payload_flag_nonfinite) != 0 ? 1 : 0;
-  status->local_nonfinite = total;
-  status->corrupt = acc[1] != 0 ? 1 : 0;
+  std::int64_t const flag = (acc[0] & payload_flag_nonfinite) != 0 ? 1 : 0;
+  if (status != nullptr) {
+    status->nonfinite = flag;
+    status->local_nonfinite = total;
+    status->corrupt = acc[1] != 0 ? 1 : 0;
+  }
+  if (flag_count != nullptr) *flag_count = flag;
 }
 
 /// The stream a communicator enqueues on: its stream() where it has one, else `fallback`.
@@ -207,24 +225,6 @@ class comm_join {
   cudaEvent_t event_ = nullptr;
 };
 
-/// A stream-ordered device allocation, freed on its stream (after everything enqueued on it).
-class stream_allocation {
- public:
-  stream_allocation(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes > 0) AGOQ_CUDA_TRY(cudaMallocAsync(&p_, bytes, stream_));
-  }
-  ~stream_allocation() {
-    if (p_ != nullptr) cudaFreeAsync(p_, stream_);
-  }
-  stream_allocation(stream_allocation const&) = delete;
-  stream_allocation& operator=(stream_allocation const&) = delete;
-  std::byte* get() const noexcept { return static_cast<std::byte*>(p_); }
-
- private:
-  void* p_ = nullptr;
-  cudaStream_t stream_;
-};
-
 /// The host-memory face of a device communicator, for check_group's record exchange: all_gather
 /// copies the record to the device, all-gathers it there, copies the P records back and
 /// synchronizes the stream.
@@ -260,7 +260,7 @@ class record_exchange {
   C& comm_;
   comm_join& join_;
   cudaStream_t stream_;
-  stream_allocation device_;
+  ::agoq::detail::gpu::stream_allocation device_;
 };
 
 /// Offsets of the workspace sections, each 256-byte aligned.
@@ -278,62 +278,151 @@ struct device_workspace_layout {
   }
 };
 
-/// A device pointer a collective must be able to read or write (local check: it throws on this
-/// rank only, before any transfer, like quantize_async).
-inline void check_device_span(void const* p, char const* what) {
-  ::agoq::detail::gpu::check_device_pointer(p, what);
+/// The workspace of one stage of a device collective over `plan`, zeroed on `stream` (the padding
+/// bytes on the wire are zero, as on the CPU executor): P send and P receive blocks, the fp32 sums
+/// of one chunk (when asked for), P chunk counts, the requantization count and acc[2] (the flags
+/// of the last headers checked, the corruption mark).
+struct device_workspace {
+  device_workspace_layout layout;
+  ::agoq::detail::gpu::stream_allocation memory;
+  std::byte* send;
+  std::byte* recv;
+  float* sums;
+  std::int64_t* counts;
+  std::int64_t* requantized;
+  std::int64_t* acc;
+
+  device_workspace(chunk_plan const& plan, bool sums_needed, cudaStream_t stream)
+      : layout(plan, sums_needed),
+        memory(static_cast<std::size_t>(layout.total), stream),
+        send(memory.get() + layout.send),
+        recv(memory.get() + layout.recv),
+        sums(reinterpret_cast<float*>(memory.get() + layout.sums)),
+        counts(reinterpret_cast<std::int64_t*>(memory.get() + layout.counters)),
+        requantized(counts + plan.ranks),
+        acc(counts + plan.ranks + 1) {
+    AGOQ_CUDA_TRY(cudaMemsetAsync(memory.get(), 0, static_cast<std::size_t>(layout.total), stream));
+  }
+};
+
+/// Copies the codes and scales of `n` elements (a run of whole groups from a group boundary)
+/// between two [1, *] int8 views in device memory, on `stream`.
+inline void copy_chunk(quantized_view const& dst, const_quantized_view const& src, std::int64_t n,
+                       cudaStream_t stream) {
+  if (n == 0) return;
+  std::int64_t const g = dst.spec.group_cols;
+  AGOQ_CUDA_TRY(cudaMemcpyAsync(dst.codes, src.codes, static_cast<std::size_t>(n),
+                                cudaMemcpyDeviceToDevice, stream));
+  AGOQ_CUDA_TRY(cudaMemcpyAsync(dst.scales, src.scales,
+                                static_cast<std::size_t>(4 * ((n + g - 1) / g)),
+                                cudaMemcpyDeviceToDevice, stream));
 }
 
-/// Everything both device collectives share up to the reduction: local pointer checks, the
-/// record exchange (one synchronization), the workspace, the packed send blocks and the
-/// all_to_all. `reduce` then runs with the received blocks.
-template <comm::communicator C, class T, class Reduce>
-void device_collective(cudaStream_t stream, C& comm, std::span<T const> input,
-                       all_reduce_options const& opt, local_error err, collective_kind kind,
-                       char const* what, bool sums_needed, Reduce&& reduce) {
+/// Quantizes chunks of a flat device array of float, half or bfloat16 (span_source's twin):
+/// element i is stream position position0 + i; `flags` (device, may be null) adds its non-finite
+/// bit to every header.
+template <class T>
+struct device_span_source {
+  T const* data = nullptr;
+  std::uint64_t position0 = 0;
+  std::int64_t const* flags = nullptr;
+
+  void pack(cuda_executor ex, chunk_plan const& plan, spec const& s, std::uint64_t key,
+            std::byte* send, std::int64_t* counts) const {
+    for (std::int64_t j = 0; j < plan.ranks; ++j) {
+      std::int64_t const b = plan.begin(j);
+      std::int64_t const m = plan.count(j);
+      if (m == 0) continue;
+      quantize_async(ex, as_row(data + b, m),
+                     payload_view(s, plan, send + j * plan.block_bytes(), m),
+                     quantize_options{key, position0 + static_cast<std::uint64_t>(b)}, counts + j);
+    }
+  }
+};
+
+/// Copies chunks of a device [1, N] quantized view (a device_gradient_buffer; quantized_source's
+/// twin): no requantization. Its non-finite count (device) becomes chunk 0's count, so the headers
+/// and the status report it as the CPU executor does.
+struct device_quantized_source {
+  const_quantized_view view;
+  std::int64_t const* nonfinite = nullptr;
+  std::int64_t const* flags = nullptr;
+
+  void pack(cuda_executor ex, chunk_plan const& plan, spec const& s, std::uint64_t, std::byte* send,
+            std::int64_t* counts) const {
+    cudaStream_t const stream = ex.stream.get();
+    for (std::int64_t j = 0; j < plan.ranks; ++j) {
+      std::int64_t const m = plan.count(j);
+      copy_chunk(payload_view(s, plan, send + j * plan.block_bytes(), m),
+                 sub_view(view, plan.begin(j), m), m, stream);
+    }
+    AGOQ_CUDA_TRY(
+        cudaMemcpyAsync(counts, nonfinite, sizeof(std::int64_t), cudaMemcpyDeviceToDevice, stream));
+  }
+};
+
+inline device_quantized_source buffer_source(device_gradient_buffer const& g) {
+  return {g.view(), g.nonfinite_count(), nullptr};
+}
+
+/// Dequantizes gathered chunks into a device float, half or bfloat16 array (span_sink's twin).
+template <class Out>
+struct device_span_sink {
+  Out* data = nullptr;
+  void operator()(cuda_executor ex, chunk_plan const& plan, std::int64_t j, spec const& s,
+                  std::byte const* block) const {
+    std::int64_t const m = plan.count(j);
+    if (m > 0)
+      dequantize_async(ex, payload_view(s, plan, block, m), as_row(data + plan.begin(j), m));
+  }
+};
+
+/// Copies gathered chunks into a device [1, N] quantized view (quantized_sink's twin).
+struct device_quantized_sink {
+  quantized_view view;
+  void operator()(cuda_executor ex, chunk_plan const& plan, std::int64_t j, spec const& s,
+                  std::byte const* block) const {
+    std::int64_t const m = plan.count(j);
+    copy_chunk(sub_view(view, plan.begin(j), m), payload_view(s, plan, block, m), m,
+               ex.stream.get());
+  }
+};
+
+template <comm::communicator C>
+void check_device_comm(C& comm, char const* what) {
   AGOQ_EXPECTS(comm.memory() == comm::memory_space::device,
                std::string(what) +
                    ": the communicator moves host memory; use the CPU executor "
                    "(all_reduce.hpp) with a host communicator");
-  auto const n = static_cast<std::int64_t>(input.size());
-  comm_join join(stream);
-  {
-    record_exchange<C> records(comm, join, stream);
-    std::string const problem = check_group(records, make_meta(kind, n, opt, err), what);
-    AGOQ_EXPECTS(problem.empty(), problem);
-  }
-  int const p = static_cast<int>(comm.size());
-  int const rank = static_cast<int>(comm.rank());
-  chunk_plan const plan(n, opt.group_size, p);
-  spec const s = payload_spec(opt.group_size, opt.rounding);
-  std::int64_t const bb = plan.block_bytes();
-  device_workspace_layout const wl(plan, sums_needed);
-  stream_allocation ws(static_cast<std::size_t>(wl.total), stream);
-  std::byte* const send = ws.get() + wl.send;
-  std::byte* const recv = ws.get() + wl.recv;
-  auto* const counters = reinterpret_cast<std::int64_t*>(ws.get() + wl.counters);
-  // Zeroed blocks (the padding bytes on the wire are zero, as on the CPU executor) and counters.
-  AGOQ_CUDA_TRY(cudaMemsetAsync(ws.get(), 0, static_cast<std::size_t>(wl.total), stream));
+}
 
-  cuda_executor const ex{::cuda::stream_ref(stream)};
-  std::uint64_t const key =
-      stream_key(opt.seed, opt.step, stream_tag::scatter, static_cast<std::uint32_t>(rank));
-  for (std::int64_t j = 0; j < p; ++j) {
-    std::int64_t const b = plan.begin(j);
-    std::int64_t const m = plan.count(j);
-    if (m == 0) continue;
-    quantize_async(ex, as_row(input.data() + b, m), payload_view(s, plan, send + j * bb, m),
-                   quantize_options{key, static_cast<std::uint64_t>(b)}, counters + j);
-  }
-  scatter_headers_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t*>(send), plan,
-                                              counters);
+/// The argument check of a flat collective over a device communicator: the record exchange (one
+/// synchronization); throws on every rank when any rank's record is bad.
+template <comm::communicator C>
+void check_device_group(cudaStream_t stream, C& comm, comm_join& join, meta_record const& m,
+                        char const* what) {
+  check_device_comm(comm, what);
+  record_exchange<C> records(comm, join, stream);
+  std::string const problem = check_group(records, m, what);
+  AGOQ_EXPECTS(problem.empty(), problem);
+}
+
+/// Steps 2-3 of every collective (pack_blocks and the all_to_all): packs the P chunks of `src`
+/// into ws.send, writes their headers, exchanges them into ws.recv and checks the received
+/// headers (acc[0] = their flags, acc[1] set on corruption).
+template <comm::communicator C, class Source>
+void scatter_blocks(cudaStream_t stream, C& comm, comm_join& join, chunk_plan const& plan,
+                    spec const& s, std::uint64_t key, Source const& src, device_workspace const& ws,
+                    std::int64_t* acc) {
+  src.pack(cuda_executor{::cuda::stream_ref(stream)}, plan, s, key, ws.send, ws.counts);
+  scatter_headers_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t*>(ws.send), plan,
+                                              ws.counts, src.flags);
   AGOQ_CUDA_TRY(cudaGetLastError());
-  join(comm, [&] { comm.all_to_all(send, recv, static_cast<std::size_t>(bb)); });
-  std::int64_t* const acc = counters + p + 1;
-  check_headers_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t const*>(recv), plan, rank,
-                                            acc);
+  join(comm,
+       [&] { comm.all_to_all(ws.send, ws.recv, static_cast<std::size_t>(plan.block_bytes())); });
+  check_headers_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t const*>(ws.recv), plan,
+                                            comm.rank(), acc);
   AGOQ_CUDA_TRY(cudaGetLastError());
-  reduce(ex, plan, s, send, recv, reinterpret_cast<float*>(ws.get() + wl.sums), counters, join);
 }
 
 /// Launches reduce_blocks_kernel for chunk j of `plan` from the P blocks at `recv`.
@@ -350,11 +439,154 @@ void launch_reduce(cudaStream_t stream, chunk_plan const& plan, std::int64_t j,
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
 
-inline void launch_status(cudaStream_t stream, std::int64_t ranks, std::int64_t const* counters,
-                          all_reduce_status* status) {
-  if (status == nullptr) return;
-  status_kernel<<<1, 1, 0, stream>>>(ranks, counters, counters + ranks + 1, status);
+/// Steps 4-7 of the all-reduce (requantize_chunk, the all_gather and the sink): the fused
+/// dequantize-sum(-divide) of this rank's chunk into ws.sums, its requantization into block 0 of
+/// ws.send (stream key `key`, element i of the chunk at position position0 + begin + i), its
+/// header, the all_gather into ws.recv, the check of the gathered headers and `sink` of every
+/// chunk.
+template <comm::communicator C, class Sink>
+void reduce_gather(cudaStream_t stream, C& comm, comm_join& join, chunk_plan const& plan,
+                   spec const& s, float divisor, std::uint64_t key, std::uint64_t position0,
+                   device_workspace const& ws, std::int64_t* acc, Sink const& sink) {
+  cuda_executor const ex{::cuda::stream_ref(stream)};
+  std::int64_t const rank = comm.rank();
+  std::int64_t const bb = plan.block_bytes();
+  std::int64_t const count = plan.count(rank);
+  launch_reduce(stream, plan, rank, ws.recv, divisor, ws.sums);
+  // The gather block reuses block 0 of `send`, zeroed again (the all_to_all has read it).
+  AGOQ_CUDA_TRY(cudaMemsetAsync(ws.send, 0, static_cast<std::size_t>(bb), stream));
+  if (count > 0) {
+    quantize_async(ex, as_row(static_cast<float const*>(ws.sums), count),
+                   payload_view(s, plan, ws.send, count),
+                   quantize_options{key, position0 + static_cast<std::uint64_t>(plan.begin(rank))},
+                   ws.requantized);
+  }
+  gather_header_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t*>(ws.send), plan, rank,
+                                            acc, ws.requantized);
   AGOQ_CUDA_TRY(cudaGetLastError());
+  join(comm, [&] { comm.all_gather(ws.send, ws.recv, static_cast<std::size_t>(bb)); });
+  check_headers_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t const*>(ws.recv), plan,
+                                            -1, acc);
+  AGOQ_CUDA_TRY(cudaGetLastError());
+  for (std::int64_t j = 0; j < plan.ranks; ++j) sink(ex, plan, j, s, ws.recv + j * bb);
+}
+
+inline void launch_status(cudaStream_t stream, std::int64_t ranks, device_workspace const& ws,
+                          all_reduce_status* status, std::int64_t* flag_count) {
+  if (status == nullptr && flag_count == nullptr) return;
+  status_kernel<<<1, 1, 0, stream>>>(ranks, ws.counts, ws.acc, status, flag_count);
+  AGOQ_CUDA_TRY(cudaGetLastError());
+}
+
+/// The flat 8-bit all-reduce on the device (detail::all_reduce's twin): check, scatter_blocks,
+/// reduce_gather, status (and *flag_count, for a buffer output).
+template <comm::communicator C, class Source, class Sink>
+void all_reduce_async(cudaStream_t stream, C& comm, std::int64_t n, Source const& src,
+                      Sink const& sink, all_reduce_options const& opt, local_error err,
+                      all_reduce_status* status, std::int64_t* flag_count, char const* what) {
+  comm_join join(stream);
+  check_device_group(stream, comm, join, make_meta(collective_kind::all_reduce, n, opt, err), what);
+  int const p = static_cast<int>(comm.size());
+  chunk_plan const plan(n, opt.group_size, p);
+  spec const s = payload_spec(opt.group_size, opt.rounding);
+  device_workspace const ws(plan, true, stream);
+  scatter_blocks(
+      stream, comm, join, plan, s,
+      stream_key(opt.seed, opt.step, stream_tag::scatter, static_cast<std::uint32_t>(comm.rank())),
+      src, ws, ws.acc);
+  reduce_gather(stream, comm, join, plan, s, opt.average ? static_cast<float>(p) : 1.0f,
+                stream_key(opt.seed, opt.step, stream_tag::gather, 0), 0, ws, ws.acc, sink);
+  launch_status(stream, p, ws, status, flag_count);
+}
+
+/// The reduce-scatter on the device (detail::reduce_scatter's twin): check, scatter_blocks, the
+/// fused reduction straight into `shard`.
+template <comm::communicator C, class Source, class Out>
+void reduce_scatter_async(cudaStream_t stream, C& comm, std::int64_t n, Source const& src,
+                          Out* shard, all_reduce_options const& opt, local_error err,
+                          all_reduce_status* status, char const* what) {
+  comm_join join(stream);
+  check_device_group(stream, comm, join, make_meta(collective_kind::reduce_scatter, n, opt, err),
+                     what);
+  int const p = static_cast<int>(comm.size());
+  chunk_plan const plan(n, opt.group_size, p);
+  device_workspace const ws(plan, false, stream);
+  scatter_blocks(
+      stream, comm, join, plan, payload_spec(opt.group_size, opt.rounding),
+      stream_key(opt.seed, opt.step, stream_tag::scatter, static_cast<std::uint32_t>(comm.rank())),
+      src, ws, ws.acc);
+  launch_reduce(stream, plan, comm.rank(), ws.recv, opt.average ? static_cast<float>(p) : 1.0f,
+                shard);
+  launch_status(stream, p, ws, status, nullptr);
+}
+
+/// The hierarchical all-reduce on the device (detail::hierarchical's twin), its steps composed
+/// from the flat ones: scatter_blocks inside the node and the fused reduction of this rank's
+/// shard (fp32, divisor 1); scatter_blocks of the shard among the peers (positions counted in the
+/// bucket, the node's flags carried) and reduce_gather among them (divided by L K), its sink
+/// assembling the 8-bit shard in the node's gather block; that block's header, the all_gather
+/// inside the node and `sink`. One acc serves every stage: each header step reads the flags the
+/// previous check left, in stream order, and the corruption mark accumulates.
+template <comm::communicator Intra, comm::communicator Inter, class Source, class Sink>
+void hierarchical_async(cudaStream_t stream, Intra& intra, Inter& inter, std::int64_t n,
+                        Source const& src, Sink const& sink, all_reduce_options const& opt,
+                        local_error err, all_reduce_status* status) {
+  char const* what = "all_reduce_8bit_hierarchical_async";
+  check_device_comm(intra, what);
+  check_device_comm(inter, what);
+  comm_join join(stream);
+  {
+    record_exchange<Intra> node_records(intra, join, stream);
+    record_exchange<Inter> peer_records(inter, join, stream);
+    check_hierarchical(node_records, peer_records,
+                       make_meta(collective_kind::hierarchical, n, opt, err), what);
+  }
+  int const l = static_cast<int>(intra.size());
+  int const i = static_cast<int>(intra.rank());
+  int const k = static_cast<int>(inter.size());
+  int const a = static_cast<int>(inter.rank());
+  spec const s = payload_spec(opt.group_size, opt.rounding);
+  // Inside the node: chunk i of the bucket is this rank's shard, summed in fp32 into node.sums.
+  chunk_plan const node(n, opt.group_size, l);
+  device_workspace const nws(node, true, stream);
+  std::int64_t* const acc = nws.acc;
+  scatter_blocks(
+      stream, intra, join, node, s,
+      stream_key(opt.seed, opt.step, stream_tag::scatter, static_cast<std::uint32_t>(a * l + i)),
+      src, nws, acc);
+  launch_reduce(stream, node, i, nws.recv, 1.0f, nws.sums);
+  std::int64_t const shard_begin = node.begin(i);
+  std::int64_t const shard_n = node.count(i);
+
+  // Across nodes: the flat algorithm on the shard, kept 8-bit in block 0 of the node's send.
+  chunk_plan const peers(shard_n, opt.group_size, k);
+  device_workspace const pws(peers, true, stream);
+  scatter_blocks(
+      stream, inter, join, peers, s,
+      stream_key(opt.seed, opt.step, stream_tag::inter_scatter, static_cast<std::uint32_t>(a)),
+      device_span_source<float>{nws.sums, static_cast<std::uint64_t>(shard_begin), acc}, pws, acc);
+  AGOQ_CUDA_TRY(cudaMemsetAsync(nws.send, 0, static_cast<std::size_t>(node.block_bytes()), stream));
+  reduce_gather(stream, inter, join, peers, s, static_cast<float>(l) * static_cast<float>(k),
+                stream_key(opt.seed, opt.step, stream_tag::inter_gather, 0),
+                static_cast<std::uint64_t>(shard_begin), pws, acc,
+                device_quantized_sink{payload_view(s, node, nws.send, shard_n)});
+  gather_header_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t*>(nws.send), node, i, acc,
+                                            nullptr);
+  AGOQ_CUDA_TRY(cudaGetLastError());
+  join(intra,
+       [&] { intra.all_gather(nws.send, nws.recv, static_cast<std::size_t>(node.block_bytes())); });
+  check_headers_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t const*>(nws.recv), node,
+                                            -1, acc);
+  AGOQ_CUDA_TRY(cudaGetLastError());
+  cuda_executor const ex{::cuda::stream_ref(stream)};
+  for (std::int64_t j = 0; j < l; ++j) sink(ex, node, j, s, nws.recv + j * node.block_bytes());
+  launch_status(stream, l, nws, status, nullptr);
+}
+
+/// The local pointer checks of a device collective (they throw on this rank only, before any
+/// transfer, like quantize_async).
+inline void check_device_pointers(char const* what, std::initializer_list<void const*> pointers) {
+  for (void const* p : pointers) ::agoq::detail::gpu::check_device_pointer(p, what);
 }
 
 }  // namespace detail
@@ -384,49 +616,11 @@ void all_reduce_8bit_async(cuda_executor ex, C& comm, std::span<In const> input,
                            all_reduce_status* status = nullptr) {
   using T = std::remove_const_t<In>;
   char const* what = "all_reduce_8bit_async";
-  detail::check_device_span(input.data(), what);
-  detail::check_device_span(output.data(), what);
-  detail::check_device_span(status, what);
-  cudaStream_t const stream = ex.stream.get();
-  detail::device_collective(
-      stream, comm, std::span<T const>(input.data(), input.size()), opt,
-      detail::span_errors(input, output, input.size()), detail::collective_kind::all_reduce, what,
-      true,
-      [&](cuda_executor dex, chunk_plan const& plan, spec const& s, std::byte* send,
-          std::byte* recv, float* sums, std::int64_t* counters, detail::comm_join& join) {
-        std::int64_t const p = plan.ranks;
-        std::int64_t const rank = comm.rank();
-        std::int64_t const bb = plan.block_bytes();
-        std::int64_t const count = plan.count(rank);
-        std::int64_t* const requantized = counters + p;
-        std::int64_t* const acc = counters + p + 1;
-        float const divisor = opt.average ? static_cast<float>(p) : 1.0f;
-        detail::launch_reduce(stream, plan, rank, recv, divisor, sums);
-        // The gather block reuses block 0 of `send`, zeroed again (the all_to_all has read it).
-        AGOQ_CUDA_TRY(cudaMemsetAsync(send, 0, static_cast<std::size_t>(bb), stream));
-        if (count > 0) {
-          quantize_async(dex, as_row(static_cast<float const*>(sums), count),
-                         payload_view(s, plan, send, count),
-                         quantize_options{stream_key(opt.seed, opt.step, stream_tag::gather, 0),
-                                          static_cast<std::uint64_t>(plan.begin(rank))},
-                         requantized);
-        }
-        detail::gather_header_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t*>(send),
-                                                          plan, rank, acc, requantized);
-        AGOQ_CUDA_TRY(cudaGetLastError());
-        join(comm, [&] { comm.all_gather(send, recv, static_cast<std::size_t>(bb)); });
-        detail::check_headers_kernel<<<1, 1, 0, stream>>>(
-            reinterpret_cast<std::uint8_t const*>(recv), plan, -1, acc);
-        AGOQ_CUDA_TRY(cudaGetLastError());
-        for (std::int64_t j = 0; j < p; ++j) {
-          std::int64_t const m = plan.count(j);
-          if (m == 0) continue;
-          dequantize_async(dex,
-                           payload_view(s, plan, static_cast<std::byte const*>(recv + j * bb), m),
-                           as_row(output.data() + plan.begin(j), m));
-        }
-        detail::launch_status(stream, p, counters, status);
-      });
+  detail::check_device_pointers(what, {input.data(), output.data(), status});
+  detail::all_reduce_async(ex.stream.get(), comm, static_cast<std::int64_t>(input.size()),
+                           detail::device_span_source<T>{input.data(), 0, nullptr},
+                           detail::device_span_sink<Out>{output.data()}, opt,
+                           detail::span_errors(input, output, input.size()), status, nullptr, what);
 }
 
 /// all_reduce_8bit_async of a non-const span.
@@ -436,6 +630,61 @@ void all_reduce_8bit_async(cuda_executor ex, C& comm, std::span<In> input, std::
                            all_reduce_options const& opt = {},
                            all_reduce_status* status = nullptr) {
   all_reduce_8bit_async(ex, comm, std::span<In const>(input), output, opt, status);
+}
+
+/// all_reduce_8bit_async of a device_gradient_buffer (its group size must be opt.group_size): its
+/// codes and scales travel as they are (no full-precision copy), as the CPU executor's overload
+/// for gradient_buffer does, with the same output bits; the status's local_nonfinite is the
+/// buffer's non-finite count and the global flag also reports any buffer whose count is not 0.
+/// Synchronizes once, like the span overload.
+/// \throws as the span overload (a buffer of another group size or length throws on every rank).
+template <comm::communicator C, class Out>
+requires detail::output_element<Out>
+void all_reduce_8bit_async(cuda_executor ex, C& comm, device_gradient_buffer const& input,
+                           std::span<Out> output, all_reduce_options const& opt = {},
+                           all_reduce_status* status = nullptr) {
+  char const* what = "all_reduce_8bit_async";
+  detail::check_device_pointers(what, {output.data(), status});
+  detail::all_reduce_async(ex.stream.get(), comm, input.size(), detail::buffer_source(input),
+                           detail::device_span_sink<Out>{output.data()}, opt,
+                           detail::buffer_span_errors(input, output, opt), status, nullptr, what);
+}
+
+/// all_reduce_8bit_async into a device_gradient_buffer of N elements (its group size must be
+/// opt.group_size), kept 8-bit: the buffer receives the reduced codes and scales themselves, as
+/// the CPU executor's gradient_buffer output does; its nonfinite_count() becomes the global flag
+/// (1 or 0) in stream order, and its next accumulate adds to the reduced gradient.
+/// \throws as the span overload.
+template <comm::communicator C, class In>
+requires detail::input_element<In>
+void all_reduce_8bit_async(cuda_executor ex, C& comm, std::span<In const> input,
+                           device_gradient_buffer& output, all_reduce_options const& opt = {},
+                           all_reduce_status* status = nullptr) {
+  using T = std::remove_const_t<In>;
+  char const* what = "all_reduce_8bit_async";
+  detail::check_device_pointers(what, {input.data(), status});
+  detail::all_reduce_async(ex.stream.get(), comm, static_cast<std::int64_t>(input.size()),
+                           detail::device_span_source<T>{input.data(), 0, nullptr},
+                           detail::device_quantized_sink{output.view()}, opt,
+                           detail::span_buffer_errors(input, output, opt), status,
+                           output.nonfinite_count(), what);
+  output.mark_written();
+}
+
+/// all_reduce_8bit_async of a device_gradient_buffer into a device_gradient_buffer (8-bit in and
+/// out; `output` may be `input`).
+/// \throws as the span overload.
+template <comm::communicator C>
+void all_reduce_8bit_async(cuda_executor ex, C& comm, device_gradient_buffer const& input,
+                           device_gradient_buffer& output, all_reduce_options const& opt = {},
+                           all_reduce_status* status = nullptr) {
+  char const* what = "all_reduce_8bit_async";
+  detail::check_device_pointers(what, {status});
+  detail::all_reduce_async(ex.stream.get(), comm, input.size(), detail::buffer_source(input),
+                           detail::device_quantized_sink{output.view()}, opt,
+                           detail::buffer_buffer_errors(input, output, opt), status,
+                           output.nonfinite_count(), what);
+  output.mark_written();
 }
 
 /// The reduce-scatter form on the CUDA executor: rank r receives the fp32 sum (or mean) of chunk
@@ -452,21 +701,13 @@ void reduce_scatter_8bit_async(cuda_executor ex, C& comm, std::span<In const> in
                                all_reduce_status* status = nullptr) {
   using T = std::remove_const_t<In>;
   char const* what = "reduce_scatter_8bit_async";
-  detail::check_device_span(input.data(), what);
-  detail::check_device_span(shard.data(), what);
-  detail::check_device_span(status, what);
-  detail::local_error const err = detail::shard_errors(
-      input, shard, static_cast<int>(comm.size()), static_cast<int>(comm.rank()), opt.group_size);
-  cudaStream_t const stream = ex.stream.get();
-  detail::device_collective(
-      stream, comm, std::span<T const>(input.data(), input.size()), opt, err,
-      detail::collective_kind::reduce_scatter, what, false,
-      [&](cuda_executor, chunk_plan const& plan, spec const&, std::byte*, std::byte* recv, float*,
-          std::int64_t* counters, detail::comm_join&) {
-        float const divisor = opt.average ? static_cast<float>(plan.ranks) : 1.0f;
-        detail::launch_reduce(stream, plan, comm.rank(), recv, divisor, shard.data());
-        detail::launch_status(stream, plan.ranks, counters, status);
-      });
+  detail::check_device_pointers(what, {input.data(), shard.data(), status});
+  detail::reduce_scatter_async(ex.stream.get(), comm, static_cast<std::int64_t>(input.size()),
+                               detail::device_span_source<T>{input.data(), 0, nullptr},
+                               shard.data(), opt,
+                               detail::shard_errors(input, shard, static_cast<int>(comm.size()),
+                                                    static_cast<int>(comm.rank()), opt.group_size),
+                               status, what);
 }
 
 /// reduce_scatter_8bit_async of a non-const span.
@@ -476,6 +717,80 @@ void reduce_scatter_8bit_async(cuda_executor ex, C& comm, std::span<In> input, s
                                all_reduce_options const& opt = {},
                                all_reduce_status* status = nullptr) {
   reduce_scatter_8bit_async(ex, comm, std::span<In const>(input), shard, opt, status);
+}
+
+/// reduce_scatter_8bit_async of a device_gradient_buffer (no full-precision copy), bit-identical
+/// to the CPU executor's gradient_buffer overload.
+/// \throws as the span overload.
+template <comm::communicator C, class Out>
+requires detail::output_element<Out>
+void reduce_scatter_8bit_async(cuda_executor ex, C& comm, device_gradient_buffer const& input,
+                               std::span<Out> shard, all_reduce_options const& opt = {},
+                               all_reduce_status* status = nullptr) {
+  char const* what = "reduce_scatter_8bit_async";
+  detail::check_device_pointers(what, {shard.data(), status});
+  detail::reduce_scatter_async(
+      ex.stream.get(), comm, input.size(), detail::buffer_source(input), shard.data(), opt,
+      detail::buffer_shard_errors(input, shard, static_cast<int>(comm.size()),
+                                  static_cast<int>(comm.rank()), opt),
+      status, what);
+}
+
+/// The hierarchical 8-bit all-reduce on the CUDA executor, the twin of
+/// all_reduce_8bit_hierarchical(host, ...): `intra` groups the L ranks of this node, `inter` the K
+/// ranks of other nodes with the same intra rank (both device communicators). An 8-bit
+/// reduce-scatter inside the node, the flat 8-bit all-reduce of the shard among the K peers (kept
+/// 8-bit), an all-gather of the 8-bit shards inside the node and dequantization into `output`:
+/// three quantizations, every rank ending with the bits the CPU executor computes from the same
+/// inputs and options. opt.average divides by L K. `output` may be `input` (same element type).
+///
+/// Synchronizes `ex.stream` twice, for the argument check (the records go round the node, then
+/// among the peers, so a bad argument on any rank throws on every rank of both groups); the rest
+/// is enqueued. `status` as for all_reduce_8bit_async. Workspace (stream-ordered): about
+/// 2 N (1 + 4/G) + 4 N / L bytes inside the node plus 2 N / L (1 + 4/G) + 4 N / (L K) across.
+/// Status: compiled but not yet run on a GPU (as the device_gradient_buffer overloads above);
+/// tests/device/all_reduce_device_test.cu holds the bit-for-bit comparison a device run will check.
+/// \throws as all_reduce_8bit_async, on every rank of both groups.
+template <comm::communicator Intra, comm::communicator Inter, class In, class Out>
+requires detail::input_element<In> && detail::output_element<Out>
+void all_reduce_8bit_hierarchical_async(cuda_executor ex, Intra& intra, Inter& inter,
+                                        std::span<In const> input, std::span<Out> output,
+                                        all_reduce_options const& opt = {},
+                                        all_reduce_status* status = nullptr) {
+  using T = std::remove_const_t<In>;
+  detail::check_device_pointers("all_reduce_8bit_hierarchical_async",
+                                {input.data(), output.data(), status});
+  detail::hierarchical_async(ex.stream.get(), intra, inter, static_cast<std::int64_t>(input.size()),
+                             detail::device_span_source<T>{input.data(), 0, nullptr},
+                             detail::device_span_sink<Out>{output.data()}, opt,
+                             detail::span_errors(input, output, input.size()), status);
+}
+
+/// all_reduce_8bit_hierarchical_async of a non-const span.
+template <comm::communicator Intra, comm::communicator Inter, class In, class Out>
+requires detail::output_element<In> && detail::output_element<Out>
+void all_reduce_8bit_hierarchical_async(cuda_executor ex, Intra& intra, Inter& inter,
+                                        std::span<In> input, std::span<Out> output,
+                                        all_reduce_options const& opt = {},
+                                        all_reduce_status* status = nullptr) {
+  all_reduce_8bit_hierarchical_async(ex, intra, inter, std::span<In const>(input), output, opt,
+                                     status);
+}
+
+/// all_reduce_8bit_hierarchical_async of a device_gradient_buffer (its codes and scales travel as
+/// they are), bit-identical to the CPU executor's gradient_buffer overload.
+/// \throws as the span overload.
+template <comm::communicator Intra, comm::communicator Inter, class Out>
+requires detail::output_element<Out>
+void all_reduce_8bit_hierarchical_async(cuda_executor ex, Intra& intra, Inter& inter,
+                                        device_gradient_buffer const& input, std::span<Out> output,
+                                        all_reduce_options const& opt = {},
+                                        all_reduce_status* status = nullptr) {
+  detail::check_device_pointers("all_reduce_8bit_hierarchical_async", {output.data(), status});
+  detail::hierarchical_async(ex.stream.get(), intra, inter, input.size(),
+                             detail::buffer_source(input),
+                             detail::device_span_sink<Out>{output.data()}, opt,
+                             detail::buffer_span_errors(input, output, opt), status);
 }
 
 }  // namespace agoq::gradient

@@ -20,9 +20,9 @@
 /// ends with the same bytes. Bytes sent per rank: (P - 1) (32 + 2 (16 + ceil(ceil(N/G)/P) (G +
 /// 4))), i.e. 2 (P-1)/P N (1 + 4/G) plus headers when P G divides N (all_reduce_bytes_sent).
 ///
-/// The CUDA executor of the flat all-reduce and the reduce-scatter is all_reduce.cuh
-/// (all_reduce_8bit_async, reduce_scatter_8bit_async, over a device communicator); the functions
-/// here refuse a device communicator.
+/// The CUDA executor of all three is all_reduce.cuh (all_reduce_8bit_async,
+/// reduce_scatter_8bit_async, all_reduce_8bit_hierarchical_async, over device communicators);
+/// the functions here refuse a device communicator.
 #pragma once
 
 #include <algorithm>
@@ -319,9 +319,6 @@ inline payload_header checked_header(std::byte const* block, chunk_plan const& p
   return h;
 }
 
-/// The code family of every payload (payload_spec).
-using payload_code = int_sym<8>;
-
 /// sum[0, n) = the decoded elements [b, b + n) of the P blocks of `recv` (chunk j of `count`
 /// elements; b a multiple of the group size) added in rank order, ((x0 + x1) + x2) + ..., each
 /// x_r = numeric::decode of block r's code (what dequantize writes), then divided by `divisor`
@@ -478,8 +475,8 @@ void check_host(C& comm, char const* what) {
   AGOQ_EXPECTS(comm.memory() == comm::memory_space::host,
                std::string(what) +
                    ": the communicator moves device memory; use the CUDA executor "
-                   "(all_reduce_8bit_async / reduce_scatter_8bit_async in "
-                   "agoq/gradient/all_reduce.cuh) with device buffers, or a host communicator");
+                   "(the *_async collectives in agoq/gradient/all_reduce.cuh) with device "
+                   "buffers, or a host communicator");
 }
 
 inline std::vector<std::byte> zeroed_bytes(std::int64_t n) {
@@ -561,6 +558,18 @@ reduce_scatter_result reduce_scatter(host_executor ex, C& comm, std::int64_t n, 
   return {(flags & payload_flag_nonfinite) != 0, local, plan.begin(rank), plan.end(rank)};
 }
 
+/// The argument check of the hierarchical form: the records go round the node first, then among
+/// the peers with the node's verdict (peer_group when a rank of the node failed), so a bad
+/// argument on any rank throws on every rank of both groups. Host and device executors share it.
+template <comm::communicator Intra, comm::communicator Inter>
+void check_hierarchical(Intra& intra, Inter& inter, meta_record m, char const* what) {
+  std::string const node_problem = check_group(intra, m, what);
+  if (!node_problem.empty()) m.error = local_error::peer_group;
+  std::string const peer_problem = check_group(inter, m, what);
+  AGOQ_EXPECTS(node_problem.empty(), node_problem);
+  AGOQ_EXPECTS(peer_problem.empty(), peer_problem);
+}
+
 /// The hierarchical form: reduce-scatter inside the node (fp32 shard), flat 8-bit all-reduce of
 /// the shard among the ranks of `inter`, kept 8-bit, all_gather of the 8-bit shards inside the
 /// node, sink.
@@ -571,12 +580,7 @@ all_reduce_result hierarchical(host_executor ex, Intra& intra, Inter& inter, std
   char const* what = "all_reduce_8bit_hierarchical";
   check_host(intra, what);
   check_host(inter, what);
-  meta_record m = make_meta(collective_kind::hierarchical, n, opt, err);
-  std::string const node_problem = check_group(intra, m, what);
-  if (!node_problem.empty()) m.error = local_error::peer_group;
-  std::string const peer_problem = check_group(inter, m, what);
-  AGOQ_EXPECTS(node_problem.empty(), node_problem);
-  AGOQ_EXPECTS(peer_problem.empty(), peer_problem);
+  check_hierarchical(intra, inter, make_meta(collective_kind::hierarchical, n, opt, err), what);
 
   int const l = static_cast<int>(intra.size());
   int const i = static_cast<int>(intra.rank());
@@ -686,8 +690,53 @@ inline quantized_source buffer_source(gradient_buffer const& g) {
           static_cast<std::uint8_t>(g.nonfinite_count() > 0 ? payload_flag_nonfinite : 0)};
 }
 
-inline local_error buffer_errors(gradient_buffer const& g, all_reduce_options const& opt) {
+/// A gradient buffer operand's verdict (gradient_buffer or device_gradient_buffer).
+template <class Buffer>
+local_error buffer_errors(Buffer const& g, all_reduce_options const& opt) {
   return g.group_size() == opt.group_size ? local_error::none : local_error::buffer_group_size;
+}
+
+/// The verdict on a buffer input and a span output (all-reduce, hierarchical).
+template <class Buffer, class Out>
+local_error buffer_span_errors(Buffer const& in, std::span<Out> out,
+                               all_reduce_options const& opt) {
+  local_error err = buffer_errors(in, opt);
+  if (err == local_error::none && static_cast<std::int64_t>(out.size()) != in.size())
+    err = local_error::output_size;
+  if (err == local_error::none && out.data() == nullptr && !out.empty())
+    err = local_error::null_pointer;
+  return err;
+}
+
+/// The verdict on a span input and a buffer output.
+template <class In, class Buffer>
+local_error span_buffer_errors(std::span<In const> in, Buffer const& out,
+                               all_reduce_options const& opt) {
+  auto const n = static_cast<std::int64_t>(in.size());
+  local_error err = in.data() == nullptr && n > 0 ? local_error::null_pointer : local_error::none;
+  err = first_error(err, buffer_errors(out, opt));
+  if (err == local_error::none && out.size() != n) err = local_error::output_size;
+  return err;
+}
+
+/// The verdict on a buffer input and a buffer output (which may be the input).
+template <class Buffer>
+local_error buffer_buffer_errors(Buffer const& in, Buffer const& out,
+                                 all_reduce_options const& opt) {
+  local_error err = first_error(buffer_errors(in, opt), buffer_errors(out, opt));
+  if (err == local_error::none && out.size() != in.size()) err = local_error::output_size;
+  return err;
+}
+
+/// The verdict on a buffer input and a reduce-scatter shard.
+template <class Buffer, class Out>
+local_error buffer_shard_errors(Buffer const& in, std::span<Out> shard, int ranks, int rank,
+                                all_reduce_options const& opt) {
+  local_error err = buffer_errors(in, opt);
+  if (err == local_error::none && static_cast<std::int64_t>(shard.size()) <
+                                      chunk_plan(in.size(), opt.group_size, ranks).count(rank))
+    err = local_error::output_size;
+  return err;
 }
 
 template <class T>
@@ -756,15 +805,9 @@ requires detail::input_element<In> all_reduce_result
 all_reduce_8bit(host_executor ex, C& comm, std::span<In const> input, gradient_buffer& output,
                 all_reduce_options const& opt = {}) {
   using T = std::remove_const_t<In>;
-  auto const n = static_cast<std::int64_t>(input.size());
-  detail::local_error err = input.data() == nullptr && n > 0 ? detail::local_error::null_pointer
-                                                             : detail::local_error::none;
-  err = detail::first_error(err, detail::buffer_errors(output, opt));
-  if (err == detail::local_error::none && output.size() != n)
-    err = detail::local_error::output_size;
-  all_reduce_result const r =
-      detail::all_reduce(ex, comm, n, detail::span_source<T>{input.data(), 0, 0},
-                         detail::quantized_sink{output.view()}, opt, err);
+  all_reduce_result const r = detail::all_reduce(
+      ex, comm, static_cast<std::int64_t>(input.size()), detail::span_source<T>{input.data(), 0, 0},
+      detail::quantized_sink{output.view()}, opt, detail::span_buffer_errors(input, output, opt));
   output.mark_written(r.nonfinite ? 1 : 0);
   return r;
 }
@@ -777,13 +820,9 @@ template <comm::communicator C, class Out>
 requires detail::output_element<Out> all_reduce_result
 all_reduce_8bit(host_executor ex, C& comm, gradient_buffer const& input, std::span<Out> output,
                 all_reduce_options const& opt = {}) {
-  detail::local_error err = detail::buffer_errors(input, opt);
-  if (err == detail::local_error::none && static_cast<std::int64_t>(output.size()) != input.size())
-    err = detail::local_error::output_size;
-  if (err == detail::local_error::none && output.data() == nullptr && !output.empty())
-    err = detail::local_error::null_pointer;
   all_reduce_result r = detail::all_reduce(ex, comm, input.size(), detail::buffer_source(input),
-                                           detail::span_sink<Out>{output.data()}, opt, err);
+                                           detail::span_sink<Out>{output.data()}, opt,
+                                           detail::buffer_span_errors(input, output, opt));
   r.local_nonfinite = input.nonfinite_count();
   return r;
 }
@@ -793,13 +832,10 @@ all_reduce_8bit(host_executor ex, C& comm, gradient_buffer const& input, std::sp
 template <comm::communicator C>
 all_reduce_result all_reduce_8bit(host_executor ex, C& comm, gradient_buffer const& input,
                                   gradient_buffer& output, all_reduce_options const& opt = {}) {
-  detail::local_error err =
-      detail::first_error(detail::buffer_errors(input, opt), detail::buffer_errors(output, opt));
-  if (err == detail::local_error::none && output.size() != input.size())
-    err = detail::local_error::output_size;
   std::int64_t const local = input.nonfinite_count();
   all_reduce_result r = detail::all_reduce(ex, comm, input.size(), detail::buffer_source(input),
-                                           detail::quantized_sink{output.view()}, opt, err);
+                                           detail::quantized_sink{output.view()}, opt,
+                                           detail::buffer_buffer_errors(input, output, opt));
   r.local_nonfinite = local;
   output.mark_written(r.nonfinite ? 1 : 0);
   return r;
@@ -829,14 +865,10 @@ template <comm::communicator C, class Out>
 requires detail::output_element<Out> reduce_scatter_result
 reduce_scatter_8bit(host_executor ex, C& comm, gradient_buffer const& input, std::span<Out> shard,
                     all_reduce_options const& opt = {}) {
-  detail::local_error err = detail::buffer_errors(input, opt);
-  if (err == detail::local_error::none) {
-    chunk_plan const p(input.size(), opt.group_size, comm.size());
-    if (static_cast<std::int64_t>(shard.size()) < p.count(comm.rank()))
-      err = detail::local_error::output_size;
-  }
   reduce_scatter_result r = detail::reduce_scatter(
-      ex, comm, input.size(), detail::buffer_source(input), shard.data(), opt, err);
+      ex, comm, input.size(), detail::buffer_source(input), shard.data(), opt,
+      detail::buffer_shard_errors(input, shard, static_cast<int>(comm.size()),
+                                  static_cast<int>(comm.rank()), opt));
   r.local_nonfinite = input.nonfinite_count();
   return r;
 }
@@ -868,12 +900,9 @@ template <comm::communicator Intra, comm::communicator Inter, class Out>
 requires detail::output_element<Out> all_reduce_result all_reduce_8bit_hierarchical(
     host_executor ex, Intra& intra, Inter& inter, gradient_buffer const& input,
     std::span<Out> output, all_reduce_options const& opt = {}) {
-  detail::local_error err = detail::buffer_errors(input, opt);
-  if (err == detail::local_error::none && static_cast<std::int64_t>(output.size()) != input.size())
-    err = detail::local_error::output_size;
-  all_reduce_result r =
-      detail::hierarchical(ex, intra, inter, input.size(), detail::buffer_source(input),
-                           detail::span_sink<Out>{output.data()}, opt, err);
+  all_reduce_result r = detail::hierarchical(
+      ex, intra, inter, input.size(), detail::buffer_source(input),
+      detail::span_sink<Out>{output.data()}, opt, detail::buffer_span_errors(input, output, opt));
   r.local_nonfinite = input.nonfinite_count();
   return r;
 }

@@ -45,6 +45,21 @@ inline void check_group_size(std::int64_t g, char const* what) {
       std::string(what) + ": the group size must be in [32, 256], got " + std::to_string(g));
 }
 
+/// `opt`, after checking its group size. \throws agoq::invalid_argument outside [32, 256].
+inline buffer_options const& checked_options(buffer_options const& opt, char const* what) {
+  check_group_size(opt.group_size, what);
+  return opt;
+}
+
+/// Throws agoq::invalid_argument unless a gradient of `n` elements at `data` can be added into a
+/// buffer of `size` elements (same length, no null pointer with elements). Host only.
+inline void check_accumulate(void const* data, std::int64_t n, std::int64_t size,
+                             char const* what) {
+  AGOQ_EXPECTS(n == size, std::string(what) + ": the gradient has " + std::to_string(n) +
+                              " elements, the buffer " + std::to_string(size));
+  AGOQ_EXPECTS(data != nullptr || n == 0, std::string(what) + ": null gradient pointer");
+}
+
 }  // namespace detail
 
 /// An 8-bit gradient accumulation buffer of `size()` elements: int8 codes and fp32 scales of a
@@ -60,14 +75,15 @@ inline void check_group_size(std::int64_t g, char const* what) {
 /// with Philox stream position i under stream_key(seed, k, stream_tag::buffer, 0).
 ///
 /// Host memory, CPU executor; every member is synchronous. Not thread-safe: one thread at a time.
-/// Movable, not copyable.
+/// Movable, not copyable. Its device twin is device_gradient_buffer (buffer.cuh), which writes
+/// the same codes and scales from the same gradients.
 class gradient_buffer {
  public:
   /// A zeroed buffer of `n` elements.
   /// \throws agoq::invalid_argument for n < 0 or a group size outside [32, 256];
   /// std::bad_alloc when memory runs out.
   explicit gradient_buffer(std::int64_t n, buffer_options const& opt = {})
-      : opt_(checked(opt)),
+      : opt_(detail::checked_options(opt, "gradient_buffer")),
         tensor_(payload_spec(opt.group_size, opt.rounding), 1, n),
         scratch_(static_cast<std::size_t>(std::min(n, detail::piece_elements(opt.group_size)))) {}
 
@@ -106,11 +122,8 @@ class gradient_buffer {
   requires element_type<std::remove_const_t<In>> std::int64_t accumulate(host_executor ex,
                                                                          std::span<In> g) {
     using T = std::remove_const_t<In>;
-    AGOQ_EXPECTS(static_cast<std::int64_t>(g.size()) == size(),
-                 "gradient_buffer::accumulate: the gradient has " + std::to_string(g.size()) +
-                     " elements, the buffer " + std::to_string(size()));
-    AGOQ_EXPECTS(g.data() != nullptr || g.empty(),
-                 "gradient_buffer::accumulate: null gradient pointer");
+    detail::check_accumulate(g.data(), static_cast<std::int64_t>(g.size()), size(),
+                             "gradient_buffer::accumulate");
     std::uint64_t const key = stream_key(opt_.seed, counter_, stream_tag::buffer, 0);
     ++counter_;
     if (size() == 0) return 0;
@@ -173,11 +186,6 @@ class gradient_buffer {
   }
 
  private:
-  static buffer_options const& checked(buffer_options const& opt) {
-    detail::check_group_size(opt.group_size, "gradient_buffer");
-    return opt;
-  }
-
   // Elements [b, b + n) of a [1, N] view whose b is a multiple of the group size.
   quantized_view sub_view(quantized_view const& v, std::int64_t b, std::int64_t n) const {
     return {v.spec, 1, n, v.codes + b, v.scales + 4 * (b / opt_.group_size), nullptr};

@@ -15,6 +15,7 @@
 #include "../config.hpp"
 #include "../error.hpp"
 #include "../layout/view.hpp"
+#include "../numeric/codes.hpp"
 #include "../scheme/spec.hpp"
 
 namespace agoq::gradient {
@@ -148,6 +149,13 @@ inline const_quantized_view payload_view(spec const& s, chunk_plan const& plan,
   auto const* b = reinterpret_cast<std::uint8_t const*>(block);
   return {s, 1, elements, b + payload_header_bytes, b + plan.scales_offset(), nullptr};
 }
+
+namespace detail {
+
+/// The code family of every payload (payload_spec) and of gradient_buffer.
+using payload_code = int_sym<8>;
+
+}  // namespace detail
 
 /// The splitmix64 finalizer (Steele, Lea, Flood 2014). Host and device.
 AGOQ_HOST_DEVICE constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
