@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the device tests, benchmarks and example for sm_90 here (no GPU needed) and packs them,
-# stripped, with the shared libraries they need, into .devbin/ (git-ignored), so a GPU machine
-# with little time spends it running them: carry .devbin/ there and run
-#   bench/device_check.sh --prebuilt .devbin <out-dir>
+# stripped, with the shared libraries they need, into .devbin/ and its xz archive .devbin.tar.xz
+# (both git-ignored), so a GPU machine with little time spends it running them. The archive is
+# what to carry (about a third of the folder; the folder alone passes the device tool's 64 MiB
+# carry limit): there, run
+#   python3 -m tarfile -e .devbin.tar.xz . && bench/device_check.sh --prebuilt .devbin <out-dir>
 # The host code is built for x86-64-v3 (AVX2, FMA), which any current GPU server runs; agoq's
 # CPU reference then uses its portable loops, which give the same bits as the AVX-512 ones.
 set -euo pipefail
@@ -32,4 +34,5 @@ strip -o .devbin/examples/quantized_matmul "$build/examples/quantized_matmul"
 for exe in .devbin/tests/* .devbin/bench/*; do
   ldd "$exe" | awk '/libbenchmark|libcudart/ {print $3}'
 done | sort -u | xargs -r -I{} cp -L {} .devbin/lib/
-du -sh .devbin
+tar cf - .devbin | xz -T0 -6 > .devbin.tar.xz
+du -sh .devbin .devbin.tar.xz
