@@ -75,6 +75,9 @@ namespace detail {
 
 static_assert(reduce_run_elements == ::agoq::detail::gpu::run);
 
+/// Ranks whose blocks reduce_blocks_kernel loads together.
+inline constexpr int reduce_rank_batch = 4;
+
 /// The fp32 scale of group g of a block's inline scales (load_group_params of an f32 view).
 __device__ inline group_params payload_scale(std::uint8_t const* scales, std::int64_t g) noexcept {
   group_params p;
@@ -96,19 +99,31 @@ AGOQ_KERNEL void reduce_blocks_kernel(std::uint8_t const* recv, std::int64_t blo
        t < threads; t += step) {
     reduce_run const run = reduce_run_of(t, count, group_size);
     float v[reduce_run_elements] = {};
-    for (std::int64_t r = 0; r < ranks; ++r) {
-      std::uint8_t const* block = recv + r * block_bytes;
-      std::uint64_t const codes =
-          ::agoq::detail::gpu::load_codes<8>(block + payload_header_bytes + run.begin, run.count);
-      group_params const first = payload_scale(block + scales_offset, run.group);
-      group_params const second =
-          run.split < run.count ? payload_scale(block + scales_offset, run.group + 1) : first;
+    // reduce_rank_batch ranks' codes and scales are loaded before any of them is added, so that
+    // many loads are in flight per thread; the additions keep rank order.
+    for (std::int64_t r0 = 0; r0 < ranks; r0 += reduce_rank_batch) {
+      std::uint64_t codes[reduce_rank_batch] = {};
+      group_params first[reduce_rank_batch], second[reduce_rank_batch];
       AGOQ_UNROLL
-      for (int i = 0; i < reduce_run_elements; ++i) {
-        if (i >= run.count) break;
-        auto const code = static_cast<std::uint8_t>((codes >> (8 * i)) & 0xffu);
-        float const x = decode<payload_code>(code, i < run.split ? first : second);
-        v[i] = r == 0 ? x : __fadd_rn(v[i], x);
+      for (int k = 0; k < reduce_rank_batch; ++k) {
+        if (r0 + k >= ranks) break;
+        std::uint8_t const* block = recv + (r0 + k) * block_bytes;
+        codes[k] =
+            ::agoq::detail::gpu::load_codes<8>(block + payload_header_bytes + run.begin, run.count);
+        first[k] = payload_scale(block + scales_offset, run.group);
+        second[k] =
+            run.split < run.count ? payload_scale(block + scales_offset, run.group + 1) : first[k];
+      }
+      AGOQ_UNROLL
+      for (int k = 0; k < reduce_rank_batch; ++k) {
+        if (r0 + k >= ranks) break;
+        AGOQ_UNROLL
+        for (int i = 0; i < reduce_run_elements; ++i) {
+          if (i >= run.count) break;
+          auto const code = static_cast<std::uint8_t>((codes[k] >> (8 * i)) & 0xffu);
+          float const x = decode<payload_code>(code, i < run.split ? first[k] : second[k]);
+          v[i] = r0 + k == 0 ? x : __fadd_rn(v[i], x);
+        }
       }
     }
     if (divisor != 1.0f) {
