@@ -15,6 +15,7 @@
 namespace {
 
 using agoq::bench::have_device;
+using agoq::bench::time_copy;
 using agoq::bench::time_events;
 using agoq::gradient::chunk_plan;
 
@@ -58,16 +59,7 @@ void bm_reduce_blocks(benchmark::State& state, bool average) {
 void bm_copy_same_bytes(benchmark::State& state) {
   if (!have_device()) return state.SkipWithError("no CUDA device");
   reduce_setup s(state.range(0), state.range(1));
-  auto const half = static_cast<std::size_t>((s.bytes_in + s.bytes_out) / 2);
-  void* a = nullptr;
-  void* b = nullptr;
-  AGOQ_CUDA_TRY(cudaMalloc(&a, half));
-  AGOQ_CUDA_TRY(cudaMalloc(&b, half));
-  time_events(state,
-              [&](int) { AGOQ_CUDA_TRY(cudaMemcpyAsync(b, a, half, cudaMemcpyDeviceToDevice)); });
-  state.SetBytesProcessed(state.iterations() * 2 * static_cast<std::int64_t>(half));
-  cudaFree(a);
-  cudaFree(b);
+  time_copy(state, s.bytes_in + s.bytes_out);
 }
 
 void shapes(benchmark::internal::Benchmark* b) {

@@ -16,6 +16,7 @@
 namespace {
 
 using agoq::bench::have_device;
+using agoq::bench::time_copy;
 using agoq::bench::time_events;
 
 // Bytes one accumulate of n bf16 elements moves with groups of 128: 2 n read (the gradient), the
@@ -47,16 +48,7 @@ void bm_copy_same_bytes(benchmark::State& state) {
   if (!have_device()) return state.SkipWithError("no CUDA device");
   std::int64_t const n = state.range(0);
   agoq::gradient::device_gradient_buffer buf(n, {128}, ::cuda::stream_ref(cudaStream_t{}));
-  auto const half = static_cast<std::size_t>(accumulate_bytes(n, buf.bytes()) / 2);
-  void* a = nullptr;
-  void* b = nullptr;
-  AGOQ_CUDA_TRY(cudaMalloc(&a, half));
-  AGOQ_CUDA_TRY(cudaMalloc(&b, half));
-  time_events(state,
-              [&](int) { AGOQ_CUDA_TRY(cudaMemcpyAsync(b, a, half, cudaMemcpyDeviceToDevice)); });
-  state.SetBytesProcessed(state.iterations() * 2 * static_cast<std::int64_t>(half));
-  cudaFree(a);
-  cudaFree(b);
+  time_copy(state, accumulate_bytes(n, buf.bytes()));
 }
 
 void sizes(benchmark::internal::Benchmark* b) {

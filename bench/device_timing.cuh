@@ -1,8 +1,11 @@
-// Shared by the device benchmarks: whether a CUDA device exists, and CUDA-event timing of one
-// enqueued operation per benchmark iteration (manual time).
+// Shared by the device benchmarks: whether a CUDA device exists, CUDA-event timing of one
+// enqueued operation per benchmark iteration (manual time), and the copy baseline.
 #pragma once
 
 #include <benchmark/benchmark.h>
+
+#include <cstddef>
+#include <cstdint>
 
 #include <cuda_runtime_api.h>
 
@@ -36,6 +39,21 @@ void time_events(benchmark::State& state, Op&& op) {
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
+}
+
+/// Times a device-to-device copy of bytes_moved / 2 bytes (so it reads and writes bytes_moved in
+/// all, the bytes of the kernel it is the baseline of) and reports bytes_moved per iteration.
+inline void time_copy(benchmark::State& state, std::int64_t bytes_moved) {
+  auto const half = static_cast<std::size_t>(bytes_moved / 2);
+  void* a = nullptr;
+  void* b = nullptr;
+  AGOQ_CUDA_TRY(cudaMalloc(&a, half));
+  AGOQ_CUDA_TRY(cudaMalloc(&b, half));
+  time_events(state,
+              [&](int) { AGOQ_CUDA_TRY(cudaMemcpyAsync(b, a, half, cudaMemcpyDeviceToDevice)); });
+  state.SetBytesProcessed(state.iterations() * 2 * static_cast<std::int64_t>(half));
+  cudaFree(a);
+  cudaFree(b);
 }
 
 }  // namespace agoq::bench
