@@ -134,13 +134,17 @@ void check_scheme_bound(decoded const& q, std::vector<T> const& x) {
 }
 
 /// Saved-tensor schemes: the two defaults of the policy (row-wise), stochastic and asymmetric
-/// variants, FP8, and two groupings that span rows (the separate-pass path).
+/// variants, FP8, groups whose codes do not end on a byte (SwiGLU and GeLU then save rows in
+/// pieces of 1022 and 1032 columns, which the 1100-wide shape crosses), and two groupings that
+/// span rows (the separate-pass path).
 std::vector<spec> forward_specs() {
   return {int4_g128,
           int8_g128,
           spec::parse("int4_g128_sym_sr_f32"),
           spec::parse("int4_g64_asym_rne_bf16"),
           spec::parse("int2_g128_sym_sr_e8m0"),
+          spec::parse("int4_g7_sym_rne_f32"),
+          spec::parse("int2_g3_sym_sr_f32"),
           spec::parse("int8_row_sym_rne_f32"),
           spec::parse("fp8e4m3_g32_rne_e8m0"),
           spec::parse("int8_b16x64_sym_rne_f32"),

@@ -208,6 +208,18 @@ class row_saver {
     return fn_ ? fn_(x, r, c0, c1, view_, layout_, opt_.seed, opt_.offset, simd_, scratch_) : 0;
   }
 
+  /// The columns of a row to save at a time, about `target` of them, so that an op loop can save
+  /// a piece of the row and use it while it is in the L1 cache: whole groups whose codes end on a
+  /// byte, or the whole row where the groups span it, the grouping is not row-wise or nothing is
+  /// saved.
+  std::int64_t step(std::int64_t cols, std::int64_t target) const noexcept {
+    std::int64_t const g = layout_.tile.cols;
+    if (fn_ == nullptr || g >= cols) return cols;
+    std::int64_t k = std::max<std::int64_t>(1, target / g);
+    while (g * k * layout_.bits % 8 != 0) ++k;
+    return std::min(cols, g * k);
+  }
+
   /// Quantizes the whole tensor when its groups span rows (otherwise does nothing).
   std::int64_t whole(T const* x) {
     if (!active_ || fn_ != nullptr || layout_.elements() == 0) return 0;
@@ -751,6 +763,10 @@ std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> we
   });
 }
 
+/// Columns per piece of a row that SwiGLU and GeLU save and then compute while it is in the L1
+/// cache (row_saver::step): 1024 made the fused SwiGLU about 7% faster than whole 4096-wide rows.
+inline constexpr std::int64_t save_step_target = 1024;
+
 template <class G, class U, class O>
 std::int64_t swiglu_forward(matrix_view<G> gate, matrix_view<U> up, matrix_view<O> out,
                             row_saver<std::remove_const_t<G>>& gate_saver,
@@ -765,13 +781,21 @@ std::int64_t swiglu_forward(matrix_view<G> gate, matrix_view<U> up, matrix_view<
   auto const* up_p = up.data_handle();
   OT* op = out.data_handle();
   std::int64_t nonfinite = gate_saver.whole(gp) + up_saver.whole(up_p);
+  // Both saves and the op's loop go over the same pieces of a row (the whole row unless both
+  // savers agree on a step), the saves first: out may be gate or up itself.
+  std::int64_t const gs = gate_saver.step(cols, save_step_target);
+  std::int64_t const step = gs == up_saver.step(cols, save_step_target) ? gs : cols;
   for (std::int64_t r = 0; r < rows; ++r) {
     auto const* gr = gp + r * cols;
     auto const* ur = up_p + r * cols;
-    nonfinite += gate_saver.row(gr, r) + up_saver.row(ur, r);
     OT* orow = op + r * cols;
-    for (std::int64_t i = 0; i < cols; ++i) {
-      orow[i] = numeric::from_float<OT>(swiglu(numeric::to_float(gr[i]), numeric::to_float(ur[i])));
+    for (std::int64_t c = 0; c < cols; c += step) {
+      std::int64_t const e = std::min(cols, c + step);
+      nonfinite += gate_saver.range(gr, r, c, e) + up_saver.range(ur, r, c, e);
+      for (std::int64_t i = c; i < e; ++i) {
+        orow[i] =
+            numeric::from_float<OT>(swiglu(numeric::to_float(gr[i]), numeric::to_float(ur[i])));
+      }
     }
   }
   return nonfinite;
@@ -792,12 +816,17 @@ std::int64_t gelu_forward(matrix_view<X> x, matrix_view<Y> y,
   auto const* xp = x.data_handle();
   YT* yp = y.data_handle();
   std::int64_t nonfinite = saver.whole(xp);
+  // The save of each piece of a row first, then the op on it from the L1 cache (y may be x).
+  std::int64_t const step = saver.step(cols, save_step_target);
   for (std::int64_t r = 0; r < rows; ++r) {
     auto const* xr = xp + r * cols;
-    nonfinite += saver.row(xr, r);
     YT* yr = yp + r * cols;
-    for (std::int64_t i = 0; i < cols; ++i) {
-      yr[i] = numeric::from_float<YT>(gelu(numeric::to_float(xr[i])));
+    for (std::int64_t c = 0; c < cols; c += step) {
+      std::int64_t const e = std::min(cols, c + step);
+      nonfinite += saver.range(xr, r, c, e);
+      for (std::int64_t i = c; i < e; ++i) {
+        yr[i] = numeric::from_float<YT>(gelu(numeric::to_float(xr[i])));
+      }
     }
   }
   return nonfinite;
