@@ -1,5 +1,6 @@
 /// \file
-/// The CPU executor's quantize and dequantize beside a memcpy of the same bytes, single thread.
+/// The CPU executor's quantize, dequantize and measure beside a memcpy of the same bytes, single
+/// thread.
 ///
 /// "The same bytes" is the unquantized tensor in both directions: quantize is measured against a
 /// memcpy of its input (rows x cols elements of the input type), dequantize against a memcpy of
@@ -28,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <agoq/activation/statistics.hpp>
 #include <agoq/agoq.hpp>
 
 namespace {
@@ -170,6 +172,25 @@ void bm_dequantize(benchmark::State& state, std::string const& name) {
   set_counters(state, tensor_bytes, kernel_s, memcpy_s);
 }
 
+/// activation::measure (the error model's statistics) of the 64 MiB In tensor under the group
+/// tile of the scheme named by `name`; it only reads, and is read against a memcpy of its input.
+template <class In>
+void bm_measure(benchmark::State& state, std::string const& name) {
+  agoq::spec const s = agoq::spec::parse(name);
+  std::int64_t const rows = tensor_bytes / static_cast<std::int64_t>(sizeof(In)) / tensor_cols;
+  In const* x = input<In>();
+  auto const in = agoq::matrix_view<In const>(x, rows, tensor_cols);
+  double kernel_s = 0.0;
+  double memcpy_s = 0.0;
+  for (auto _ : state) {
+    auto const t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(agoq::activation::measure(agoq::host, in, s));
+    kernel_s += seconds_since(t0);
+    memcpy_s += paused_memcpy(state, memcpy_destination(), x, tensor_bytes);
+  }
+  set_counters(state, tensor_bytes, kernel_s, memcpy_s);
+}
+
 /// The schemes measured: the two targets (int8 and int4, g128) and, so that their cost is known,
 /// stochastic rounding, an asymmetric code, MXFP8 and FP8 stochastic rounding (the 8-bit AdamW
 /// second moment's format).
@@ -194,6 +215,12 @@ void register_type() {
     if (name.find("_sr_") != std::string::npos) continue;  // decodes like its rne twin
     benchmark::RegisterBenchmark(("dequantize/" + t + "/" + name).c_str(),
                                  [name](benchmark::State& st) { bm_dequantize<T>(st, name); })
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  }
+  for (std::string const name : {"int4_g128_sym_rne_f32", "int8_row_sym_rne_f32"}) {
+    benchmark::RegisterBenchmark(("measure/" + t + "/" + name).c_str(),
+                                 [name](benchmark::State& st) { bm_measure<T>(st, name); })
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
   }

@@ -55,10 +55,11 @@ struct tensor_stats {
                                    ///< 0: unknown, (2 absmax)^2 is used as its bound
 
   /// Adds one group of `n` finite elements with absolute maximum `absmax` and widened range
-  /// `range` (pass 0 when unknown). Host only.
+  /// `range` (pass 0 when unknown): each sum += (n absmax) absmax as one fused multiply-add, so
+  /// no compiler setting changes the result (measure() relies on it). Host only.
   void add_group(std::int64_t n, double absmax, double range = 0) noexcept {
-    sum_group_absmax_sq += static_cast<double>(n) * absmax * absmax;
-    sum_group_range_sq += static_cast<double>(n) * range * range;
+    sum_group_absmax_sq = std::fma(static_cast<double>(n) * absmax, absmax, sum_group_absmax_sq);
+    sum_group_range_sq = std::fma(static_cast<double>(n) * range, range, sum_group_range_sq);
   }
 };
 

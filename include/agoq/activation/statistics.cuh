@@ -1,0 +1,91 @@
+/// \file
+/// The CUDA form of measure() (statistics.hpp): the same slices summed by the same function on
+/// the device, one thread per slice, then folded on the host in the same order, so it returns the
+/// host's bits. Needs nvcc.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "../cuda_check.hpp"
+#include "../detail/gpu/allocation.cuh"
+#include "../quantize.cuh"
+#include "statistics.hpp"
+
+namespace agoq::activation {
+
+namespace stats_detail {
+
+/// Slots measured per device pass (their partials are 24 MiB, on the device and on the host).
+inline constexpr std::int64_t device_chunk_slots = std::int64_t{1} << 20;
+
+/// out[i] = the statistics of slot first + i, for i in [0, n).
+template <class T>
+__global__ void measure_slices_kernel(T const* x, slice_grid g, std::int64_t first, std::int64_t n,
+                                      slice_partial* out) {
+  std::int64_t const stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    std::int64_t const slot = first + i;
+    std::int64_t c0 = 0, count = 0;
+    g.columns(slot % g.per_row(), c0, count);
+    out[i] = measure_slice(x + (slot / g.per_row()) * g.cols + c0, count);
+  }
+}
+
+/// measure() on the device, `chunk` slots per pass (the public form uses device_chunk_slots; the
+/// tests pass small chunks to cross pass boundaries).
+template <class In>
+tensor_stats measure_in_chunks(cuda_executor ex, matrix_view<In> x, tile_shape tile,
+                               std::int64_t chunk) {
+  slice_grid const g = make_slice_grid(x.extent(0), x.extent(1), tile);
+  agoq::detail::check_data(x.data_handle(), x.size(), "measure");
+  agoq::detail::gpu::check_device_pointer(x.data_handle(), "measure");
+  AGOQ_EXPECTS(chunk >= 1, "measure: chunk must be positive");
+  slice_folder fold(g);
+  std::int64_t const slots = g.slots();
+  if (slots == 0) return fold.result();
+  cudaStream_t const stream = ex.stream.get();
+  std::int64_t const per_pass = std::min(chunk, slots);
+  auto const bytes = static_cast<std::size_t>(per_pass) * sizeof(slice_partial);
+  agoq::detail::gpu::stream_allocation work(bytes, stream);
+  std::vector<slice_partial> host(static_cast<std::size_t>(per_pass));
+  auto* out = reinterpret_cast<slice_partial*>(work.get());
+  device::launch_policy const pol = agoq::detail::gpu::current_policy();
+  for (std::int64_t first = 0; first < slots; first += per_pass) {
+    std::int64_t const n = std::min(per_pass, slots - first);
+    measure_slices_kernel<<<agoq::detail::gpu::grid_for(n, pol), pol.block_threads, 0, stream>>>(
+        x.data_handle(), g, first, n, out);
+    AGOQ_CUDA_TRY(cudaGetLastError());
+    AGOQ_CUDA_TRY(cudaMemcpyAsync(host.data(), out, static_cast<std::size_t>(n) * sizeof(*out),
+                                  cudaMemcpyDeviceToHost, stream));
+    AGOQ_CUDA_TRY(cudaStreamSynchronize(stream));
+    fold.add(host.data(), first, n);
+  }
+  return fold.result();
+}
+
+}  // namespace stats_detail
+
+/// measure() of a tensor in device memory: the same statistics, bit for bit, as the host form on
+/// the same values. Unlike the `_async` calls it returns the result, so it synchronizes
+/// `ex.stream` (after the work enqueued on it before); it reads `x` once and copies 24 bytes per
+/// slice (a slice is up to 256 elements of one group's row: 0.19 byte per element at G = 128) back
+/// to the host, 2^20 slices per pass.
+/// \throws agoq::invalid_argument for a tile with an extent below 1, a null or pageable host
+/// pointer; agoq::cuda_error on a CUDA failure.
+template <agoq::detail::readable_elements In>
+tensor_stats measure(cuda_executor ex, matrix_view<In> x, tile_shape tile) {
+  return stats_detail::measure_in_chunks(ex, x, tile, stats_detail::device_chunk_slots);
+}
+
+/// measure() on the device under the group tile of scheme `s` on this tensor.
+template <agoq::detail::readable_elements In>
+tensor_stats measure(cuda_executor ex, matrix_view<In> x, spec const& s) {
+  s.validate();
+  return measure(ex, x, s.tile(x.extent(0), x.extent(1)));
+}
+
+}  // namespace agoq::activation

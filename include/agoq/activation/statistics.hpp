@@ -1,0 +1,291 @@
+/// \file
+/// Measured statistics for the error model: the tensor_stats of a tensor for the group grid of a
+/// scheme (sum of squares, each group's absmax and widened range, finite elements), gathered on
+/// the host here and on a device by statistics.cuh. Both executors run the same per-slice
+/// arithmetic (`stats_detail::measure_slice`) over the same slices and fold the slices in the same
+/// order on the host (`stats_detail::slice_folder`), so they return the same bits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <cuda/std/cmath>
+
+#include "../config.hpp"
+#include "../error.hpp"
+#include "../layout/matrix.hpp"
+#include "../numeric/bits.hpp"
+#include "../numeric/element.hpp"
+#include "../quantize.hpp"
+#include "error_model.hpp"
+
+namespace agoq::activation {
+
+namespace stats_detail {
+
+/// At most this many consecutive elements of one row of one group form a slice, the unit one
+/// thread (device) or one loop (host) sums.
+inline constexpr std::int64_t slice_cols = 256;
+
+/// The statistics of a set of elements: its finite elements' sum of squares in fp64, absolute
+/// maximum, the minimum and maximum widened to include 0, and their count.
+template <class Count>
+struct partial_stats {
+  double sum_squares = 0;
+  float absmax = 0;
+  float lo = 0;
+  float hi = 0;
+  Count finite = 0;
+};
+
+/// The statistics of one slice (24 bytes, copied back from the device).
+using slice_partial = partial_stats<std::int32_t>;
+
+/// The slices of a [rows, cols] tensor under groups of `tile`: each row holds `group_cols` group
+/// runs of `tile.cols` columns (the last may be shorter), each cut into `per_group` slots of
+/// `slice_cols` columns from the run's start (slots past a short run's end are empty). Slot
+/// `i` of the tensor is slot `i % per_row()` of row `i / per_row()`. Host and device.
+struct slice_grid {
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  tile_shape tile;
+  std::int64_t group_cols = 0;
+  std::int64_t per_group = 0;
+
+  /// Slots of one row.
+  AGOQ_HOST_DEVICE constexpr std::int64_t per_row() const noexcept {
+    return group_cols * per_group;
+  }
+  /// Slots of the tensor.
+  AGOQ_HOST_DEVICE constexpr std::int64_t slots() const noexcept { return rows * per_row(); }
+  /// First column and length (0 for an empty slot) of slot `s` of a row.
+  AGOQ_HOST_DEVICE constexpr void columns(std::int64_t s, std::int64_t& first,
+                                          std::int64_t& count) const noexcept {
+    std::int64_t const run = s / per_group;
+    std::int64_t const run_end = (run + 1) * tile.cols < cols ? (run + 1) * tile.cols : cols;
+    first = run * tile.cols + (s % per_group) * slice_cols;
+    std::int64_t const left = run_end - first;
+    count = left <= 0 ? 0 : (left < slice_cols ? left : slice_cols);
+  }
+};
+
+/// The slice grid of a [rows, cols] tensor under `tile`. Throws agoq::invalid_argument for
+/// negative extents or a tile with an extent below 1.
+inline slice_grid make_slice_grid(std::int64_t rows, std::int64_t cols, tile_shape tile) {
+  AGOQ_EXPECTS(rows >= 0 && cols >= 0,
+               "measure: negative extents " + std::to_string(rows) + "x" + std::to_string(cols));
+  AGOQ_EXPECTS(tile.rows >= 1 && tile.cols >= 1,
+               "measure: a group tile needs positive extents, got " + std::to_string(tile.rows) +
+                   "x" + std::to_string(tile.cols));
+  slice_grid g{rows, cols, tile, 0, 0};
+  if (cols == 0) return g;
+  std::int64_t const run = tile.cols < cols ? tile.cols : cols;
+  g.group_cols = (cols + tile.cols - 1) / tile.cols;
+  g.per_group = (run + slice_cols - 1) / slice_cols;
+  return g;
+}
+
+/// Lanes of a slice's sums: element i of a slice goes to lane i % slice_lanes.
+inline constexpr int slice_lanes = 16;
+
+/// The 16 lanes' sums added pairwise (0+1, 2+3, ...; then those pairs, and so on); overwrites
+/// `sum`. Host and device.
+AGOQ_HOST_DEVICE inline double pairwise_sum(double (&sum)[slice_lanes]) noexcept {
+  for (int w = 1; w < slice_lanes; w *= 2)
+    for (int j = 0; j < slice_lanes; j += 2 * w) sum[j] += sum[j + w];
+  return sum[0];
+}
+
+/// A slice's per-lane statistics.
+struct slice_lanes_state {
+  double sum[slice_lanes] = {};
+  float absmax[slice_lanes] = {};
+  float lo[slice_lanes] = {};
+  float hi[slice_lanes] = {};
+  std::int32_t finite[slice_lanes] = {};
+
+  /// Adds element value `raw` to lane j: a non-finite value counts as 0 (it adds nothing and
+  /// leaves the extrema, which include 0, alone) and is not counted; sum = fma(v, v, sum) in fp64.
+  AGOQ_HOST_DEVICE void add(int j, float raw) noexcept {
+    bool const ok = numeric::is_finite(raw);
+    float const v = ok ? raw : 0.0f;
+    double const d = v;
+    sum[j] = cuda::std::fma(d, d, sum[j]);
+    float const a = v < 0 ? -v : v;
+    absmax[j] = a > absmax[j] ? a : absmax[j];
+    lo[j] = v < lo[j] ? v : lo[j];
+    hi[j] = v > hi[j] ? v : hi[j];
+    finite[j] += ok ? 1 : 0;
+  }
+
+  /// The slice's statistics: the lanes' sums added pairwise (0+1, 2+3, ...; then those pairs,
+  /// and so on); the extrema and counts (order-independent) over the lanes.
+  AGOQ_HOST_DEVICE slice_partial finish() noexcept {
+    slice_partial p;
+    p.sum_squares = pairwise_sum(sum);
+    for (int j = 0; j < slice_lanes; ++j) {
+      p.absmax = absmax[j] > p.absmax ? absmax[j] : p.absmax;
+      p.lo = lo[j] < p.lo ? lo[j] : p.lo;
+      p.hi = hi[j] > p.hi ? hi[j] : p.hi;
+      p.finite += finite[j];
+    }
+    return p;
+  }
+};
+
+/// Statistics of the `n` elements at `x`: element i goes to lane i % 16 (slice_lanes_state). One
+/// thread runs it per slice on the device; the host runs it or measure_slice_simd. Host and
+/// device.
+template <class T>
+AGOQ_HOST_DEVICE inline slice_partial measure_slice(T const* x, std::int64_t n) noexcept {
+  slice_lanes_state st;
+  for (std::int64_t i = 0; i < n; ++i)
+    st.add(static_cast<int>(i % slice_lanes), numeric::to_float(x[i]));
+  return st.finish();
+}
+
+#if defined(AGOQ_HOST_AVX512)
+/// measure_slice with AVX-512: the 16 lanes are a vector's (the sums in two vectors of 8 fp64),
+/// the same operations lane by lane (vminps / vmaxps pick as the comparisons do), so the same
+/// bits. Host only.
+template <class T>
+inline slice_partial measure_slice_simd(T const* x, std::int64_t n) noexcept {
+  namespace h = agoq::detail::host;
+  __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+  __m512 absmax = _mm512_setzero_ps(), lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+  __m512i finite = _mm512_setzero_si512();
+  __m512i const magnitude = _mm512_set1_epi32(0x7fffffff);
+  __m512i const inf = _mm512_set1_epi32(0x7f800000);
+  for (std::int64_t i = 0; i < n; i += slice_lanes) {
+    __mmask16 const present = h::tail_mask16(n - i);
+    __m512 const raw = h::load16(x + i, present);  // absent lanes read +0
+    __m512i const mag = _mm512_and_si512(_mm512_castps_si512(raw), magnitude);
+    __mmask16 const ok = _mm512_cmplt_epu32_mask(mag, inf);
+    __m512 const v = _mm512_maskz_mov_ps(ok, raw);
+    __m512d const d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+    __m512d const d1 =
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    s0 = _mm512_fmadd_pd(d0, d0, s0);
+    s1 = _mm512_fmadd_pd(d1, d1, s1);
+    absmax = _mm512_max_ps(_mm512_castsi512_ps(_mm512_maskz_mov_epi32(ok, mag)), absmax);
+    lo = _mm512_min_ps(v, lo);
+    hi = _mm512_max_ps(v, hi);
+    finite = _mm512_mask_add_epi32(finite, ok & present, finite, _mm512_set1_epi32(1));
+  }
+  // The extrema lanes hold no -0 (a -0 never replaces the +0 they start from), so the
+  // reductions' order cannot show.
+  double sum[slice_lanes];
+  _mm512_storeu_pd(sum, s0);
+  _mm512_storeu_pd(sum + 8, s1);
+  slice_partial p;
+  p.sum_squares = pairwise_sum(sum);
+  p.absmax = _mm512_reduce_max_ps(absmax);
+  p.lo = _mm512_reduce_min_ps(lo);
+  p.hi = _mm512_reduce_max_ps(hi);
+  p.finite = _mm512_reduce_add_epi32(finite);
+  return p;
+}
+#endif
+
+/// Folds slice partials, given in slot order in any number of pieces, into tensor_stats: each
+/// group adds its slices in slot order (row by row), and when its last row ends the groups of
+/// that band are added to the result in column order (sum_squares += the group's sum, then
+/// tensor_stats::add_group(finite, absmax, hi - lo)). Host only.
+class slice_folder {
+ public:
+  explicit slice_folder(slice_grid const& g)
+      : grid_(g), open_(static_cast<std::size_t>(g.group_cols)) {
+    stats_.tile = g.tile;
+  }
+
+  /// Adds the partials of slots [first, first + n); pieces must come in slot order.
+  void add(slice_partial const* p, std::int64_t first, std::int64_t n) {
+    if (n <= 0) return;
+    std::int64_t const per_row = grid_.per_row();
+    std::int64_t r = first / per_row;
+    std::int64_t s = first % per_row;
+    std::int64_t k = s % grid_.per_group;  // slot within the group's run
+    group* acc = &open_[static_cast<std::size_t>(s / grid_.per_group)];
+    for (std::int64_t i = 0; i < n; ++i) {
+      acc->sum_squares += p[i].sum_squares;
+      if (p[i].absmax > acc->absmax) acc->absmax = p[i].absmax;
+      if (p[i].lo < acc->lo) acc->lo = p[i].lo;
+      if (p[i].hi > acc->hi) acc->hi = p[i].hi;
+      acc->finite += p[i].finite;
+      if (++k == grid_.per_group) {
+        k = 0;
+        ++acc;
+      }
+      if (++s < per_row) continue;
+      if ((r + 1) % grid_.tile.rows == 0 || r + 1 == grid_.rows) close_band();
+      ++r;
+      s = 0;
+      acc = open_.data();
+    }
+  }
+
+  /// The statistics of everything added.
+  tensor_stats const& result() const noexcept { return stats_; }
+
+ private:
+  using group = partial_stats<std::int64_t>;
+
+  void close_band() {
+    for (group& g : open_) {
+      stats_.elements += g.finite;
+      stats_.sum_squares += g.sum_squares;
+      stats_.add_group(g.finite, g.absmax, static_cast<double>(g.hi) - static_cast<double>(g.lo));
+      g = group{};
+    }
+  }
+
+  slice_grid grid_;
+  std::vector<group> open_;
+  tensor_stats stats_;
+};
+
+}  // namespace stats_detail
+
+/// The statistics relative_error() predicts from, of the [rows, cols] tensor `x` under groups of
+/// `tile` (use `s.tile(rows, cols)` for a scheme `s`, or the overload below): the sum of squares,
+/// per group the absmax and the widened range (min(min, 0) to max(max, 0)) over its finite
+/// elements, and their count. NaN and ±Inf are left out (as quantize leaves them out of a group's
+/// scale). Sums are fp64 in a fixed order, so the CUDA form (statistics.cuh) returns the same
+/// bits. Host only; reads `x` once. Empty tensors give empty statistics.
+/// \throws agoq::invalid_argument for a tile with an extent below 1 or a null pointer.
+template <agoq::detail::readable_elements In>
+tensor_stats measure(host_executor ex, matrix_view<In> x, tile_shape tile) {
+  [[maybe_unused]] bool const simd = ex.simd && agoq::detail::host::simd_available;
+  stats_detail::slice_grid const g = stats_detail::make_slice_grid(x.extent(0), x.extent(1), tile);
+  agoq::detail::check_data(x.data_handle(), x.size(), "measure");
+  stats_detail::slice_folder fold(g);
+  std::vector<stats_detail::slice_partial> row(static_cast<std::size_t>(g.per_row()));
+  for (std::int64_t r = 0; r < g.rows; ++r) {
+    auto const* xr = x.data_handle() + r * g.cols;
+    for (std::int64_t s = 0; s < g.per_row(); ++s) {
+      std::int64_t first = 0, count = 0;
+      g.columns(s, first, count);
+#if defined(AGOQ_HOST_AVX512)
+      if (simd) {
+        row[static_cast<std::size_t>(s)] = stats_detail::measure_slice_simd(xr + first, count);
+        continue;
+      }
+#endif
+      row[static_cast<std::size_t>(s)] = stats_detail::measure_slice(xr + first, count);
+    }
+    fold.add(row.data(), r * g.per_row(), g.per_row());
+  }
+  return fold.result();
+}
+
+/// measure() under the group tile of scheme `s` on this tensor.
+/// \throws agoq::invalid_argument for an invalid spec or a null pointer.
+template <agoq::detail::readable_elements In>
+tensor_stats measure(host_executor ex, matrix_view<In> x, spec const& s) {
+  s.validate();
+  return measure(ex, x, s.tile(x.extent(0), x.extent(1)));
+}
+
+}  // namespace agoq::activation

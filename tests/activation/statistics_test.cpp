@@ -1,0 +1,248 @@
+#include <agoq/activation/statistics.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+using namespace agoq::activation;
+using agoq::spec;
+using agoq::tile_shape;
+namespace numeric = agoq::numeric;
+
+namespace {
+
+float const nan_f = std::numeric_limits<float>::quiet_NaN();
+float const inf_f = std::numeric_limits<float>::infinity();
+
+template <class T>
+agoq::matrix_view<T const> view(std::vector<T> const& x, std::int64_t rows, std::int64_t cols) {
+  return agoq::matrix_view<T const>(x.data(), rows, cols);
+}
+
+/// Normal data with outliers, zeros, subnormals and non-finite values.
+template <class T>
+std::vector<T> sample(std::int64_t n, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<T> x(static_cast<std::size_t>(n));
+  for (T& v : x) {
+    float f = normal(gen) * ((gen() % 50 == 0) ? 40.0f : 1.0f);
+    switch (gen() % 30) {
+      case 0:
+        f = 0.0f;
+        break;
+      case 1:
+        f = std::numeric_limits<float>::denorm_min() * 5.0f;
+        break;
+      case 2:
+        f = nan_f;
+        break;
+      case 3:
+        f = (gen() & 1) ? inf_f : -inf_f;
+        break;
+      default:
+        break;
+    }
+    v = numeric::from_float<T>(f);
+  }
+  return x;
+}
+
+/// The statistics computed the plain way: each group's finite elements visited in row-major
+/// order, sums in fp64.
+template <class T>
+tensor_stats reference(std::vector<T> const& x, std::int64_t rows, std::int64_t cols,
+                       tile_shape t) {
+  tensor_stats st;
+  st.tile = t;
+  for (std::int64_t gr = 0; gr < rows; gr += t.rows)
+    for (std::int64_t gc = 0; gc < cols; gc += t.cols) {
+      double absmax = 0, lo = 0, hi = 0;
+      std::int64_t n = 0;
+      for (std::int64_t r = gr; r < std::min(rows, gr + t.rows); ++r)
+        for (std::int64_t c = gc; c < std::min(cols, gc + t.cols); ++c) {
+          double const v = numeric::to_float(x[static_cast<std::size_t>(r * cols + c)]);
+          if (!std::isfinite(v)) continue;
+          ++n;
+          st.sum_squares += v * v;
+          absmax = std::max(absmax, std::abs(v));
+          lo = std::min(lo, v);
+          hi = std::max(hi, v);
+        }
+      st.elements += n;
+      st.add_group(n, absmax, hi - lo);
+    }
+  return st;
+}
+
+void check_close(tensor_stats const& got, tensor_stats const& want) {
+  CHECK(got.tile == want.tile);
+  CHECK(got.elements == want.elements);
+  CHECK(got.sum_squares == doctest::Approx(want.sum_squares).epsilon(1e-12));
+  CHECK(got.sum_group_absmax_sq == doctest::Approx(want.sum_group_absmax_sq).epsilon(1e-12));
+  CHECK(got.sum_group_range_sq == doctest::Approx(want.sum_group_range_sq).epsilon(1e-12));
+}
+
+bool same_bits(tensor_stats const& a, tensor_stats const& b) {
+  return a.tile == b.tile && a.elements == b.elements && a.sum_squares == b.sum_squares &&
+         a.sum_group_absmax_sq == b.sum_group_absmax_sq &&
+         a.sum_group_range_sq == b.sum_group_range_sq;
+}
+
+}  // namespace
+
+TEST_CASE("measure: statistics of a small tensor, by hand") {
+  std::vector<float> const x = {1, -2, 3, nan_f, 0.5f, -4, inf_f, 0, 0, 2};
+  // Groups of 1 x 2: [1, -2] [3, NaN] [0.5] / [-4, Inf] [0, 0] [2].
+  tensor_stats const g = measure(agoq::host, view(x, 2, 5), tile_shape{1, 2});
+  CHECK(g.tile == tile_shape{1, 2});
+  CHECK(g.elements == 8);
+  CHECK(g.sum_squares == 34.25);
+  CHECK(g.sum_group_absmax_sq == 2 * 4 + 9 + 0.25 + 16 + 0 + 4);
+  CHECK(g.sum_group_range_sq == 2 * 9 + 9 + 0.25 + 16 + 0 + 4);
+  // Blocks of 2 x 3: {1, -2, 3, -4, Inf, 0} (5 finite, absmax 4, range [-4, 3]) and
+  // {NaN, 0.5, 0, 2} (3 finite, absmax 2, range [0, 2]).
+  tensor_stats const b = measure(agoq::host, view(x, 2, 5), tile_shape{2, 3});
+  CHECK(b.elements == 8);
+  CHECK(b.sum_squares == 34.25);
+  CHECK(b.sum_group_absmax_sq == 5 * 16 + 3 * 4);
+  CHECK(b.sum_group_range_sq == 5 * 49 + 3 * 4);
+  // A scheme's tile: per_row is one group per row.
+  tensor_stats const r = measure(agoq::host, view(x, 2, 5), spec::parse("int8_row_sym_rne_f32"));
+  CHECK(r.tile == tile_shape{1, 5});
+  CHECK(r.sum_group_absmax_sq == 4 * 9 + 4 * 16);
+}
+
+TEST_CASE_TEMPLATE("measure: every grouping against the plain computation", T, float,
+                   agoq::bfloat16, agoq::half) {
+  struct shape {
+    std::int64_t rows, cols;
+  };
+  std::uint64_t seed = 1;
+  for (shape const sh :
+       {shape{1, 1}, shape{3, 300}, shape{7, 1000}, shape{5, 513}, shape{16, 64}, shape{2, 2049}}) {
+    std::vector<T> const x = sample<T>(sh.rows * sh.cols, seed++);
+    for (tile_shape const t :
+         {tile_shape{1, 128}, tile_shape{1, 32}, tile_shape{1, 1000}, tile_shape{1, sh.cols},
+          tile_shape{sh.rows, sh.cols}, tile_shape{sh.rows, 1}, tile_shape{3, 4},
+          tile_shape{128, 128}, tile_shape{2, 700}}) {
+      CAPTURE(sh.rows);
+      CAPTURE(sh.cols);
+      CAPTURE(t.rows);
+      CAPTURE(t.cols);
+      tensor_stats const got = measure(agoq::host, view(x, sh.rows, sh.cols), t);
+      check_close(got, reference(x, sh.rows, sh.cols, t));
+      // The AVX-512 slices (where compiled) and the portable ones give the same bits.
+      CHECK(same_bits(got, measure(agoq::host_executor{false}, view(x, sh.rows, sh.cols), t)));
+    }
+  }
+}
+
+TEST_CASE("measure: the slices folded in any pieces give the same bits") {
+  // The device form folds its slices in passes of up to 2^20; the pieces must not matter.
+  std::int64_t const rows = 9, cols = 1500;
+  std::vector<float> const x = sample<float>(rows * cols, 99);
+  std::mt19937_64 gen(7);
+  for (tile_shape const t : {tile_shape{1, 128}, tile_shape{4, 600}, tile_shape{rows, cols},
+                             tile_shape{rows, 1}, tile_shape{2, 300}}) {
+    stats_detail::slice_grid const g = stats_detail::make_slice_grid(rows, cols, t);
+    std::vector<stats_detail::slice_partial> parts(static_cast<std::size_t>(g.slots()));
+    for (std::int64_t i = 0; i < g.slots(); ++i) {
+      std::int64_t first = 0, count = 0;
+      g.columns(i % g.per_row(), first, count);
+      parts[static_cast<std::size_t>(i)] =
+          stats_detail::measure_slice(x.data() + (i / g.per_row()) * cols + first, count);
+    }
+    tensor_stats const whole = measure(agoq::host, view(x, rows, cols), t);
+    for (int trial = 0; trial < 5; ++trial) {
+      stats_detail::slice_folder fold(g);
+      for (std::int64_t at = 0; at < g.slots();) {
+        std::int64_t const n = std::min<std::int64_t>(1 + gen() % 37, g.slots() - at);
+        fold.add(parts.data() + at, at, n);
+        at += n;
+      }
+      CHECK(same_bits(fold.result(), whole));
+    }
+  }
+}
+
+TEST_CASE("measure: the slice grid covers every element once") {
+  for (std::int64_t cols : {1, 5, 255, 256, 257, 1000, 4096}) {
+    for (std::int64_t tc : {1, 7, 128, 256, 300, 513, 100000}) {
+      stats_detail::slice_grid const g = stats_detail::make_slice_grid(2, cols, {1, tc});
+      std::vector<int> seen(static_cast<std::size_t>(cols), 0);
+      for (std::int64_t s = 0; s < g.per_row(); ++s) {
+        std::int64_t first = 0, count = 0;
+        g.columns(s, first, count);
+        CHECK(count <= stats_detail::slice_cols);
+        for (std::int64_t c = first; c < first + count; ++c) {
+          ++seen[static_cast<std::size_t>(c)];
+          CHECK(c / tc == s / g.per_group);  // a slice stays inside its group
+        }
+      }
+      CHECK(std::all_of(seen.begin(), seen.end(), [](int k) { return k == 1; }));
+    }
+  }
+}
+
+TEST_CASE("measure: the error model from measured statistics predicts the real error") {
+  std::int64_t const rows = 64, cols = 1024;
+  std::mt19937_64 gen(2024);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(rows * cols));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = normal(gen) + (i % 97 == 0 ? 8.0f : 0.0f);
+  for (spec const s :
+       {int4_g128, int8_g128, spec::parse("int4_g64_asym_rne_f32"),
+        spec::parse("int4_b32x32_sym_rne_f32"), spec::parse("int8_row_sym_rne_bf16")}) {
+    CAPTURE(s.name());
+    std::vector<float> y(x.size());
+    agoq::fake_quantize(agoq::host, s, view(x, rows, cols),
+                        agoq::matrix_view<float>(y.data(), rows, cols));
+    double noise = 0, signal = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      noise += (double(y[i]) - x[i]) * (double(y[i]) - x[i]);
+      signal += double(x[i]) * x[i];
+    }
+    double const model = relative_error(s, measure(agoq::host, view(x, rows, cols), s), rows, cols);
+    CHECK(noise / signal > 0.5 * model);
+    CHECK(noise / signal < 1.5 * model);
+    // Recorded in an error_model, the measured statistics replace the Gaussian prior.
+    error_model e;
+    e.set_statistics(2, tensor_kind::qkv_input, measure(agoq::host, view(x, rows, cols), s));
+    CHECK(e.relative(2, tensor_kind::qkv_input, saved_shape{rows, cols, 2}, storage::with(s)) ==
+          model);
+  }
+}
+
+TEST_CASE("measure: bad input and empty tensors") {
+  std::vector<float> const x(12, 1.0f);
+  CHECK_THROWS_AS(measure(agoq::host, view(x, 3, 4), tile_shape{0, 4}), agoq::invalid_argument);
+  CHECK_THROWS_AS(measure(agoq::host, view(x, 3, 4), tile_shape{1, -2}), agoq::invalid_argument);
+  CHECK_THROWS_AS(
+      measure(agoq::host, agoq::matrix_view<float const>(nullptr, 3, 4), tile_shape{1, 4}),
+      agoq::invalid_argument);
+  spec bad = int4_g128;
+  bad.bits = 3;
+  CHECK_THROWS_AS(measure(agoq::host, view(x, 3, 4), bad), agoq::invalid_argument);
+  // Statistics of one tile cannot predict a scheme with another.
+  CHECK_THROWS_AS(
+      relative_error(int8_g128, measure(agoq::host, view(x, 3, 4), tile_shape{1, 4}), 3, 4),
+      agoq::invalid_argument);
+  for (auto const& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{0, 4}, {3, 0}, {0, 0}}) {
+    tensor_stats const st =
+        measure(agoq::host, agoq::matrix_view<float const>(nullptr, rows, cols), tile_shape{1, 4});
+    CHECK(st.elements == 0);
+    CHECK(st.sum_squares == 0);
+    CHECK(st.sum_group_absmax_sq == 0);
+  }
+  // All non-finite: no finite elements, and a relative error of 0 (nothing to lose).
+  std::vector<float> const bad_values = {nan_f, inf_f, -inf_f, nan_f};
+  tensor_stats const st = measure(agoq::host, view(bad_values, 1, 4), int4_g128);
+  CHECK(st.elements == 0);
+  CHECK(relative_error(int4_g128, st, 1, 4) == 0.0);
+}

@@ -1,0 +1,70 @@
+// The device tier of measure() (activation/statistics.cuh) against the host form
+// (activation/statistics.hpp): every field of the statistics bit for bit, for every grouping, in
+// one pass and in many small passes. Built once per element type (AGOQ_TEST_ELEMENT).
+#include "device_support.cuh"
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <agoq/activation/statistics.cuh>
+
+using namespace agoq;
+using namespace agoq::activation;
+using agoq::test::device_bytes;
+
+using element = AGOQ_TEST_ELEMENT;
+
+namespace {
+
+void check_same(tensor_stats const& dev, tensor_stats const& host) {
+  CHECK(dev.tile == host.tile);
+  CHECK(dev.elements == host.elements);
+  CHECK(dev.sum_squares == host.sum_squares);
+  CHECK(dev.sum_group_absmax_sq == host.sum_group_absmax_sq);
+  CHECK(dev.sum_group_range_sq == host.sum_group_range_sq);
+}
+
+}  // namespace
+
+TEST_CASE("measure on the device equals the host, bit for bit") {
+  cuda_executor const ex{cudaStream_t{}};
+  std::uint64_t seed = 11;
+  for (auto const& [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {1, 1}, {3, 300}, {7, 1000}, {33, 129}, {2, 4097}, {130, 256}, {1, 70001}}) {
+    std::vector<element> const x = agoq::test::random_input<element>(rows * cols, seed++, true);
+    device_bytes d(x.size() * sizeof(element) + 2);
+    // Offset by one element: measure() has no alignment requirement.
+    d.upload(x.data(), x.size() * sizeof(element), sizeof(element));
+    auto const* dx = reinterpret_cast<element const*>(d.get()) + 1;
+    matrix_view<element const> const hv(x.data(), rows, cols);
+    matrix_view<element const> const dv(dx, rows, cols);
+    for (tile_shape const t :
+         {tile_shape{1, 128}, tile_shape{1, 32}, tile_shape{1, 1000}, tile_shape{1, cols},
+          tile_shape{rows, cols}, tile_shape{rows, 1}, tile_shape{3, 5}, tile_shape{128, 128}}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CAPTURE(t.rows);
+      CAPTURE(t.cols);
+      tensor_stats const host_stats = measure(agoq::host, hv, t);
+      check_same(measure(ex, dv, t), host_stats);
+      check_same(stats_detail::measure_in_chunks(ex, dv, t, 7), host_stats);
+    }
+  }
+}
+
+TEST_CASE("measure on the device: bad input and empty tensors") {
+  cuda_executor const ex{cudaStream_t{}};
+  std::vector<element> host_data(8);
+  CHECK_THROWS_AS(measure(ex, matrix_view<element const>(host_data.data(), 2, 4), int4_g128),
+                  agoq::invalid_argument);
+  CHECK_THROWS_AS(measure(ex, matrix_view<element const>(nullptr, 2, 4), int4_g128),
+                  agoq::invalid_argument);
+  device_bytes d(64);
+  auto const* dx = reinterpret_cast<element const*>(d.get());
+  CHECK_THROWS_AS(measure(ex, matrix_view<element const>(dx, 2, 4), tile_shape{0, 4}),
+                  agoq::invalid_argument);
+  tensor_stats const st = measure(ex, matrix_view<element const>(dx, 0, 4), int4_g128);
+  CHECK(st.elements == 0);
+  CHECK(st.sum_squares == 0);
+}
