@@ -258,6 +258,62 @@ class PlanningTest(unittest.TestCase):
             agoq.make_plan(dict(LLAMA, heads=5), 8, 128, default)
 
 
+    def test_measure_gives_the_error_model_statistics(self):
+        torch.manual_seed(3)
+        x = torch.randn(6, 300)
+        x[1, 5] = float("nan")
+        x[4, 200] = float("inf")
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            xt = x.to(dtype)
+            st = agoq.measure(xt, INT4)
+            xd = xt.double()
+            finite = xd.isfinite()
+            xf = torch.where(finite, xd, torch.zeros_like(xd))
+            self.assertEqual(st["tile"], (1, 128))
+            self.assertEqual(st["elements"], int(finite.sum()))
+            ref = float((xf * xf).sum())
+            self.assertAlmostEqual(st["sum_squares"], ref, delta=1e-12 * ref)
+            absmax_sq, range_sq = 0.0, 0.0
+            for g, f in zip(torch.split(xf, 128, dim=1), torch.split(finite, 128, dim=1)):
+                n = f.sum(1).double()
+                a = g.abs().amax(1)
+                r = g.amax(1).clamp(min=0) - g.amin(1).clamp(max=0)
+                absmax_sq += float((n * a * a).sum())
+                range_sq += float((n * r * r).sum())
+            self.assertAlmostEqual(st["sum_group_absmax_sq"], absmax_sq, delta=1e-12 * absmax_sq)
+            self.assertAlmostEqual(st["sum_group_range_sq"], range_sq, delta=1e-12 * range_sq)
+        with self.assertRaises(ValueError):
+            agoq.measure(x, "int3_g128_sym_rne_f32")
+        with self.assertRaises((RuntimeError, ValueError)):
+            agoq.measure(x[0], INT4)
+
+    def test_measured_statistics_steer_the_plan(self):
+        # Only qkv_input may change (int4 or int8); the budget pays for one layer's int8. With
+        # measured statistics, the layer whose groups hold outliers gets it.
+        policy = {k: (d, [d]) for k, (d, _) in agoq.default_policy().items()}
+        policy["qkv_input"] = (INT4, [INT4, INT8])
+        rows, cols, _ = agoq.saved_shapes(LLAMA, 8, 128)["qkv_input"]
+        need = agoq.estimate_memory(LLAMA, 8, 128, gradients="int8", policy=policy)[0]
+        delta = agoq.quantized_bytes(INT8, rows, cols) - agoq.quantized_bytes(INT4, rows, cols)
+        budget = need["total"] + delta * need["in_flight"][0]
+        torch.manual_seed(4)
+        stats = {}
+        for layer in range(LLAMA["layers"]):
+            x = torch.randn(rows, cols)
+            if layer == 2:
+                x[:, ::128] *= 30.0  # one outlier channel per group
+            stats[(layer, "qkv_input")] = agoq.measure(x, INT4)
+        plan = agoq.make_plan(LLAMA, 8, 128, budget, policy=policy, statistics=stats)
+        chosen = [layer["qkv_input"] for layer in plan["layers"]]
+        self.assertEqual(chosen, [INT4, INT4, INT8, INT4])
+        with self.assertRaises(ValueError):
+            agoq.make_plan(LLAMA, 8, 128, budget, policy=policy,
+                           statistics={(0, "no_such_kind"): stats[(0, "qkv_input")]})
+        with self.assertRaises(ValueError):
+            agoq.make_plan(LLAMA, 8, 128, budget, policy=policy,
+                           statistics={(0, "qkv_input"): {"tile": (1, 128)}})
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

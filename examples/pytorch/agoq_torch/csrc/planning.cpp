@@ -1,7 +1,10 @@
 /// \file
-/// The activation planner and the training memory model (agoq/activation/) for Python: models,
-/// policies and plans as plain dicts keyed by agoq's tensor-kind names.
+/// The activation planner, its measured statistics and the training memory model
+/// (agoq/activation/) for Python: models, policies, statistics and plans as plain dicts keyed by
+/// agoq's tensor-kind names.
 #include "common.hpp"
+
+#include <agoq/activation/statistics.hpp>
 
 #include <string>
 #include <vector>
@@ -173,12 +176,59 @@ std::int64_t layer_activation_bytes(py::dict const& model, std::int64_t micro_ba
   });
 }
 
+/// The keys of a statistics dict, as agoq::activation::tensor_stats names its fields.
+py::dict stats_dict(act::tensor_stats const& st) {
+  py::dict d;
+  d["tile"] = py::make_tuple(st.tile.rows, st.tile.cols);
+  d["elements"] = st.elements;
+  d["sum_squares"] = st.sum_squares;
+  d["sum_group_absmax_sq"] = st.sum_group_absmax_sq;
+  d["sum_group_range_sq"] = st.sum_group_range_sq;
+  return d;
+}
+
+act::tensor_stats stats_of(py::dict const& d) {
+  for (char const* key :
+       {"tile", "elements", "sum_squares", "sum_group_absmax_sq", "sum_group_range_sq"})
+    if (!d.contains(key))
+      throw agoq::invalid_argument(std::string("statistics: missing key '") + key + "'");
+  act::tensor_stats st;
+  auto const tile = d["tile"].cast<py::tuple>();
+  if (tile.size() != 2) throw agoq::invalid_argument("statistics: 'tile' is (rows, cols)");
+  st.tile = {tile[0].cast<std::int64_t>(), tile[1].cast<std::int64_t>()};
+  st.elements = d["elements"].cast<std::int64_t>();
+  st.sum_squares = d["sum_squares"].cast<double>();
+  st.sum_group_absmax_sq = d["sum_group_absmax_sq"].cast<double>();
+  st.sum_group_range_sq = d["sum_group_range_sq"].cast<double>();
+  return st;
+}
+
+py::dict measure(torch::Tensor const& x, std::string const& spec) {
+  check_matrix(x, "measure");
+  agoq::spec const s = parse_spec(spec);
+  act::tensor_stats st;
+  {
+    py::gil_scoped_release release;
+    dispatch_element(x.scalar_type(),
+                     [&]<class T>(T) { st = act::measure(agoq::host, matrix_of<T const>(x), s); });
+  }
+  return stats_dict(st);
+}
+
 py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
                    std::int64_t budget_bytes, py::object const& policy, std::int64_t dp,
                    std::int64_t pp, std::int64_t tp, std::int64_t vp, int zero, bool sp,
                    std::int64_t micro_batches, std::string const& gradients,
-                   std::string const& optimizer) {
+                   std::string const& optimizer, py::object const& statistics) {
   act::planner_input in;
+  if (!statistics.is_none()) {
+    for (auto const& [key, value] : statistics.cast<py::dict>()) {
+      auto const k = key.cast<py::tuple>();
+      if (k.size() != 2) throw agoq::invalid_argument("statistics: keys are (layer, kind)");
+      in.errors.set_statistics(k[0].cast<std::int64_t>(), kind_of(k[1].cast<std::string>()),
+                               stats_of(value.cast<py::dict>()));
+    }
+  }
   in.model = model_of(model);
   auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp);
   in.parallel = l.parallel;
@@ -245,9 +295,15 @@ void register_planning(py::module_& m) {
         py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
         py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
         py::arg("sp") = false, py::arg("micro_batches") = 0, py::arg("gradients") = "int8",
-        py::arg("optimizer") = "fp32",
+        py::arg("optimizer") = "fp32", py::arg("statistics") = py::none(),
         "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], 'stages': "
-        "[memory], 'error': float}. Raises ValueError with the shortfall when nothing fits.");
+        "[memory], 'error': float}. `statistics` maps (layer, kind) to a dict from measure(), "
+        "which replaces the Gaussian prior of that tensor's error. Raises ValueError with the "
+        "shortfall when nothing fits.");
+  m.def("measure", &measure, py::arg("x"), py::arg("spec"),
+        "Statistics of a 2-D tensor for the error model under the groups of `spec`: {'tile', "
+        "'elements', 'sum_squares', 'sum_group_absmax_sq', 'sum_group_range_sq'} (finite "
+        "elements only); pass them to make_plan(statistics=...).");
   m.def("estimate_memory", &estimate_memory, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("gradients") = "fp32", py::arg("optimizer") = "fp32",
         py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,
