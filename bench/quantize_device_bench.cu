@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <agoq/activation/statistics.cuh>
 #include <agoq/agoq.hpp>
 #include <agoq/quantize.cuh>
 
@@ -94,6 +95,25 @@ void bm_dequantize(benchmark::State& state, std::string const& name) {
   state.SetBytesProcessed(state.iterations() * moved);
 }
 
+/// activation::measure (the error model's statistics) of a bf16 tensor under the groups of
+/// `name`; bytes processed are the input read. It synchronizes (it returns the statistics) and
+/// folds the slices on the host, which the events' time includes.
+void bm_measure(benchmark::State& state, std::string const& name) {
+  if (!have_device()) return state.SkipWithError("no CUDA device");
+  agoq::spec const s = agoq::spec::parse(name);
+  std::int64_t const cols = 4096;
+  std::int64_t const rows = state.range(0) / 2 / cols;
+  rotating buf(static_cast<std::size_t>(rows * cols * 2), 1);
+  agoq::cuda_executor const ex{cudaStream_t{}};
+  time_events(state, [&](int i) {
+    benchmark::DoNotOptimize(agoq::activation::measure(
+        ex,
+        agoq::matrix_view<bfloat16 const>(static_cast<bfloat16 const*>(buf.in[i & 1]), rows, cols),
+        s));
+  });
+  state.SetBytesProcessed(state.iterations() * rows * cols * 2);
+}
+
 constexpr std::int64_t mib = 1 << 20;
 
 void sizes(benchmark::internal::Benchmark* b) {
@@ -113,5 +133,6 @@ BENCHMARK_CAPTURE(bm_quantize, int8_row_rne, std::string("int8_row_sym_rne_f32")
 BENCHMARK_CAPTURE(bm_dequantize, int8_g128, std::string("int8_g128_sym_rne_f32"))->Apply(sizes);
 BENCHMARK_CAPTURE(bm_dequantize, int4_g128, std::string("int4_g128_sym_rne_f32"))->Apply(sizes);
 BENCHMARK_CAPTURE(bm_dequantize, mxfp8, std::string("mxfp8"))->Apply(sizes);
+BENCHMARK_CAPTURE(bm_measure, int4_g128, std::string("int4_g128_sym_rne_f32"))->Apply(sizes);
 
 BENCHMARK_MAIN();
