@@ -143,19 +143,19 @@ double g(std::int64_t bytes) { return static_cast<double>(bytes) / gib; }
 
 void print_table(char const* title, std::vector<act::stage_memory> const& stages) {
   std::printf("\n%s (GiB per GPU)\n", title);
-  std::printf("%6s %9s %8s %8s %8s %8s %11s %8s %8s\n", "stage", "in-flight", "weights", "master",
-              "grads", "optim", "activations", "head", "total");
+  std::printf("%6s %9s %8s %8s %8s %8s %8s %11s %8s %8s\n", "stage", "in-flight", "weights",
+              "master", "grads", "optim", "gathered", "activations", "head", "total");
   for (auto const& s : stages) {
     std::string flight;
     for (std::size_t i = 0; i < s.in_flight.size(); ++i)
       flight += (i ? "," : "") + std::to_string(s.in_flight[i]);
-    std::printf("%6lld %9s %8.2f %8.2f %8.2f %8.2f %11.2f %8.2f %8.2f\n",
+    std::printf("%6lld %9s %8.2f %8.2f %8.2f %8.2f %8.2f %11.2f %8.2f %8.2f\n",
                 static_cast<long long>(s.stage), flight.c_str(), g(s.weights), g(s.master_weights),
-                g(s.gradients), g(s.optimizer), g(s.activations), g(s.head_activations),
-                g(s.total()));
+                g(s.gradients), g(s.optimizer), g(s.gathered_weights), g(s.activations),
+                g(s.head_activations), g(s.total()));
   }
-  std::printf("%6s %9s %8s %8s %8s %8s %11s %8s %8.2f\n", "peak", "", "", "", "", "", "", "",
-              g(act::peak_total(stages)));
+  std::printf("%6s %9s %8s %8s %8s %8s %8s %11s %8s %8.2f\n", "peak", "", "", "", "", "", "", "",
+              "", g(act::peak_total(stages)));
 }
 
 void print_plan(options const& o, act::activation_plan const& plan) {

@@ -104,6 +104,23 @@ TEST_CASE("states under ZeRO stages, by hand") {
     CHECK(s.master_weights == 4 * (zero >= 1 ? shard : n));
     CHECK(s.gradients == 4 * (zero >= 2 ? shard : n));
     CHECK(s.optimizer == 8 * (zero >= 1 ? shard : n));
+    // ZeRO-3 gathers two units: here the embedding (128256 x 4096 = 525,336,576 parameters)
+    // outweighs a layer (218,112,000: Q, O 4096^2; K, V 4096 x 1024; MLP 3 x 4096 x 14336; two
+    // norms).
+    CHECK(s.gathered_weights == (zero == 3 ? 2 * 2 * std::int64_t{128256} * 4096 : 0));
+    CHECK(s.total() == s.states() + s.gathered_weights + s.activations + s.head_activations);
+  }
+  {
+    // A middle pipeline stage holds no embedding: its unit is one layer.
+    parallel_config p;
+    p.dp = 2;
+    p.pp = 4;
+    p.zero_stage = 3;
+    auto const stages = estimate_memory(m, p, st, {}, policy_table{});
+    std::int64_t const layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096;
+    CHECK(stages[1].gathered_weights == 2 * 2 * layer);
+    CHECK(stages[0].gathered_weights == 2 * 2 * std::int64_t{128256} * 4096);
+    CHECK(stages[3].gathered_weights == 2 * 2 * std::int64_t{128256} * 4096);
   }
   CHECK(gradient_bytes(gradient_format::int8_g128, 1024) == 1024 + 8 * 4);
   CHECK(gradient_bytes(gradient_format::int8_g128, 1000) == 1024 + 8 * 4);  // padded section

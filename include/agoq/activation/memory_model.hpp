@@ -256,6 +256,8 @@ struct stage_memory {
   std::int64_t master_weights = 0;      ///< fp32 master copy (sharded under ZeRO >= 1)
   std::int64_t gradients = 0;           ///< gradient buffer (sharded under ZeRO >= 2)
   std::int64_t optimizer = 0;           ///< Adam moments (sharded under ZeRO >= 1)
+  std::int64_t gathered_weights = 0;    ///< ZeRO-3: bf16 weights gathered for compute, two
+                                        ///< units (the one computing and the one prefetched)
   std::int64_t activations = 0;         ///< saved tensors of the transformer blocks at the peak
   std::int64_t head_activations = 0;    ///< final norm, LM head input and fp32 logits (last stage),
                                         ///< at the same moment
@@ -266,7 +268,9 @@ struct stage_memory {
   /// States: weights + master + gradients + optimizer.
   std::int64_t states() const noexcept { return weights + master_weights + gradients + optimizer; }
   /// Everything counted.
-  std::int64_t total() const noexcept { return states() + activations + head_activations; }
+  std::int64_t total() const noexcept {
+    return states() + gathered_weights + activations + head_activations;
+  }
 };
 
 /// The shard shape of the activations under `p` for a step `st`.
@@ -361,6 +365,13 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
       return p.zero_stage >= from_stage ? agoq::detail::ceil_div(s.parameters, p.dp) : s.parameters;
     };
     s.weights = 2 * shard(3);
+    if (p.zero_stage == 3) {
+      // The largest unit gathered at once: a transformer layer, or the embedding / head matrix
+      // this device holds.
+      std::int64_t unit = per_layer;
+      if (first || (last && (!m.tied_embeddings || p.pp > 1))) unit = std::max(unit, embedding);
+      s.gathered_weights = 2 * 2 * unit;
+    }
     s.master_weights = 4 * shard(1);
     s.gradients = gradient_bytes(f.gradients, shard(2));
     s.optimizer = optimizer_bytes(f.optimizer, shard(1));

@@ -103,6 +103,7 @@ py::dict memory_dict(act::stage_memory const& s) {
   d["master_weights"] = s.master_weights;
   d["gradients"] = s.gradients;
   d["optimizer"] = s.optimizer;
+  d["gathered_weights"] = s.gathered_weights;
   d["activations"] = s.activations;
   d["head_activations"] = s.head_activations;
   d["states"] = s.states();
