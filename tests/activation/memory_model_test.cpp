@@ -108,7 +108,8 @@ TEST_CASE("states under ZeRO stages, by hand") {
     // outweighs a layer (218,112,000: Q, O 4096^2; K, V 4096 x 1024; MLP 3 x 4096 x 14336; two
     // norms).
     CHECK(s.gathered_weights == (zero == 3 ? 2 * 2 * std::int64_t{128256} * 4096 : 0));
-    CHECK(s.total() == s.states() + s.gathered_weights + s.activations + s.head_activations);
+    CHECK(s.states() ==
+          s.weights + s.gathered_weights + s.master_weights + s.gradients + s.optimizer);
   }
   {
     // A middle pipeline stage holds no embedding: its unit is one layer.

@@ -276,6 +276,25 @@ TEST_CASE("observed statistics move bits to the layers that need them") {
   CHECK(plan.storage_of(2 * s, tensor_kind::qkv_input).bits() == 4);
 }
 
+TEST_CASE("ZeRO-3's gathered weights count against the budget") {
+  planner_input in = small_input();
+  in.policy = policy_table{};
+  in.parallel.dp = 2;
+  in.parallel.zero_stage = 3;
+  auto const need = minimum(in);
+  std::int64_t const worst = std::max(need[0], need[1]);
+  in.budget_bytes = worst;
+  auto const plan = make_plan(in);
+  for (auto const& sp : plan.stages()) {
+    CHECK(sp.memory.gathered_weights > 0);
+    CHECK(sp.memory.total() <= in.budget_bytes);
+  }
+  // One byte less than the gathered weights need fails, naming the shortfall.
+  in.budget_bytes = worst - 1;
+  CHECK_THROWS_WITH_AS(make_plan(in), doctest::Contains("falls short by 1 bytes"),
+                       agoq::invalid_argument);
+}
+
 TEST_CASE("an infeasible budget says by how much it falls short") {
   planner_input in = small_input();
   in.policy = policy_table{};

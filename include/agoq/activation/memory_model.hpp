@@ -265,12 +265,13 @@ struct stage_memory {
                                         ///< moment `activations` + `head_activations` peak (one
                                         ///< of in_flight_peaks)
 
-  /// States: weights + master + gradients + optimizer.
-  std::int64_t states() const noexcept { return weights + master_weights + gradients + optimizer; }
-  /// Everything counted.
-  std::int64_t total() const noexcept {
-    return states() + gathered_weights + activations + head_activations;
+  /// Everything but the activations: weights (stored and gathered) + master + gradients +
+  /// optimizer.
+  std::int64_t states() const noexcept {
+    return weights + gathered_weights + master_weights + gradients + optimizer;
   }
+  /// Everything counted.
+  std::int64_t total() const noexcept { return states() + activations + head_activations; }
 };
 
 /// The shard shape of the activations under `p` for a step `st`.
