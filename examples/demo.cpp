@@ -10,6 +10,7 @@
 ///
 /// Uses only agoq and the standard library; single-threaded.
 
+#include <agoq/activation/statistics.hpp>
 #include <agoq/agoq.hpp>
 
 #include <algorithm>
@@ -377,6 +378,25 @@ inline void print_outlier_note(std::vector<scheme_result> const& results) {
       col4->error.sqnr_db);
 }
 
+/// Prints the error model's prediction (agoq::activation, from statistics measured on the
+/// tensor) beside the error the table measured, for the schemes the planner chooses between.
+inline void print_model_note(sample_tensor const& t, std::vector<scheme_result> const& results) {
+  std::printf("  the planner's error model, from statistics measured on this tensor:\n");
+  for (char const* name :
+       {"int4_g128_sym_rne_f32", "int8_g128_sym_rne_f32", "int4_row_sym_rne_f32"}) {
+    auto const* r = find(results, name);
+    if (r == nullptr) continue;
+    agoq::spec const s = agoq::spec::parse(name);
+    double const predicted = std::sqrt(agoq::activation::relative_error(
+        s, agoq::activation::measure(agoq::host, t.view(), s), t.rows, t.cols));
+    std::printf("    %-25s predicts rel RMS %.2e, measured %.2e\n", name, predicted,
+                r->error.rel_rms);
+  }
+  std::printf(
+      "  (its uniform noise of step^2/12 per element overestimates groups whose outliers make the\n"
+      "  step so large that most elements round to zero: their error is |x| < step/2)\n\n");
+}
+
 /// Shows that stochastic rounding is unbiased where nearest rounding is not. Over a symmetric
 /// gradient the plain mean error is near zero for both; the bias of nearest rounding is toward
 /// zero (small entries flush to 0), measured as mean(sign(x) (x^ - x)). Averaging independent
@@ -517,6 +537,7 @@ int main() {
     auto const activation = demo::run_tensor_section(
         1, sections, [] { return demo::make_activation(2048, 4096, 0x0a11ce); });
     demo::print_outlier_note(activation.results);
+    demo::print_model_note(activation.tensor, activation.results);
     auto const gradient = demo::run_tensor_section(
         2, sections, [] { return demo::make_gradient(2048, 4096, 0x9ad); });
     demo::run_stochastic_rounding_section(gradient.tensor);
