@@ -26,7 +26,8 @@ gpu_tests=(quantize_device_test_float quantize_device_test_bfloat16 quantize_dev
            adamw_device_test all_reduce_device_test fused_device_test_float
            fused_device_test_bfloat16 fused_device_test_half buffer_device_test_float
            buffer_device_test_bfloat16 buffer_device_test_half statistics_device_test_float
-           statistics_device_test_bfloat16 statistics_device_test_half nccl_test)
+           statistics_device_test_bfloat16 statistics_device_test_half weights_device_test_float
+           weights_device_test_bfloat16 weights_device_test_half nccl_test)
 benches=(quantize_device_bench optim_device_bench all_reduce_device_bench fused_device_bench
          buffer_device_bench)
 

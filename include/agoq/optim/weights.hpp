@@ -96,6 +96,23 @@ fake_quantize_weights(host_executor ex, weight_format const& f, matrix_view<In> 
   return fake_quantize(ex, f.to_spec(), w, out, opt);
 }
 
+namespace detail {
+
+/// Checks straight_through's operands (same extents, non-null data); returns whether a copy is
+/// needed (false when empty or the same buffer).
+template <class G>
+bool straight_through_copies(matrix_view<G const> grad_wq, matrix_view<G> grad_w,
+                             char const* what) {
+  AGOQ_EXPECTS(grad_wq.extent(0) == grad_w.extent(0) && grad_wq.extent(1) == grad_w.extent(1),
+               std::string(what) + ": the gradients' extents differ");
+  AGOQ_EXPECTS(
+      (grad_wq.data_handle() != nullptr && grad_w.data_handle() != nullptr) || grad_w.size() == 0,
+      std::string(what) + ": null gradient pointer");
+  return grad_w.size() != 0 && grad_wq.data_handle() != grad_w.data_handle();
+}
+
+}  // namespace detail
+
 /// The backward pass of fake_quantize_weights under agoq's STE convention: the gradient with
 /// respect to the weights is the gradient with respect to the fake-quantized weights, unchanged
 /// (no clipping mask, see the file comment). Copies `grad_wq` into `grad_w` (a no-op when they
@@ -104,12 +121,7 @@ fake_quantize_weights(host_executor ex, weight_format const& f, matrix_view<In> 
 template <class G>
 requires element_type<G>
 void straight_through(host_executor, matrix_view<G const> grad_wq, matrix_view<G> grad_w) {
-  AGOQ_EXPECTS(grad_wq.extent(0) == grad_w.extent(0) && grad_wq.extent(1) == grad_w.extent(1),
-               "straight_through: the gradients' extents differ");
-  AGOQ_EXPECTS(
-      (grad_wq.data_handle() != nullptr && grad_w.data_handle() != nullptr) || grad_w.size() == 0,
-      "straight_through: null gradient pointer");
-  if (grad_w.size() == 0 || grad_wq.data_handle() == grad_w.data_handle()) return;
+  if (!detail::straight_through_copies(grad_wq, grad_w, "straight_through")) return;
   std::memmove(grad_w.data_handle(), grad_wq.data_handle(),
                static_cast<std::size_t>(grad_w.size()) * sizeof(G));
 }
