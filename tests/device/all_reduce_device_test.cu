@@ -44,6 +44,17 @@ struct ranks_result {
         nonfinite(static_cast<std::size_t>(p)),
         local(static_cast<std::size_t>(p)),
         corrupt(static_cast<std::size_t>(p)) {}
+
+  /// Rank ri's result of a device run: `bytes` of output at device address y, and the status.
+  void download(std::size_t ri, void const* y, std::size_t bytes, all_reduce_status const* status) {
+    out[ri].resize(bytes);
+    if (bytes > 0) AGOQ_CUDA_TRY(cudaMemcpy(out[ri].data(), y, bytes, cudaMemcpyDeviceToHost));
+    all_reduce_status s;
+    AGOQ_CUDA_TRY(cudaMemcpy(&s, status, sizeof(s), cudaMemcpyDeviceToHost));
+    nonfinite[ri] = s.nonfinite;
+    local[ri] = s.local_nonfinite;
+    corrupt[ri] = s.corrupt;
+  }
 };
 
 template <class In>
@@ -111,15 +122,7 @@ ranks_result device_run(std::vector<std::vector<In>> const& in, all_reduce_optio
       all_reduce_8bit_async(ex, comm, xs, ys, opt, status);
     }
     AGOQ_CUDA_TRY(cudaStreamSynchronize(comm.stream().get()));
-    rr.out[ri].resize(static_cast<std::size_t>(m) * sizeof(Out));
-    if (m > 0) {
-      AGOQ_CUDA_TRY(cudaMemcpy(rr.out[ri].data(), yp, rr.out[ri].size(), cudaMemcpyDeviceToHost));
-    }
-    all_reduce_status s;
-    AGOQ_CUDA_TRY(cudaMemcpy(&s, status, sizeof(s), cudaMemcpyDeviceToHost));
-    rr.nonfinite[ri] = s.nonfinite;
-    rr.local[ri] = s.local_nonfinite;
-    rr.corrupt[ri] = s.corrupt;
+    rr.download(ri, yp, static_cast<std::size_t>(m) * sizeof(Out), status);
   });
   return rr;
 }
@@ -326,14 +329,7 @@ ranks_result device_hierarchical(int nodes, int per_node, std::vector<std::vecto
                                        std::span<Out>(yp, static_cast<std::size_t>(n)), opt,
                                        status);
     AGOQ_CUDA_TRY(cudaStreamSynchronize(stream));
-    rr.out[ri].resize(static_cast<std::size_t>(n) * sizeof(Out));
-    if (n > 0)
-      AGOQ_CUDA_TRY(cudaMemcpy(rr.out[ri].data(), yp, rr.out[ri].size(), cudaMemcpyDeviceToHost));
-    all_reduce_status s;
-    AGOQ_CUDA_TRY(cudaMemcpy(&s, status, sizeof(s), cudaMemcpyDeviceToHost));
-    rr.nonfinite[ri] = s.nonfinite;
-    rr.local[ri] = s.local_nonfinite;
-    rr.corrupt[ri] = s.corrupt;
+    rr.download(ri, yp, static_cast<std::size_t>(n) * sizeof(Out), status);
   });
   return rr;
 }
