@@ -20,18 +20,19 @@ namespace agoq::comm {
 
 /// The state the ranks of an in-process device group share: the posted send buffers and two
 /// events per rank. Create it with the group size on the device the ranks use, then give each
-/// thread its `at(rank, stream)`, or let `run` start the threads and streams.
-class in_process_device_group {
+/// thread its `at(rank, stream)`, or let `run` start the threads and streams. size() and abort()
+/// come from detail::in_process_ranks.
+class in_process_device_group : public detail::in_process_ranks {
  public:
   /// A group of `size` ranks on the current device. Host only.
   /// \throws agoq::invalid_argument for size < 1; agoq::cuda_error when events cannot be created.
   explicit in_process_device_group(int size)
-      : ranks_(size, "in_process_device_group"),
-        posted_(static_cast<std::size_t>(ranks_.size())),
-        ready_(static_cast<std::size_t>(ranks_.size())),
-        done_(static_cast<std::size_t>(ranks_.size())) {
+      : in_process_ranks(size, "in_process_device_group"),
+        posted_(static_cast<std::size_t>(size)),
+        ready_(static_cast<std::size_t>(size)),
+        done_(static_cast<std::size_t>(size)) {
     try {
-      for (int r = 0; r < ranks_.size(); ++r) {
+      for (int r = 0; r < size; ++r) {
         auto const i = static_cast<std::size_t>(r);
         AGOQ_CUDA_TRY(cudaEventCreateWithFlags(&ready_[i], cudaEventDisableTiming));
         AGOQ_CUDA_TRY(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
@@ -51,17 +52,12 @@ class in_process_device_group {
   /// Host only. \throws agoq::invalid_argument for a rank outside [0, size()).
   member at(int rank, ::cuda::stream_ref stream);
 
-  int size() const noexcept { return ranks_.size(); }
-
   /// Runs f(communicator) on `size` threads (rank r on thread r, with its own non-blocking stream
   /// on the current device), synchronizes and destroys the streams, joins the threads and
   /// rethrows the first exception any rank threw; the other ranks' pending collectives then fail
   /// with comm_error instead of waiting forever. Host only.
   template <class F>
   static void run(int size, F&& f);
-
-  /// Makes every pending and future collective of the group throw comm_error (a peer failed).
-  void abort() { ranks_.abort(); }
 
  private:
   friend class member;
@@ -73,7 +69,6 @@ class in_process_device_group {
       if (e != nullptr) cudaEventDestroy(e);
   }
 
-  detail::in_process_ranks ranks_;
   std::vector<std::byte const*> posted_;
   std::vector<cudaEvent_t> ready_;  // rank r's send buffer is produced (recorded on its stream)
   std::vector<cudaEvent_t> done_;   // rank r has finished reading its peers' send buffers
@@ -88,7 +83,7 @@ class in_process_device_group {
 class in_process_device_group::member {
  public:
   int rank() const noexcept { return rank_; }
-  int size() const noexcept { return group_->ranks_.size(); }
+  int size() const noexcept { return group_->size(); }
   /// Always memory_space::device.
   memory_space memory() const noexcept { return memory_space::device; }
   /// The stream this rank's transfers are enqueued on.
@@ -120,7 +115,7 @@ class in_process_device_group::member {
     cudaStream_t const s = stream_.get();
     group_->posted_[me] = send;
     AGOQ_CUDA_TRY(cudaEventRecord(group_->ready_[me], s));
-    group_->ranks_.barrier();
+    group_->barrier();
     for (int i = 0; i < size() && n > 0; ++i) {
       auto const peer = static_cast<std::size_t>(i);
       if (i != rank_) AGOQ_CUDA_TRY(cudaStreamWaitEvent(s, group_->ready_[peer], 0));
@@ -128,7 +123,7 @@ class in_process_device_group::member {
       AGOQ_CUDA_TRY(cudaMemcpyAsync(recv + peer * n, src, n, cudaMemcpyDeviceToDevice, s));
     }
     AGOQ_CUDA_TRY(cudaEventRecord(group_->done_[me], s));
-    group_->ranks_.barrier();
+    group_->barrier();
     for (int i = 0; i < size(); ++i) {
       if (i != rank_)
         AGOQ_CUDA_TRY(cudaStreamWaitEvent(s, group_->done_[static_cast<std::size_t>(i)], 0));
@@ -142,7 +137,7 @@ class in_process_device_group::member {
 
 inline in_process_device_group::member in_process_device_group::at(int rank,
                                                                    ::cuda::stream_ref stream) {
-  ranks_.check_rank(rank);
+  check_rank(rank);
   return member(this, rank, stream);
 }
 
@@ -155,7 +150,7 @@ void in_process_device_group::run(int size, F&& f) {
   // failed (after the abort that wakes its peers).
   std::vector<cudaStream_t> streams(static_cast<std::size_t>(size), nullptr);
   detail::run_ranks(
-      g.ranks_,
+      g,
       [&](int r) {
         cudaStream_t& stream = streams[static_cast<std::size_t>(r)];
         AGOQ_CUDA_TRY(cudaSetDevice(device));

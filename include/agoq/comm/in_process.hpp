@@ -20,27 +20,28 @@
 namespace agoq::comm {
 namespace detail {
 
-/// What every in-process group shares, whichever memory its collectives move: the rank count,
-/// the barrier the rank threads meet at and the abort flag that releases them. `name` (a string
-/// that outlives the object) names the group in its errors. Host only.
+/// The base of every in-process group, whichever memory its collectives move: the rank count, the
+/// barrier the rank threads meet at and the abort flag that releases them. Host only.
 class in_process_ranks {
  public:
+  int size() const noexcept { return size_; }
+
+  /// Makes every pending and future collective of the group throw comm_error (a peer failed).
+  void abort() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+
+ protected:
+  /// `name` (a string that outlives the object) names the group in its errors.
   /// \throws agoq::invalid_argument for size < 1.
   in_process_ranks(int size, char const* name) : size_(checked_size(size, name)), name_(name) {}
-
-  int size() const noexcept { return size_; }
 
   /// \throws agoq::invalid_argument for a rank outside [0, size()).
   void check_rank(int rank) const {
     AGOQ_EXPECTS(rank >= 0 && rank < size_, std::string(name_) + ": rank " + std::to_string(rank) +
                                                 " outside [0, " + std::to_string(size_) + ")");
-  }
-
-  /// Makes every pending and future barrier throw comm_error (a peer failed).
-  void abort() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    aborted_ = true;
-    cv_.notify_all();
   }
 
   /// Waits until all ranks arrived at this barrier; throws comm_error once the group is aborted.
@@ -118,19 +119,18 @@ void run_ranks(in_process_ranks& ranks, Body const& body, Finish const& finish) 
 }  // namespace detail
 
 /// The state the ranks of an in-process group share. Create it with the group size, then give
-/// each thread its `member(rank)`, or let `run` start the threads.
-class in_process_group {
+/// each thread its `member(rank)`, or let `run` start the threads. size() and abort() come from
+/// detail::in_process_ranks.
+class in_process_group : public detail::in_process_ranks {
  public:
   /// A group of `size` ranks. \throws agoq::invalid_argument for size < 1.
   explicit in_process_group(int size)
-      : ranks_(size, "in_process_group"), posted_(static_cast<std::size_t>(ranks_.size())) {}
+      : in_process_ranks(size, "in_process_group"), posted_(static_cast<std::size_t>(size)) {}
 
   class member;
 
   /// The communicator of rank `rank`; one thread uses it at a time.
   member at(int rank);
-
-  int size() const noexcept { return ranks_.size(); }
 
   /// Runs f(communicator) on `size` threads (rank r on thread r), joins them and rethrows the
   /// first exception any rank threw; the other ranks' pending collectives then fail with
@@ -138,21 +138,17 @@ class in_process_group {
   template <class F>
   static void run(int size, F&& f);
 
-  /// Makes every pending and future collective of the group throw comm_error (a peer failed).
-  void abort() { ranks_.abort(); }
-
  private:
   friend class member;
 
-  detail::in_process_ranks ranks_;
-  std::vector<std::byte const*> posted_;  // sized from ranks_, declared after it
+  std::vector<std::byte const*> posted_;  // sized once the base has validated the size
 };
 
 /// One rank's communicator of an in_process_group (satisfies agoq::comm::communicator).
 class in_process_group::member {
  public:
   int rank() const noexcept { return rank_; }
-  int size() const noexcept { return group_->ranks_.size(); }
+  int size() const noexcept { return group_->size(); }
   memory_space memory() const noexcept { return memory_space::host; }
 
   /// See agoq::comm::communicator. Blocks until every rank has called it.
@@ -173,7 +169,7 @@ class in_process_group::member {
   // copied (so no send buffer is reused early).
   void exchange(std::byte const* send, std::byte* recv, std::size_t n, bool to_all) {
     group_->posted_[static_cast<std::size_t>(rank_)] = send;
-    group_->ranks_.barrier();
+    group_->barrier();
     for (int i = 0; i < size(); ++i) {
       std::byte const* src = group_->posted_[static_cast<std::size_t>(i)];
       if (n > 0) {
@@ -181,7 +177,7 @@ class in_process_group::member {
                     src + (to_all ? static_cast<std::size_t>(rank_) * n : 0), n);
       }
     }
-    group_->ranks_.barrier();
+    group_->barrier();
   }
 
   in_process_group* group_;
@@ -189,7 +185,7 @@ class in_process_group::member {
 };
 
 inline in_process_group::member in_process_group::at(int rank) {
-  ranks_.check_rank(rank);
+  check_rank(rank);
   return member(this, rank);
 }
 
@@ -197,7 +193,7 @@ template <class F>
 void in_process_group::run(int size, F&& f) {
   in_process_group g(size);
   detail::run_ranks(
-      g.ranks_, [&](int r) { f(g.at(r)); }, [](int) {});
+      g, [&](int r) { f(g.at(r)); }, [](int) {});
 }
 
 static_assert(communicator<in_process_group::member>);
