@@ -237,8 +237,10 @@ ref_params make_params(code_info const& c, agoq::scale_format f, std::vector<flo
   return p;
 }
 
-// FP8, round to nearest even on the table, saturating; NaN -> +0.
-int fp8_nearest(double v, fp8_table const& t) {
+// The FP8 code of v, saturating, NaN -> +0; below the saturation its magnitude is pick(i, a), i
+// the table entry at or below |v| = a (pick chooses i or i + 1).
+template <class Pick>
+int fp8_code(double v, fp8_table const& t, Pick const& pick) {
   if (std::isnan(v)) return 0;
   int const sign = std::signbit(v) ? 0x80 : 0;
   double const a = std::fabs(v);
@@ -246,27 +248,27 @@ int fp8_nearest(double v, fp8_table const& t) {
   if (a < t.max()) {
     int const i =
         static_cast<int>(std::upper_bound(t.vals.begin(), t.vals.end(), a) - t.vals.begin()) - 1;
-    double const dl = a - t.vals[i];
-    double const dh = t.vals[i + 1] - a;
-    mag = dl < dh ? i : dh < dl ? i + 1 : (i % 2 == 0 ? i : i + 1);
+    mag = pick(i, a);
   }
   return sign | mag;
+}
+
+// FP8, round to nearest even on the table, saturating; NaN -> +0.
+int fp8_nearest(double v, fp8_table const& t) {
+  return fp8_code(v, t, [&](int i, double a) {
+    double const dl = a - t.vals[i];
+    double const dh = t.vals[i + 1] - a;
+    return dl < dh ? i : dh < dl ? i + 1 : (i % 2 == 0 ? i : i + 1);
+  });
 }
 
 // FP8 stochastic rounding as codec.hpp documents it: up to the next magnitude when
 // (1 - u) (hi - lo) <= a - lo, i.e. with probability (a - lo) / (hi - lo), and like floor(v + u)
 // never at u = 0; saturating; NaN -> +0.
 int fp8_stochastic(double v, double u, fp8_table const& t) {
-  if (std::isnan(v)) return 0;
-  int const sign = std::signbit(v) ? 0x80 : 0;
-  double const a = std::fabs(v);
-  int mag = t.max_code;
-  if (a < t.max()) {
-    int const i =
-        static_cast<int>(std::upper_bound(t.vals.begin(), t.vals.end(), a) - t.vals.begin()) - 1;
-    mag = (1 - u) * (t.vals[i + 1] - t.vals[i]) <= a - t.vals[i] ? i + 1 : i;
-  }
-  return sign | mag;
+  return fp8_code(v, t, [&](int i, double a) {
+    return (1 - u) * (t.vals[i + 1] - t.vals[i]) <= a - t.vals[i] ? i + 1 : i;
+  });
 }
 
 // Philox4x32-10 (Salmon et al., SC'11), checked below against Random123's known answers.

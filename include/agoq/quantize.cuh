@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
@@ -50,11 +51,15 @@ inline void check_device_pointer(void const* p, char const* what) {
                std::string(what) + ": a pageable host pointer was passed to a CUDA call");
 }
 
+/// check_device_pointer of each of `pointers`, in order (the local checks of a CUDA call: they
+/// throw on the calling host thread, before anything is enqueued).
+inline void check_device_pointers(char const* what, std::initializer_list<void const*> pointers) {
+  for (void const* p : pointers) check_device_pointer(p, what);
+}
+
 template <class V>
 void check_device_view(V const& v, char const* what) {
-  check_device_pointer(v.codes, what);
-  check_device_pointer(v.scales, what);
-  check_device_pointer(v.zero_points, what);
+  check_device_pointers(what, {v.codes, v.scales, v.zero_points});
 }
 
 /// The group sizes of the one-pass per-group kernel, as lane counts (G = 8 * lanes).

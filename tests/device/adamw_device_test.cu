@@ -77,15 +77,34 @@ std::vector<G> gradients(std::int64_t n, std::uint64_t seed, float scale, bool n
 
 adamw_hyper const hyper{1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f};
 
+// A host state of n elements with stream seed `seed`.
+adamw_state seeded_state(std::int64_t n, std::uint64_t seed) {
+  adamw_state_options opt;
+  opt.seed = seed;
+  return adamw_state(n, opt);
+}
+
+std::vector<bfloat16> to_bfloat16(std::vector<float> const& x) {
+  std::vector<bfloat16> w(x.size());
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = numeric::from_float<bfloat16>(x[i]);
+  return w;
+}
+
+// Checks that `d`, from element `shift` on, holds the bytes of `want`.
+template <class T>
+void check_download(device_bytes const& d, std::vector<T> const& want, int shift = 0) {
+  std::vector<T> got(want.size());
+  d.download(got.data(), want.size() * sizeof(T), shift * sizeof(T));
+  CHECK(test::first_difference(bytes_of(got), bytes_of(want)) == -1);
+}
+
 // `steps` steps of fp32 parameters with a gradient of type G on both executors; parameters and
 // gradients `shift` elements past an aligned address, codes `code_shift` bytes past one.
 template <class G>
 void compare_float(std::int64_t n, int steps, float scale, int shift, int code_shift,
                    std::uint64_t seed) {
   INFO("n " << n << " scale " << scale << " shift " << shift << " code shift " << code_shift);
-  adamw_state_options opt;
-  opt.seed = seed;
-  adamw_state h(n, opt);
+  adamw_state h = seeded_state(n, seed);
   device_state d(h, code_shift);
   std::vector<float> p = test::random_input<float>(n, seed + 1, false);
   device_bytes dp((n + shift) * sizeof(float)), dg((n + shift) * sizeof(G)),
@@ -103,9 +122,7 @@ void compare_float(std::int64_t n, int steps, float scale, int shift, int code_s
     std::int64_t got = -1;
     dskipped.download(&got, sizeof(got));
     CHECK(got == want);
-    std::vector<float> pg(static_cast<std::size_t>(n));
-    dp.download(pg.data(), n * sizeof(float), shift * sizeof(float));
-    CHECK(test::first_difference(bytes_of(pg), bytes_of(p)) == -1);
+    check_download(dp, p, shift);
     check_same_state(h, d);
   }
 }
@@ -114,13 +131,10 @@ void compare_float(std::int64_t n, int steps, float scale, int shift, int code_s
 template <class G>
 void compare_bf16(std::int64_t n, int steps, bool with_master, std::uint64_t seed) {
   INFO("n " << n << " master " << with_master);
-  adamw_state_options opt;
-  opt.seed = seed;
-  adamw_state h(n, opt);
+  adamw_state h = seeded_state(n, seed);
   device_state d(h, 0);
   std::vector<float> master = test::random_input<float>(n, seed + 1, false);
-  std::vector<bfloat16> w(master.size());
-  for (std::size_t i = 0; i < w.size(); ++i) w[i] = numeric::from_float<bfloat16>(master[i]);
+  std::vector<bfloat16> w = to_bfloat16(master);
   if (!with_master) master.clear();
   device_bytes dw(n * sizeof(bfloat16)), dm(n * sizeof(float)), dg(n * sizeof(G));
   dw.upload(w.data(), n * sizeof(bfloat16));
@@ -135,14 +149,8 @@ void compare_bf16(std::int64_t n, int steps, bool with_master, std::uint64_t see
                std::span<G const>(g));
     adamw_step_async(ex, d.s, hyper, std::span<bfloat16>(wd, n), md,
                      std::span<G const>(reinterpret_cast<G const*>(dg.get()), n));
-    std::vector<bfloat16> wg(w.size());
-    dw.download(wg.data(), n * sizeof(bfloat16));
-    CHECK(test::first_difference(bytes_of(wg), bytes_of(w)) == -1);
-    if (with_master) {
-      std::vector<float> mg(master.size());
-      dm.download(mg.data(), n * sizeof(float));
-      CHECK(test::first_difference(bytes_of(mg), bytes_of(master)) == -1);
-    }
+    check_download(dw, w);
+    if (with_master) check_download(dm, master);
     check_same_state(h, d);
   }
 }
@@ -153,13 +161,10 @@ void compare_quantized(char const* name, std::int64_t rows, std::int64_t cols, b
   INFO(name << " " << rows << "x" << cols << " bf16 " << bf16_weights);
   spec const s = spec::parse(name);
   std::int64_t const n = rows * cols;
-  adamw_state_options opt;
-  opt.seed = seed;
-  adamw_state h(n, opt);
+  adamw_state h = seeded_state(n, seed);
   device_state d(h, 0);
   std::vector<float> p = test::random_input<float>(n, seed + 1, false);
-  std::vector<bfloat16> w(p.size());
-  for (std::size_t i = 0; i < w.size(); ++i) w[i] = numeric::from_float<bfloat16>(p[i]);
+  std::vector<bfloat16> w = to_bfloat16(p);
   device_bytes dp(n * sizeof(float)), dw(n * sizeof(bfloat16));
   dp.upload(p.data(), n * sizeof(float));
   dw.upload(w.data(), n * sizeof(bfloat16));
@@ -182,16 +187,12 @@ void compare_quantized(char const* name, std::int64_t rows, std::int64_t cols, b
                  const_quantized_view(hq.view()));
       adamw_step_async(ex, d.s, hyper, std::span<bfloat16>(wd, n), std::span<float>(pd, n),
                        const_quantized_view(gq));
-      std::vector<bfloat16> wg(w.size());
-      dw.download(wg.data(), n * sizeof(bfloat16));
-      CHECK(test::first_difference(bytes_of(wg), bytes_of(w)) == -1);
+      check_download(dw, w);
     } else {
       adamw_step(host, h, hyper, std::span<float>(p), const_quantized_view(hq.view()));
       adamw_step_async(ex, d.s, hyper, std::span<float>(pd, n), const_quantized_view(gq));
     }
-    std::vector<float> pg(p.size());
-    dp.download(pg.data(), n * sizeof(float));
-    CHECK(test::first_difference(bytes_of(pg), bytes_of(p)) == -1);
+    check_download(dp, p);
     check_same_state(h, d);
   }
 }

@@ -230,6 +230,21 @@ std::int64_t out_length(op o, std::int64_t n, int p, int r, int g) {
   return s.end - s.begin;
 }
 
+// Runs body(rank, comm, inter) on every rank of `o`: a World of `nodes` nodes of `per_node` ranks
+// for op::hierarchical (comm inside the node, inter among the nodes), else one Group of all the
+// ranks (inter null).
+template <class World, class Group, class Body>
+void run_ranks(op o, int nodes, int per_node, Body const& body) {
+  if (o == op::hierarchical) {
+    World world(nodes, per_node);
+    world.run([&](int w, auto& intra, auto& inter) { body(w, intra, &inter); });
+  } else {
+    Group::run(nodes * per_node, [&](typename Group::member comm) {
+      body(comm.rank(), comm, static_cast<typename Group::member*>(nullptr));
+    });
+  }
+}
+
 // The CPU executor: each rank accumulates its batches into a gradient_buffer, then runs `o`.
 std::vector<rank_out> host_side(op o, int nodes, int per_node,
                                 std::vector<std::vector<std::vector<element>>> const& batches,
@@ -278,14 +293,7 @@ std::vector<rank_out> host_side(op o, int nodes, int per_node,
     }
     ro.out = raw(out);
   };
-  if (o == op::hierarchical) {
-    gradient_test::node_world world(nodes, per_node);
-    world.run([&](int w, auto& intra, auto& inter) { body(w, intra, &inter); });
-  } else {
-    in_process_group::run(p, [&](in_process_group::member comm) {
-      body(comm.rank(), comm, static_cast<in_process_group::member*>(nullptr));
-    });
-  }
+  run_ranks<gradient_test::node_world, in_process_group>(o, nodes, per_node, body);
   return res;
 }
 
@@ -352,14 +360,7 @@ std::vector<rank_out> device_side(op o, int nodes, int per_node,
     ro.local = s.local_nonfinite;
     ro.corrupt = s.corrupt;
   };
-  if (o == op::hierarchical) {
-    test::device_node_world world(nodes, per_node);
-    world.run([&](int w, auto& intra, auto& inter) { body(w, intra, &inter); });
-  } else {
-    in_process_device_group::run(p, [&](in_process_device_group::member comm) {
-      body(comm.rank(), comm, static_cast<in_process_device_group::member*>(nullptr));
-    });
-  }
+  run_ranks<test::device_node_world, in_process_device_group>(o, nodes, per_node, body);
   return res;
 }
 

@@ -84,19 +84,17 @@ TEST_CASE("nccl_communicator: all_to_all and all_gather move the bytes (stream-o
     device_buffer send(n), recv(n);
     // The upload and the clearing are ordered on the communicator's stream, like the transfers.
     AGOQ_CUDA_TRY(cudaMemcpyAsync(send.p, in.data(), n, cudaMemcpyHostToDevice, r.stream));
-    AGOQ_CUDA_TRY(cudaMemsetAsync(recv.p, 0xee, n, r.stream));
-    c.all_to_all(send.p, recv.p, n);
-    std::vector<std::byte> out(n, std::byte{0});
-    AGOQ_CUDA_TRY(cudaMemcpyAsync(out.data(), recv.p, n, cudaMemcpyDeviceToHost, r.stream));
-    AGOQ_CUDA_TRY(cudaStreamSynchronize(r.stream));
-    CHECK(out == in);
-
-    AGOQ_CUDA_TRY(cudaMemsetAsync(recv.p, 0xee, n, r.stream));
-    c.all_gather(send.p, recv.p, n);
-    std::vector<std::byte> gathered(n, std::byte{0});
-    AGOQ_CUDA_TRY(cudaMemcpyAsync(gathered.data(), recv.p, n, cudaMemcpyDeviceToHost, r.stream));
-    AGOQ_CUDA_TRY(cudaStreamSynchronize(r.stream));
-    CHECK(gathered == in);
+    // Clears recv, runs `transfer` and checks that recv then holds `in`.
+    auto check_transfer = [&](auto const& transfer) {
+      AGOQ_CUDA_TRY(cudaMemsetAsync(recv.p, 0xee, n, r.stream));
+      transfer();
+      std::vector<std::byte> out(n, std::byte{0});
+      AGOQ_CUDA_TRY(cudaMemcpyAsync(out.data(), recv.p, n, cudaMemcpyDeviceToHost, r.stream));
+      AGOQ_CUDA_TRY(cudaStreamSynchronize(r.stream));
+      CHECK(out == in);
+    };
+    check_transfer([&] { c.all_to_all(send.p, recv.p, n); });
+    check_transfer([&] { c.all_gather(send.p, recv.p, n); });
     CHECK_NOTHROW(c.check_async());
   }
 }

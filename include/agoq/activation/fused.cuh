@@ -42,6 +42,7 @@ namespace agoq::activation {
 namespace fused_gpu {
 
 using agoq::detail::gpu::add_warp_count;
+using agoq::detail::gpu::check_device_pointers;
 using agoq::detail::gpu::run;
 
 /// Threads of the row kernels (RMSNorm): one block per row, each thread a run of 8 columns of
@@ -187,6 +188,24 @@ __device__ inline float* row_buffer(bool shared, float* scratch, std::int64_t fl
   return shared ? smem : scratch + static_cast<std::int64_t>(blockIdx.x) * floats;
 }
 
+/// Writes row `out` of `cols` elements, each thread its runs of 8 in every chunk: element c + i
+/// is op(j, w[c + i]) with j = c + i, or j = c past the row's end (a tail's lanes the store
+/// drops still read in bounds).
+template <class W, class Out, class Op>
+__device__ inline void store_weighted_row(W const* w, Out* out, std::int64_t cols, Op&& op) {
+  for (std::int64_t base = 0; base < cols; base += chunk) {
+    std::int64_t const c = base + std::int64_t{threadIdx.x} * run;
+    if (c >= cols) continue;
+    int const count = static_cast<int>(cols - c < run ? cols - c : run);
+    float wv[run];
+    agoq::detail::gpu::load_run(w + c, count, wv);
+    float o[run];
+#pragma unroll
+    for (int i = 0; i < run; ++i) o[i] = op(c + i < cols ? c + i : c, wv[i]);
+    agoq::detail::gpu::store_run(out + c, count, o);
+  }
+}
+
 /// RMSNorm forward: one block per row (grid-stride). The row is loaded once into the block's
 /// buffer (and, with Save, quantized from the registers), the first warp's 16 lanes make the sum
 /// of squares, then the row is scaled from the buffer.
@@ -229,19 +248,9 @@ AGOQ_KERNEL void rmsnorm_forward_kernel(X const* x, W const* w, float eps, Y* y,
     }
     __syncthreads();
     float const rs = rs_shared;
-    Y* yr = y + r * cols;
-    for (std::int64_t base = 0; base < cols; base += chunk) {
-      std::int64_t const c = base + std::int64_t{threadIdx.x} * run;
-      if (c >= cols) continue;
-      int const count = static_cast<int>(cols - c < run ? cols - c : run);
-      float wv[run];
-      agoq::detail::gpu::load_run(w + c, count, wv);
-      float o[run];
-#pragma unroll
-      for (int i = 0; i < run; ++i)
-        o[i] = __fmul_rn(__fmul_rn(buf[c + i < cols ? c + i : c], rs), wv[i]);
-      agoq::detail::gpu::store_run(yr + c, count, o);
-    }
+    store_weighted_row(w, y + r * cols, cols, [&](std::int64_t j, float wj) {
+      return __fmul_rn(__fmul_rn(buf[j], rs), wj);
+    });
     __syncthreads();  // the buffer is refilled by the next row
   }
   add_warp_count(nonfinite, bad);
@@ -288,21 +297,9 @@ AGOQ_KERNEL void rmsnorm_backward_kernel(DY const* dy, const_quantized_view save
     }
     __syncthreads();
     float const k = k_shared;
-    DX* dxr = dx + r * cols;
-    for (std::int64_t base = 0; base < cols; base += chunk) {
-      std::int64_t const c = base + std::int64_t{threadIdx.x} * run;
-      if (c >= cols) continue;
-      int const count = static_cast<int>(cols - c < run ? cols - c : run);
-      float wv[run];
-      agoq::detail::gpu::load_run(w + c, count, wv);
-      float o[run];
-#pragma unroll
-      for (int i = 0; i < run; ++i) {
-        std::int64_t const j = c + i < cols ? c + i : c;
-        o[i] = __fmul_rn(rs, __fmaf_rn(wv[i], dv[j], -__fmul_rn(xh[j], k)));
-      }
-      agoq::detail::gpu::store_run(dxr + c, count, o);
-    }
+    store_weighted_row(w, dx + r * cols, cols, [&](std::int64_t j, float wj) {
+      return __fmul_rn(rs, __fmaf_rn(wj, dv[j], -__fmul_rn(xh[j], k)));
+    });
     __syncthreads();
   }
   add_warp_count(nonfinite, bad);
@@ -538,11 +535,6 @@ inline unsigned long long* start_count(std::int64_t* nonfinite, cudaStream_t str
   return count;
 }
 
-template <class T>
-void check_device(T const* p, char const* what) {
-  agoq::detail::gpu::check_device_pointer(static_cast<void const*>(p), what);
-}
-
 /// The launch shape of a row kernel: grid, dynamic shared bytes, and a stream-ordered scratch
 /// buffer (grid slices of `floats`) when the row buffer exceeds the 48 KiB of shared memory.
 struct row_launch {
@@ -585,10 +577,7 @@ void rmsnorm_forward(cuda_executor ex, matrix_view<X> x, std::span<W> weight, fl
   cudaStream_t const stream = ex.stream.get();
   unsigned long long* count = saved ? start_count(nonfinite, stream) : nullptr;
   if (x.size() == 0) return;
-  check_device(x.data_handle(), what);
-  check_device(y.data_handle(), what);
-  check_device(weight.data(), what);
-  check_device(rstd.data(), what);
+  check_device_pointers(what, {x.data_handle(), y.data_handle(), weight.data(), rstd.data()});
   if (saved) agoq::detail::gpu::check_device_view(*saved, what);
   using XT = std::remove_const_t<X>;
   using WT = std::remove_const_t<W>;
@@ -618,8 +607,7 @@ void gelu_forward(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y, quantize
   cudaStream_t const stream = ex.stream.get();
   unsigned long long* count = saved ? start_count(nonfinite, stream) : nullptr;
   if (x.size() == 0) return;
-  check_device(x.data_handle(), what);
-  check_device(y.data_handle(), what);
+  check_device_pointers(what, {x.data_handle(), y.data_handle()});
   if (saved) agoq::detail::gpu::check_device_view(*saved, what);
   using XT = std::remove_const_t<X>;
   using YT = std::remove_const_t<Y>;
@@ -645,9 +633,7 @@ void swiglu_forward(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, ma
   cudaStream_t const stream = ex.stream.get();
   unsigned long long* count = saved_gate ? start_count(nonfinite, stream) : nullptr;
   if (gate.size() == 0) return;
-  check_device(gate.data_handle(), what);
-  check_device(up.data_handle(), what);
-  check_device(out.data_handle(), what);
+  check_device_pointers(what, {gate.data_handle(), up.data_handle(), out.data_handle()});
   using GT = std::remove_const_t<G>;
   using UT = std::remove_const_t<U>;
   using OT = std::remove_const_t<O>;
@@ -698,9 +684,7 @@ void residual_add(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_v
   cudaStream_t const stream = ex.stream.get();
   unsigned long long* count = saved ? start_count(nonfinite, stream) : nullptr;
   if (a.size() == 0) return;
-  check_device(a.data_handle(), what);
-  check_device(b.data_handle(), what);
-  check_device(sum.data_handle(), what);
+  check_device_pointers(what, {a.data_handle(), b.data_handle(), sum.data_handle()});
   if (saved) agoq::detail::gpu::check_device_view(*saved, what);
   using AT = std::remove_const_t<A>;
   using BT = std::remove_const_t<B>;
@@ -777,11 +761,8 @@ void rmsnorm_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantize
   cudaStream_t const stream = ex.stream.get();
   unsigned long long* count = fused_gpu::start_count(nonfinite, stream);
   if (dy.size() == 0) return;
-  fused_gpu::check_device(dy.data_handle(), what);
-  fused_gpu::check_device(dx.data_handle(), what);
-  fused_gpu::check_device(rstd.data(), what);
-  fused_gpu::check_device(weight.data(), what);
-  fused_gpu::check_device(dweight.data(), what);
+  fused_gpu::check_device_pointers(
+      what, {dy.data_handle(), dx.data_handle(), rstd.data(), weight.data(), dweight.data()});
   agoq::detail::gpu::check_device_view(saved_x, what);
   using DYT = std::remove_const_t<DY>;
   using WT = std::remove_const_t<W>;
@@ -863,9 +844,8 @@ void swiglu_backward_async(cuda_executor ex, matrix_view<D> dout, const_quantize
   cudaStream_t const stream = ex.stream.get();
   unsigned long long* count = fused_gpu::start_count(nonfinite, stream);
   if (dout.size() == 0) return;
-  fused_gpu::check_device(dout.data_handle(), what);
-  fused_gpu::check_device(dgate.data_handle(), what);
-  fused_gpu::check_device(dup.data_handle(), what);
+  fused_gpu::check_device_pointers(what,
+                                   {dout.data_handle(), dgate.data_handle(), dup.data_handle()});
   agoq::detail::gpu::check_device_view(saved_gate, what);
   agoq::detail::gpu::check_device_view(saved_up, what);
   using DT = std::remove_const_t<D>;
@@ -915,8 +895,7 @@ void gelu_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantized_v
   cudaStream_t const stream = ex.stream.get();
   unsigned long long* count = fused_gpu::start_count(nonfinite, stream);
   if (dy.size() == 0) return;
-  fused_gpu::check_device(dy.data_handle(), what);
-  fused_gpu::check_device(dx.data_handle(), what);
+  fused_gpu::check_device_pointers(what, {dy.data_handle(), dx.data_handle()});
   agoq::detail::gpu::check_device_view(saved_x, what);
   using DYT = std::remove_const_t<DY>;
   device::launch_policy const pol = agoq::detail::gpu::current_policy();

@@ -6,38 +6,33 @@
 /// the CUDA runtime headers); not part of agoq.hpp.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
-#include <cstdint>
-#include <exception>
-#include <mutex>
-#include <string>
-#include <thread>
 #include <vector>
 
 #include <cuda_runtime_api.h>
 #include <cuda/stream_ref>
 
 #include "../cuda_check.hpp"
-#include "../error.hpp"
 #include "communicator.hpp"
+#include "in_process.hpp"
 
 namespace agoq::comm {
 
 /// The state the ranks of an in-process device group share: the posted send buffers and two
 /// events per rank. Create it with the group size on the device the ranks use, then give each
-/// thread its `at(rank, stream)`, or let `run` start the threads and streams.
-class in_process_device_group {
+/// thread its `at(rank, stream)`, or let `run` start the threads and streams. size() and abort()
+/// come from detail::in_process_ranks.
+class in_process_device_group : public detail::in_process_ranks {
  public:
   /// A group of `size` ranks on the current device. Host only.
   /// \throws agoq::invalid_argument for size < 1; agoq::cuda_error when events cannot be created.
   explicit in_process_device_group(int size)
-      : size_(checked_size(size)),
-        posted_(static_cast<std::size_t>(size_)),
-        ready_(static_cast<std::size_t>(size_)),
-        done_(static_cast<std::size_t>(size_)) {
+      : in_process_ranks(size, "in_process_device_group"),
+        posted_(static_cast<std::size_t>(size)),
+        ready_(static_cast<std::size_t>(size)),
+        done_(static_cast<std::size_t>(size)) {
     try {
-      for (int r = 0; r < size_; ++r) {
+      for (int r = 0; r < size; ++r) {
         auto const i = static_cast<std::size_t>(r);
         AGOQ_CUDA_TRY(cudaEventCreateWithFlags(&ready_[i], cudaEventDisableTiming));
         AGOQ_CUDA_TRY(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
@@ -57,8 +52,6 @@ class in_process_device_group {
   /// Host only. \throws agoq::invalid_argument for a rank outside [0, size()).
   member at(int rank, ::cuda::stream_ref stream);
 
-  int size() const noexcept { return size_; }
-
   /// Runs f(communicator) on `size` threads (rank r on thread r, with its own non-blocking stream
   /// on the current device), synchronizes and destroys the streams, joins the threads and
   /// rethrows the first exception any rank threw; the other ranks' pending collectives then fail
@@ -66,21 +59,8 @@ class in_process_device_group {
   template <class F>
   static void run(int size, F&& f);
 
-  /// Makes every pending and future collective of the group throw comm_error (a peer failed).
-  void abort() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    aborted_ = true;
-    cv_.notify_all();
-  }
-
  private:
   friend class member;
-
-  static int checked_size(int size) {
-    AGOQ_EXPECTS(size >= 1, "in_process_device_group: the size must be at least 1, got " +
-                                std::to_string(size));
-    return size;
-  }
 
   void destroy_events() noexcept {
     for (cudaEvent_t e : ready_)
@@ -89,30 +69,9 @@ class in_process_device_group {
       if (e != nullptr) cudaEventDestroy(e);
   }
 
-  // Waits until all ranks arrived at this barrier; throws once the group is aborted.
-  void barrier() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (aborted_) throw comm_error("agoq: in_process_device_group: a peer failed");
-    std::uint64_t const gen = generation_;
-    if (++arrived_ == size_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return generation_ != gen || aborted_; });
-    if (generation_ == gen) throw comm_error("agoq: in_process_device_group: a peer failed");
-  }
-
-  int size_;
   std::vector<std::byte const*> posted_;
   std::vector<cudaEvent_t> ready_;  // rank r's send buffer is produced (recorded on its stream)
   std::vector<cudaEvent_t> done_;   // rank r has finished reading its peers' send buffers
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  int arrived_ = 0;
-  std::uint64_t generation_ = 0;
-  bool aborted_ = false;
 };
 
 /// One rank's communicator of an in_process_device_group (satisfies agoq::comm::communicator,
@@ -124,7 +83,7 @@ class in_process_device_group {
 class in_process_device_group::member {
  public:
   int rank() const noexcept { return rank_; }
-  int size() const noexcept { return group_->size_; }
+  int size() const noexcept { return group_->size(); }
   /// Always memory_space::device.
   memory_space memory() const noexcept { return memory_space::device; }
   /// The stream this rank's transfers are enqueued on.
@@ -178,8 +137,7 @@ class in_process_device_group::member {
 
 inline in_process_device_group::member in_process_device_group::at(int rank,
                                                                    ::cuda::stream_ref stream) {
-  AGOQ_EXPECTS(rank >= 0 && rank < size_, "in_process_device_group: rank " + std::to_string(rank) +
-                                              " outside [0, " + std::to_string(size_) + ")");
+  check_rank(rank);
   return member(this, rank, stream);
 }
 
@@ -188,40 +146,25 @@ void in_process_device_group::run(int size, F&& f) {
   in_process_device_group g(size);
   int device = 0;
   AGOQ_CUDA_TRY(cudaGetDevice(&device));
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      cudaStream_t stream = nullptr;
-      try {
+  // Each rank's stream, created on its thread and released there once the rank has finished or
+  // failed (after the abort that wakes its peers).
+  std::vector<cudaStream_t> streams(static_cast<std::size_t>(size), nullptr);
+  detail::run_ranks(
+      g,
+      [&](int r) {
+        cudaStream_t& stream = streams[static_cast<std::size_t>(r)];
         AGOQ_CUDA_TRY(cudaSetDevice(device));
         AGOQ_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         f(g.at(r, ::cuda::stream_ref(stream)));
         AGOQ_CUDA_TRY(cudaStreamSynchronize(stream));
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-        g.abort();
-      }
-      if (stream != nullptr) {
-        cudaStreamSynchronize(stream);
-        cudaStreamDestroy(stream);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::exception_ptr first;
-  for (auto const& e : errors) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (comm_error const&) {
-      if (!first) first = e;
-    } catch (...) {
-      std::rethrow_exception(e);
-    }
-  }
-  if (first) std::rethrow_exception(first);
+      },
+      [&](int r) {
+        cudaStream_t const stream = streams[static_cast<std::size_t>(r)];
+        if (stream != nullptr) {
+          cudaStreamSynchronize(stream);
+          cudaStreamDestroy(stream);
+        }
+      });
 }
 
 static_assert(communicator<in_process_device_group::member>);

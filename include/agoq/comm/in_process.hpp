@@ -18,27 +18,13 @@
 #include "communicator.hpp"
 
 namespace agoq::comm {
+namespace detail {
 
-/// The state the ranks of an in-process group share. Create it with the group size, then give
-/// each thread its `member(rank)`, or let `run` start the threads.
-class in_process_group {
+/// The base of every in-process group, whichever memory its collectives move: the rank count, the
+/// barrier the rank threads meet at and the abort flag that releases them. Host only.
+class in_process_ranks {
  public:
-  /// A group of `size` ranks. \throws agoq::invalid_argument for size < 1.
-  explicit in_process_group(int size)
-      : size_(checked_size(size)), posted_(static_cast<std::size_t>(size_)) {}
-
-  class member;
-
-  /// The communicator of rank `rank`; one thread uses it at a time.
-  member at(int rank);
-
   int size() const noexcept { return size_; }
-
-  /// Runs f(communicator) on `size` threads (rank r on thread r), joins them and rethrows the
-  /// first exception any rank threw; the other ranks' pending collectives then fail with
-  /// comm_error instead of waiting forever.
-  template <class F>
-  static void run(int size, F&& f);
 
   /// Makes every pending and future collective of the group throw comm_error (a peer failed).
   void abort() {
@@ -47,20 +33,21 @@ class in_process_group {
     cv_.notify_all();
   }
 
- private:
-  friend class member;
+ protected:
+  /// `name` (a string that outlives the object) names the group in its errors.
+  /// \throws agoq::invalid_argument for size < 1.
+  in_process_ranks(int size, char const* name) : size_(checked_size(size, name)), name_(name) {}
 
-  // The size, validated before anything is allocated for it.
-  static int checked_size(int size) {
-    AGOQ_EXPECTS(size >= 1,
-                 "in_process_group: the size must be at least 1, got " + std::to_string(size));
-    return size;
+  /// \throws agoq::invalid_argument for a rank outside [0, size()).
+  void check_rank(int rank) const {
+    AGOQ_EXPECTS(rank >= 0 && rank < size_, std::string(name_) + ": rank " + std::to_string(rank) +
+                                                " outside [0, " + std::to_string(size_) + ")");
   }
 
-  // Waits until all ranks arrived at this barrier; throws once the group is aborted.
+  /// Waits until all ranks arrived at this barrier; throws comm_error once the group is aborted.
   void barrier() {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (aborted_) throw comm_error("agoq: in_process_group: a peer failed");
+    if (aborted_) throw_peer_failed();
     std::uint64_t const gen = generation_;
     if (++arrived_ == size_) {
       arrived_ = 0;
@@ -69,11 +56,23 @@ class in_process_group {
       return;
     }
     cv_.wait(lock, [&] { return generation_ != gen || aborted_; });
-    if (generation_ == gen) throw comm_error("agoq: in_process_group: a peer failed");
+    if (generation_ == gen) throw_peer_failed();
+  }
+
+ private:
+  // The size, validated before anything is allocated for it.
+  static int checked_size(int size, char const* name) {
+    AGOQ_EXPECTS(size >= 1,
+                 std::string(name) + ": the size must be at least 1, got " + std::to_string(size));
+    return size;
+  }
+
+  [[noreturn]] void throw_peer_failed() const {
+    throw comm_error(std::string("agoq: ") + name_ + ": a peer failed");
   }
 
   int size_;
-  std::vector<std::byte const*> posted_;  // sized from size_, declared after it
+  char const* name_;
   std::mutex mutex_;
   std::condition_variable cv_;
   int arrived_ = 0;
@@ -81,11 +80,75 @@ class in_process_group {
   bool aborted_ = false;
 };
 
+/// Runs body(r) on ranks.size() threads (rank r on thread r) and joins them. A rank whose body
+/// throws keeps the exception and aborts `ranks`, so the other ranks' pending collectives fail
+/// with comm_error instead of waiting forever; then every thread calls finish(r), which must not
+/// throw. Rethrows the first exception that is not a comm_error (not the consequence of another
+/// rank's failure), else the first comm_error. Host only.
+template <class Body, class Finish>
+void run_ranks(in_process_ranks& ranks, Body const& body, Finish const& finish) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks.size()));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(ranks.size()));
+  for (int r = 0; r < ranks.size(); ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        ranks.abort();
+      }
+      finish(r);
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::exception_ptr first;
+  for (auto const& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (comm_error const&) {
+      if (!first) first = e;
+    } catch (...) {
+      std::rethrow_exception(e);
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace detail
+
+/// The state the ranks of an in-process group share. Create it with the group size, then give
+/// each thread its `member(rank)`, or let `run` start the threads. size() and abort() come from
+/// detail::in_process_ranks.
+class in_process_group : public detail::in_process_ranks {
+ public:
+  /// A group of `size` ranks. \throws agoq::invalid_argument for size < 1.
+  explicit in_process_group(int size)
+      : in_process_ranks(size, "in_process_group"), posted_(static_cast<std::size_t>(size)) {}
+
+  class member;
+
+  /// The communicator of rank `rank`; one thread uses it at a time.
+  member at(int rank);
+
+  /// Runs f(communicator) on `size` threads (rank r on thread r), joins them and rethrows the
+  /// first exception any rank threw; the other ranks' pending collectives then fail with
+  /// comm_error instead of waiting forever.
+  template <class F>
+  static void run(int size, F&& f);
+
+ private:
+  friend class member;
+
+  std::vector<std::byte const*> posted_;  // sized once the base has validated the size
+};
+
 /// One rank's communicator of an in_process_group (satisfies agoq::comm::communicator).
 class in_process_group::member {
  public:
   int rank() const noexcept { return rank_; }
-  int size() const noexcept { return group_->size_; }
+  int size() const noexcept { return group_->size(); }
   memory_space memory() const noexcept { return memory_space::host; }
 
   /// See agoq::comm::communicator. Blocks until every rank has called it.
@@ -122,41 +185,15 @@ class in_process_group::member {
 };
 
 inline in_process_group::member in_process_group::at(int rank) {
-  AGOQ_EXPECTS(rank >= 0 && rank < size_, "in_process_group: rank " + std::to_string(rank) +
-                                              " outside [0, " + std::to_string(size_) + ")");
+  check_rank(rank);
   return member(this, rank);
 }
 
 template <class F>
 void in_process_group::run(int size, F&& f) {
   in_process_group g(size);
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        f(g.at(r));
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-        g.abort();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  // The first rank whose error is not the consequence of another rank's failure.
-  std::exception_ptr first;
-  for (auto const& e : errors) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (comm_error const&) {
-      if (!first) first = e;
-    } catch (...) {
-      std::rethrow_exception(e);
-    }
-  }
-  if (first) std::rethrow_exception(first);
+  detail::run_ranks(
+      g, [&](int r) { f(g.at(r)); }, [](int) {});
 }
 
 static_assert(communicator<in_process_group::member>);

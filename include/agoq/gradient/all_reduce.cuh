@@ -39,7 +39,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -598,11 +597,9 @@ void hierarchical_async(cudaStream_t stream, Intra& intra, Inter& inter, std::in
   launch_status(stream, l, nws, status, nullptr);
 }
 
-/// The local pointer checks of a device collective (they throw on this rank only, before any
-/// transfer, like quantize_async).
-inline void check_device_pointers(char const* what, std::initializer_list<void const*> pointers) {
-  for (void const* p : pointers) ::agoq::detail::gpu::check_device_pointer(p, what);
-}
+// The local pointer checks of a device collective throw on this rank only, before any transfer,
+// like quantize_async's.
+using ::agoq::detail::gpu::check_device_pointers;
 
 }  // namespace detail
 

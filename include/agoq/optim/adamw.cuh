@@ -201,6 +201,22 @@ void check_step_pointer(T const* p, std::int64_t n, char const* what) {
   if (n > 0) base::check_device_pointer(p, "adamw_step_async");
 }
 
+/// The checks of the bfloat16-weight steps before their gradient's own: the state against the
+/// weights, the gradient's size (`grad_size` elements), the master copy (empty or of the weights'
+/// size), the weight and master pointers.
+inline void check_weight_step(adamw_device_state const& s, std::span<bfloat16 const> weights,
+                              std::span<float const> master, std::int64_t grad_size) {
+  auto const nw = static_cast<std::int64_t>(weights.size());
+  check_device_state(s, nw);
+  AGOQ_EXPECTS(grad_size == nw, "adamw_step_async: the gradient has " + std::to_string(grad_size) +
+                                    " elements, the weights " + std::to_string(nw));
+  AGOQ_EXPECTS(master.empty() || static_cast<std::int64_t>(master.size()) == nw,
+               "adamw_step_async: the master copy has " + std::to_string(master.size()) +
+                   " elements, the weights " + std::to_string(nw));
+  check_step_pointer(weights.data(), nw, "weight");
+  check_step_pointer(master.data(), static_cast<std::int64_t>(master.size()), "master");
+}
+
 /// Runs f with the gradient source of an 8-bit quantized view (checked on the host).
 /// \throws agoq::invalid_argument on an invalid view or codes that are not 8-bit.
 template <class F>
@@ -278,16 +294,7 @@ void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_hyper c
                       std::span<bfloat16> weights, std::span<float> master, std::span<Grad> grads,
                       std::int64_t* skipped = nullptr) {
   auto const nw = static_cast<std::int64_t>(weights.size());
-  detail::gpu::check_device_state(state, nw);
-  AGOQ_EXPECTS(static_cast<std::int64_t>(grads.size()) == nw,
-               "adamw_step_async: the gradient has " + std::to_string(grads.size()) +
-                   " elements, the weights " + std::to_string(nw));
-  AGOQ_EXPECTS(master.empty() || static_cast<std::int64_t>(master.size()) == nw,
-               "adamw_step_async: the master copy has " + std::to_string(master.size()) +
-                   " elements, the weights " + std::to_string(nw));
-  detail::gpu::check_step_pointer(weights.data(), nw, "weight");
-  detail::gpu::check_step_pointer(master.data(), static_cast<std::int64_t>(master.size()),
-                                  "master");
+  detail::gpu::check_weight_step(state, weights, master, static_cast<std::int64_t>(grads.size()));
   detail::gpu::check_step_pointer(grads.data(), nw, "gradient");
   using G = std::remove_const_t<Grad>;
   detail::gpu::launch_adamw_step(ex, state, h, weights.data(),
@@ -301,17 +308,7 @@ void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_hyper c
 inline void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_hyper const& h,
                              std::span<bfloat16> weights, std::span<float> master,
                              const_quantized_view grads, std::int64_t* skipped = nullptr) {
-  auto const nw = static_cast<std::int64_t>(weights.size());
-  detail::gpu::check_device_state(state, nw);
-  AGOQ_EXPECTS(grads.size() == nw, "adamw_step_async: the gradient has " +
-                                       std::to_string(grads.size()) + " elements, the weights " +
-                                       std::to_string(nw));
-  AGOQ_EXPECTS(master.empty() || static_cast<std::int64_t>(master.size()) == nw,
-               "adamw_step_async: the master copy has " + std::to_string(master.size()) +
-                   " elements, the weights " + std::to_string(nw));
-  detail::gpu::check_step_pointer(weights.data(), nw, "weight");
-  detail::gpu::check_step_pointer(master.data(), static_cast<std::int64_t>(master.size()),
-                                  "master");
+  detail::gpu::check_weight_step(state, weights, master, grads.size());
   detail::gpu::with_quantized_gradient(grads, [&](auto const& source) {
     detail::gpu::launch_adamw_step(ex, state, h, weights.data(),
                                    master.empty() ? nullptr : master.data(), source, skipped);

@@ -55,30 +55,25 @@ inline void fold_value(segment_stats& acc, float v) noexcept {
   acc.stats.max = v > acc.stats.max ? v : acc.stats.max;
 }
 
-/// The unsigned integer holding an element's bits and the bits of its +Inf magnitude.
+/// The unsigned integer holding an element's bits (and its signed twin), the bits of its +Inf and
+/// the mask of its magnitude bits.
+template <class Bits, class SignedBits, Bits Inf, Bits Magnitude>
+struct bits_layout {
+  using type = Bits;
+  using signed_type = SignedBits;
+  static constexpr type inf = Inf;
+  static constexpr type magnitude = Magnitude;
+};
+
+/// The bits_layout of each element type.
 template <class T>
 struct element_bits;
 template <>
-struct element_bits<float> {
-  using type = std::uint32_t;
-  using signed_type = std::int32_t;
-  static constexpr type inf = 0x7f800000u;
-  static constexpr type magnitude = 0x7fffffffu;
-};
+struct element_bits<float> : bits_layout<std::uint32_t, std::int32_t, 0x7f800000u, 0x7fffffffu> {};
 template <>
-struct element_bits<bfloat16> {
-  using type = std::uint16_t;
-  using signed_type = std::int16_t;
-  static constexpr type inf = 0x7f80u;
-  static constexpr type magnitude = 0x7fffu;
-};
+struct element_bits<bfloat16> : bits_layout<std::uint16_t, std::int16_t, 0x7f80u, 0x7fffu> {};
 template <>
-struct element_bits<half> {
-  using type = std::uint16_t;
-  using signed_type = std::int16_t;
-  static constexpr type inf = 0x7c00u;
-  static constexpr type magnitude = 0x7fffu;
-};
+struct element_bits<half> : bits_layout<std::uint16_t, std::int16_t, 0x7c00u, 0x7fffu> {};
 
 template <class T>
 inline typename element_bits<T>::type bits_of(T x) noexcept {
