@@ -51,8 +51,8 @@ template <class G>
 requires element_type<G>
 void straight_through_async(cuda_executor ex, matrix_view<G const> grad_wq, matrix_view<G> grad_w) {
   if (!detail::straight_through_copies(grad_wq, grad_w, "straight_through_async")) return;
-  agoq::detail::gpu::check_device_pointer(grad_wq.data_handle(), "straight_through_async");
-  agoq::detail::gpu::check_device_pointer(grad_w.data_handle(), "straight_through_async");
+  agoq::detail::gpu::check_device_pointers("straight_through_async",
+                                           {grad_wq.data_handle(), grad_w.data_handle()});
   auto const bytes = static_cast<std::uintptr_t>(grad_w.size()) * sizeof(G);
   auto const src = reinterpret_cast<std::uintptr_t>(grad_wq.data_handle());
   auto const dst = reinterpret_cast<std::uintptr_t>(grad_w.data_handle());
