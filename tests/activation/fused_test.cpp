@@ -12,6 +12,8 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 using namespace agoq::activation;
@@ -519,6 +521,66 @@ TEST_CASE_TEMPLATE("gelu_backward from the quantized input is within the propaga
   }
 }
 
+// ---- SwiGLU and GeLU: in place, mixed element types, mixed schemes -----------------------
+
+/// Shapes for the group-by-group saves (each group's parameters made one group ahead): one partial
+/// group per row, exactly one group per row, many groups and a partial last one, one element.
+constexpr shape group_shapes[] = {{4, 100}, {3, 128}, {2, 1000}, {1, 1}};
+
+TEST_CASE_TEMPLATE(
+    "swiglu_forward and gelu_forward: in place, mixed types and schemes, bit for bit", T, float,
+    bfloat16, half) {
+  // up of another element type than gate (and out, in place, of either).
+  using U = std::conditional_t<std::is_same_v<T, float>, bfloat16, float>;
+  spec const sr = spec::parse("int4_g128_sym_sr_f32");
+  spec const asym = spec::parse("int8_g64_asym_sr_bf16");
+  spec const g64 = spec::parse("int4_g64_sym_rne_f32");
+  // Saves of one code, rounding and group width (made together, group by group), and saves that
+  // differ in code or width (made row by row).
+  std::pair<spec, spec> const pairs[] = {
+      {int4_g128, int4_g128}, {int8_g128, int8_g128}, {sr, sr},
+      {asym, asym},           {int4_g128, int8_g128}, {int4_g128, g64}};
+  for (shape const sh : group_shapes) {
+    CAPTURE(sh.cols);
+    std::int64_t const n = sh.rows * sh.cols;
+    auto const gate = random_tensor<T>(n, 21);
+    auto const up = random_tensor<U>(n, 22);
+    agoq::quantize_options const up_opts{opts.seed, opts.offset + static_cast<std::uint64_t>(n)};
+    std::vector<T> out_t(static_cast<std::size_t>(n));
+    std::vector<U> out_u(static_cast<std::size_t>(n));
+    swiglu_forward(agoq::host, cview(gate, sh.rows, sh.cols), cview(up, sh.rows, sh.cols),
+                   mview(out_t, sh.rows, sh.cols));
+    swiglu_forward(agoq::host, cview(gate, sh.rows, sh.cols), cview(up, sh.rows, sh.cols),
+                   mview(out_u, sh.rows, sh.cols));
+    std::vector<T> y_plain(static_cast<std::size_t>(n));
+    gelu_forward(agoq::host, cview(gate, sh.rows, sh.cols), mview(y_plain, sh.rows, sh.cols));
+    for (auto const& [gs, us] : pairs) {
+      CAPTURE(gs.name());
+      CAPTURE(us.name());
+      for (agoq::host_executor ex : {agoq::host, portable}) {
+        quantized_tensor sg(gs, sh.rows, sh.cols), su(us, sh.rows, sh.cols);
+        std::vector<T> g = gate;  // out written over gate
+        CHECK(swiglu_forward(ex, cview(g, sh.rows, sh.cols), cview(up, sh.rows, sh.cols),
+                             mview(g, sh.rows, sh.cols), sg.view(), su.view(), opts) == 0);
+        CHECK(same_bits(g, out_t));
+        check_saved_bits(sg, gate, sh.rows, sh.cols, opts, 0);
+        check_saved_bits(su, up, sh.rows, sh.cols, up_opts, 0);
+        std::vector<U> u = up;  // out written over up
+        CHECK(swiglu_forward(ex, cview(gate, sh.rows, sh.cols), cview(u, sh.rows, sh.cols),
+                             mview(u, sh.rows, sh.cols), sg.view(), su.view(), opts) == 0);
+        CHECK(same_bits(u, out_u));
+        check_saved_bits(sg, gate, sh.rows, sh.cols, opts, 0);
+        check_saved_bits(su, up, sh.rows, sh.cols, up_opts, 0);
+        std::vector<T> x = gate;  // y written over x
+        CHECK(gelu_forward(ex, cview(x, sh.rows, sh.cols), mview(x, sh.rows, sh.cols), sg.view(),
+                           opts) == 0);
+        CHECK(same_bits(x, y_plain));
+        check_saved_bits(sg, gate, sh.rows, sh.cols, opts, 0);
+      }
+    }
+  }
+}
+
 // ---- Residual add --------------------------------------------------------------------------
 
 TEST_CASE_TEMPLATE("residual_add: plain sum, saved sum bit for bit, in place", T, float, bfloat16,
@@ -667,6 +729,8 @@ TEST_CASE_TEMPLATE("fused ops count non-finite inputs and keep the saved copy ex
     check_saved_bits(a, x, rows, cols, opts, 3);
     CHECK(swiglu_forward(agoq::host, cview(x, rows, cols), cview(x, rows, cols),
                          mview(y, rows, cols), a.view(), b.view(), opts) == 6);
+    check_saved_bits(a, x, rows, cols, opts, 3);
+    check_saved_bits(b, x, rows, cols, {opts.seed, opts.offset + static_cast<std::uint64_t>(n)}, 3);
     std::vector<T> sum(static_cast<std::size_t>(n));
     CHECK(residual_add(agoq::host, cview(x, rows, cols), cview(other, rows, cols),
                        mview(sum, rows, cols), a.view(), opts) == 3);

@@ -17,9 +17,10 @@
 /// loops of the saved copy. Under the simd executor, 8- and 4-bit codes of row-wise groups whose
 /// codes start on a byte are made inside those loops (group_saver): each group's statistics from
 /// the registers of the pass that streams it in, its codes from those of the pass that writes
-/// the output. Elsewhere the row is quantized once it is in the L1 cache (row_saver). SwiGLU and
-/// GeLU, whose loops g++ vectorizes (agoq's e^x, numeric/exp.hpp, is plain fp32 arithmetic),
-/// quantize each row the same way.
+/// the output; GeLU's codes come from the registers of its own pass over each group, whose
+/// statistics it reads one group ahead. Elsewhere the row is quantized once it is in the L1 cache
+/// (row_saver), as SwiGLU's two inputs always are. SwiGLU's and GeLU's element loops are g++'s
+/// vectorization (agoq's e^x, numeric/exp.hpp, is plain fp32 arithmetic).
 ///
 /// Each forward op also exists without the saved view (the plain op, same arithmetic, same output
 /// bits). Every function is host only and synchronous, and throws agoq::invalid_argument on
@@ -181,8 +182,8 @@ std::int64_t decode_row(const_quantized_view const& in, quantized_layout const& 
 /// Writes the saved copy of a [rows, cols] tensor of element type T: row by row where the
 /// grouping allows (row()), else in one agoq::quantize pass (whole()). Default-constructed, it
 /// saves nothing (the plain op). It is the saving policy of the op loops wherever group_saver is
-/// not (no saved copy, the portable executor, 2-bit codes, groups spanning rows or whose codes
-/// do not start on a byte).
+/// not (SwiGLU, no saved copy, the portable executor, 2-bit codes, groups spanning rows or whose
+/// codes do not start on a byte).
 template <class T>
 class row_saver {
  public:
@@ -265,8 +266,11 @@ class row_saver {
 /// it loads again: right away from the L1 cache (residual add) or on its second pass over the
 /// row (RMSNorm, whose output waits for the whole row's sum of squares). Statistics and codes so
 /// come from the op's own registers: one read of the row from memory for the op and its saved
-/// copy, and no call inside the loops. The statistics, parameters, encoder and stream positions
-/// are those of agoq::quantize's row path, hence the same bits.
+/// copy, and no call inside the loops. GeLU, whose element loop is g++'s, reads each group's
+/// statistics from memory with read_group() / read_next() instead (quantize's own statistics
+/// loop, one group ahead of its codes) and hands step() the values of its pass over the group.
+/// The statistics, parameters, encoder and stream positions are those of agoq::quantize's row
+/// path, hence the same bits.
 template <code_format Code, rounding_kind Rounding, class T>
 class group_saver {
  public:
@@ -289,14 +293,28 @@ class group_saver {
   /// kept for begin(); returns the group's non-finite count.
   [[gnu::always_inline, gnu::flatten]] std::int64_t end_group(
       T const* x, std::int64_t r, std::int64_t k, agoq::detail::host::value_stats<Code> const& s) {
-    namespace h = agoq::detail::host;
     std::int64_t const b = k * layout_.tile.cols;
-    h::segment_stats const st = h::value_stats<Code>::stats(
-        s.reduce(), x + b, std::min(layout_.tile.cols, layout_.cols - b));
-    group_params const p = make_group_params<Code>(view_.spec.scale, st.stats);
-    store_group_params(view_, r * layout_.group_grid_cols + k, p);
-    params_[static_cast<std::size_t>(k)] = p;
-    return st.nonfinite;
+    return set_params(r, k,
+                      agoq::detail::host::value_stats<Code>::stats(
+                          s.reduce(), x + b, std::min(layout_.tile.cols, layout_.cols - b)));
+  }
+
+  /// The parameters of group k of row r of x (the whole tensor), as end_group makes them, from
+  /// statistics read from memory by quantize's row path (stats_segment_simd, on T's own bits);
+  /// returns the group's non-finite count.
+  std::int64_t read_group(T const* x, std::int64_t r, std::int64_t k) {
+    std::int64_t const b = k * layout_.tile.cols;
+    return set_params(r, k,
+                      agoq::detail::host::stats_segment_simd<Code>(
+                          x + r * layout_.cols + b, std::min(layout_.tile.cols, layout_.cols - b)));
+  }
+
+  /// read_group of the group after group k of row r (the next row's first after a row's last;
+  /// none after the last row), so that its parameters are ready by the time its codes begin:
+  /// called after begin(r, k), it leaves that group's codes as they are.
+  std::int64_t read_next(T const* x, std::int64_t r, std::int64_t k) {
+    if ((k + 1) * layout_.tile.cols < layout_.cols) return read_group(x, r, k + 1);
+    return r + 1 < layout_.rows ? read_group(x, r + 1, 0) : 0;
   }
 
   /// Nothing to do per row: the groups are done one by one.
@@ -326,8 +344,8 @@ class group_saver {
     bool zero_scale_;
   };
 
-  /// Starts the codes of group k of row r, after its end_group(): draws its stream positions for
-  /// stochastic rounding (or writes all its codes at once if its scale is 0).
+  /// Starts the codes of group k of row r, after its end_group() or read_group(): draws its stream
+  /// positions for stochastic rounding (or writes all its codes at once if its scale is 0).
   group begin(std::int64_t r, std::int64_t k) {
     namespace h = agoq::detail::host;
     group_params const p = params_[static_cast<std::size_t>(k)];
@@ -345,6 +363,17 @@ class group_saver {
 
  private:
   static constexpr bool stochastic = Rounding == rounding_kind::stochastic;
+
+  /// Makes, stores and keeps for begin() the parameters of group k of row r from its statistics;
+  /// returns its non-finite count.
+  std::int64_t set_params(std::int64_t r, std::int64_t k,
+                          agoq::detail::host::segment_stats const& st) {
+    group_params const p = make_group_params<Code>(view_.spec.scale, st.stats);
+    store_group_params(view_, r * layout_.group_grid_cols + k, p);
+    params_[static_cast<std::size_t>(k)] = p;
+    return st.nonfinite;
+  }
+
   quantized_view view_;
   quantized_layout layout_;
   quantize_options opt_;
@@ -801,9 +830,72 @@ std::int64_t swiglu_forward(matrix_view<G> gate, matrix_view<U> up, matrix_view<
   return nonfinite;
 }
 
+/// GeLU rows, the saving of x by a row_saver: the save of each piece of a row first, then the op
+/// on it from the L1 cache (y may be x).
 template <class X, class Y>
-std::int64_t gelu_forward(matrix_view<X> x, matrix_view<Y> y,
-                          row_saver<std::remove_const_t<X>>& saver) {
+std::int64_t gelu_rows(X const* x, Y* y, std::int64_t rows, std::int64_t cols,
+                       row_saver<X>& saver) {
+  std::int64_t nonfinite = saver.whole(x);
+  std::int64_t const step = saver.step(cols, save_step_target);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    X const* xr = x + r * cols;
+    Y* yr = y + r * cols;
+    for (std::int64_t c = 0; c < cols; c += step) {
+      std::int64_t const e = std::min(cols, c + step);
+      nonfinite += saver.range(xr, r, c, e);
+      for (std::int64_t i = c; i < e; ++i) {
+        yr[i] = numeric::from_float<Y>(gelu(numeric::to_float(xr[i])));
+      }
+    }
+  }
+  return nonfinite;
+}
+
+#if defined(AGOQ_HOST_AVX512)
+
+/// GeLU rows, the saving of x by a group_saver, group by group: its codes and the op's outputs
+/// step by step in one pass over the group (the encoder from the registers of the step it loads,
+/// the op's loop, which g++ vectorizes, from the L1 cache), so that the encoder's arithmetic,
+/// divisions included, overlaps the op's instead of running as a loop of its own. Each group's
+/// statistics and parameters are read one group ahead (group_saver::read_next), so that their
+/// latency hides under the previous group's steps. y may be x itself (a step is written after it
+/// is read).
+template <code_format Code, rounding_kind Rounding, class X, class Y>
+std::int64_t gelu_rows(X const* x, Y* y, std::int64_t rows, std::int64_t cols,
+                       group_saver<Code, Rounding, X>& save) {
+  namespace h = agoq::detail::host;
+  std::int64_t const g = save.width(cols);
+  std::int64_t nonfinite = save.read_group(x, 0, 0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    X const* xr = x + r * cols;
+    Y* yr = y + r * cols;
+    for (std::int64_t b = 0, k = 0; b < cols; b += g, ++k) {
+      auto const codes = save.begin(r, k);
+      nonfinite += save.read_next(x, r, k);
+      auto const step = [&](std::int64_t j, std::int64_t left)
+          __attribute__((always_inline, flatten)) {
+        h::step_values const v = h::load_step(xr + j, left);
+        codes.template step<X>(j, v.v0, v.v1, left);
+        // No dependence between iterations, in place included: this lets g++ drop the overlap
+        // test it would otherwise make at every step.
+        std::int64_t const end = j + std::min(left, h::simd_step);
+#pragma GCC ivdep
+        for (std::int64_t i = j; i < end; ++i) {
+          yr[i] = numeric::from_float<Y>(gelu(numeric::to_float(xr[i])));
+        }
+      };
+      for_each_step(b, std::min(cols, b + g), step);
+    }
+  }
+  return nonfinite;
+}
+
+#endif  // AGOQ_HOST_AVX512
+
+/// GeLU forward, saving x into *saved (nothing where saved is null).
+template <class X, class Y>
+std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y,
+                          quantized_view const* saved, quantize_options opt) {
   std::int64_t const rows = x.extent(0);
   std::int64_t const cols = x.extent(1);
   char const* what = "gelu_forward";
@@ -812,24 +904,9 @@ std::int64_t gelu_forward(matrix_view<X> x, matrix_view<Y> y,
   check_overlap(bytes_of(y.data_handle(), y.size()), bytes_of(x.data_handle(), x.size()), true,
                 what);
   if (x.size() == 0) return 0;
-  using YT = std::remove_const_t<Y>;
-  auto const* xp = x.data_handle();
-  YT* yp = y.data_handle();
-  std::int64_t nonfinite = saver.whole(xp);
-  // The save of each piece of a row first, then the op on it from the L1 cache (y may be x).
-  std::int64_t const step = saver.step(cols, save_step_target);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    auto const* xr = xp + r * cols;
-    YT* yr = yp + r * cols;
-    for (std::int64_t c = 0; c < cols; c += step) {
-      std::int64_t const e = std::min(cols, c + step);
-      nonfinite += saver.range(xr, r, c, e);
-      for (std::int64_t i = c; i < e; ++i) {
-        yr[i] = numeric::from_float<YT>(gelu(numeric::to_float(xr[i])));
-      }
-    }
-  }
-  return nonfinite;
+  return with_saver<std::remove_const_t<X>>(ex, saved, opt, [&](auto& save) {
+    return gelu_rows(x.data_handle(), y.data_handle(), rows, cols, save);
+  });
 }
 
 /// Residual add, saving the sum into *saved (nothing where saved is null).
@@ -1055,17 +1132,15 @@ template <fused_input X, fused_output Y>
 std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y,
                           quantized_view saved_x, quantize_options opt = {}) {
   fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), "gelu_forward", "saved_x");
-  fused_detail::row_saver<std::remove_const_t<X>> saver(ex, saved_x, opt);
-  return fused_detail::gelu_forward(x, y, saver);
+  return fused_detail::gelu_forward(ex, x, y, &saved_x, opt);
 }
 
 /// The plain GeLU forward (tanh approximation, no saved copy), same output bits. Returns 0. Host
 /// only; synchronous.
 /// \throws agoq::invalid_argument as the fused overload.
 template <fused_input X, fused_output Y>
-std::int64_t gelu_forward(host_executor, matrix_view<X> x, matrix_view<Y> y) {
-  fused_detail::row_saver<std::remove_const_t<X>> none;
-  return fused_detail::gelu_forward(x, y, none);
+std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y) {
+  return fused_detail::gelu_forward(ex, x, y, nullptr, {});
 }
 
 /// GeLU backward (tanh approximation) from the quantized input: with x̂ decoded in fp32,

@@ -263,9 +263,12 @@ struct step_values {
   __mmask16 m0, m1;
 };
 
-/// The valid lanes of the two vectors of a step with `left` elements.
+/// The valid lanes of the two vectors of a step with `left` elements. Always inlined: every step
+/// of the encoding loops computes them, and g++ stops inlining them into those loops once a
+/// translation unit holds many of them.
 template <class T>
-inline void step_masks(std::int64_t left, __mmask16& m0, __mmask16& m1) noexcept {
+[[gnu::always_inline]] inline void step_masks(std::int64_t left, __mmask16& m0,
+                                              __mmask16& m1) noexcept {
   if constexpr (interleaved<T>) {
     m0 = tail_mask16((left + 1) / 2);
     m1 = tail_mask16(left / 2);
