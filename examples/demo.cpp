@@ -393,8 +393,9 @@ inline void print_model_note(sample_tensor const& t, std::vector<scheme_result> 
                 r->error.rel_rms);
   }
   std::printf(
-      "  (its uniform noise of step^2/12 per element overestimates groups whose outliers make the\n"
-      "  step so large that most elements round to zero: their error is |x| < step/2)\n\n");
+      "  (for groups of up to 256 columns it counts the elements under half a step, which round\n"
+      "  to zero, by their own x^2; wider groups, as per token, get the uniform step^2/12 per\n"
+      "  element, which overestimates groups whose outliers make most elements round to zero)\n\n");
 }
 
 /// Shows that stochastic rounding is unbiased where nearest rounding is not. Over a symmetric

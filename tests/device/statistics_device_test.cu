@@ -1,6 +1,7 @@
 // The device tier of measure() (activation/statistics.cuh) against the host form
-// (activation/statistics.hpp): every field of the statistics bit for bit, for every grouping, in
-// one pass and in many small passes. Built once per element type (AGOQ_TEST_ELEMENT).
+// (activation/statistics.hpp): every field of the statistics bit for bit (dead zones included),
+// for every grouping, in one pass and in many small passes. Built once per element type
+// (AGOQ_TEST_ELEMENT).
 #include "device_support.cuh"
 
 #include <cstdint>
@@ -23,6 +24,9 @@ void check_same(tensor_stats const& dev, tensor_stats const& host) {
   CHECK(dev.sum_squares == host.sum_squares);
   CHECK(dev.sum_group_absmax_sq == host.sum_group_absmax_sq);
   CHECK(dev.sum_group_range_sq == host.sum_group_range_sq);
+  CHECK(dev.has_dead_zones == host.has_dead_zones);
+  CHECK(dev.dead_energy == host.dead_energy);
+  CHECK(dev.live_absmax_sq == host.live_absmax_sq);
 }
 
 }  // namespace

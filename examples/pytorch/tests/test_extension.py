@@ -282,6 +282,16 @@ class PlanningTest(unittest.TestCase):
                 range_sq += float((n * r * r).sum())
             self.assertAlmostEqual(st["sum_group_absmax_sq"], absmax_sq, delta=1e-12 * absmax_sq)
             self.assertAlmostEqual(st["sum_group_range_sq"], range_sq, delta=1e-12 * range_sq)
+            # Dead zones of 4-bit codes: the elements under half a step, absmax / 14.
+            dead, live = 0.0, 0.0
+            for g, f in zip(torch.split(xf, 128, dim=1), torch.split(finite, 128, dim=1)):
+                a = g.abs().amax(1, keepdim=True)
+                half = (a.float() / 14.0).double()
+                under = (g.abs() < half) & f
+                dead += float((g * g * under).sum())
+                live += float(((f & ~under).sum(1).double() * a.squeeze(1) ** 2).sum())
+            self.assertAlmostEqual(st["dead_energy"][1], dead, delta=1e-12 * dead)
+            self.assertAlmostEqual(st["live_absmax_sq"][1], live, delta=1e-12 * live)
         with self.assertRaises(ValueError):
             agoq.measure(x, "int3_g128_sym_rne_f32")
         with self.assertRaises((RuntimeError, ValueError)):

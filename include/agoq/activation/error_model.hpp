@@ -54,6 +54,17 @@ struct tensor_stats {
   double sum_group_range_sq = 0;   ///< same with (hi - lo)^2, lo = min(min, 0), hi = max(max, 0);
                                    ///< 0: unknown, (2 absmax)^2 is used as its bound
 
+  /// Symmetric bit widths with dead-zone statistics: 2, 4 and 8 (index 0, 1, 2).
+  static constexpr int dead_zone_widths = 3;
+  /// True when dead_energy and live_absmax_sq hold every group's (measure() gathers them where
+  /// each group is one row of at most 256 columns, e.g. per_group<G <= 256>).
+  bool has_dead_zones = false;
+  /// Per width: sum of x^2 over the finite elements under half a step, |x| < absmax_g / (2 qmax),
+  /// which nearest rounding sends to 0 (error -x).
+  std::array<double, dead_zone_widths> dead_energy{};
+  /// Per width: sum over groups of (finite elements not under half a step) * absmax_g^2.
+  std::array<double, dead_zone_widths> live_absmax_sq{};
+
   /// Adds one group of `n` finite elements with absolute maximum `absmax` and widened range
   /// `range` (pass 0 when unknown): each sum += (n absmax) absmax as one fused multiply-add, so
   /// no compiler setting changes the result (measure() relies on it). Host only.
@@ -61,11 +72,23 @@ struct tensor_stats {
     sum_group_absmax_sq = std::fma(static_cast<double>(n) * absmax, absmax, sum_group_absmax_sq);
     sum_group_range_sq = std::fma(static_cast<double>(n) * range, range, sum_group_range_sq);
   }
+
+  /// Adds one group's dead zone of width index w: `energy` (sum of x^2 under half a step) and
+  /// `live` elements above it, with the group's absmax (live_absmax_sq as one fused
+  /// multiply-add). Host only.
+  void add_dead_zone(int w, double energy, std::int64_t live, double absmax) noexcept {
+    auto const i = static_cast<std::size_t>(w);
+    dead_energy[i] += energy;
+    live_absmax_sq[i] = std::fma(static_cast<double>(live) * absmax, absmax, live_absmax_sq[i]);
+  }
 };
 
 /// Relative mean squared quantization error (noise power / signal power) of storing a tensor
 /// with the given statistics in scheme `s`:
-/// - symmetric integer: c_r * f_s * sum_g n_g (absmax_g / qmax)^2 / sum x^2;
+/// - symmetric integer: c_r * f_s * sum_g n_g (absmax_g / qmax)^2 / sum x^2; for nearest
+///   rounding of 2, 4 or 8 bits with dead-zone statistics (has_dead_zones), the elements under
+///   half a step count their own x^2 (they round to 0) and only the others the uniform noise:
+///   (dead_energy + c_r f_s live_absmax_sq / qmax^2) / sum x^2;
 /// - asymmetric integer: the same with range_g / (2^b - 1) (range_g <= 2 absmax_g when unknown);
 /// - fp8 with m mantissa bits: c_r * (2^-2m + f_s * sum_g n_g (absmax_g * sub)^2 / sum x^2), the
 ///   relative ulp of normal numbers plus the absolute step of the subnormals, sub = (smallest
@@ -83,6 +106,11 @@ inline double relative_error(spec const& s, tensor_stats const& st, std::int64_t
   switch (s.code) {
     case code_kind::int_sym: {
       double const qmax = static_cast<double>((1 << (s.bits - 1)) - 1);
+      int const w = s.bits == 2 ? 0 : s.bits == 4 ? 1 : s.bits == 8 ? 2 : -1;
+      if (st.has_dead_zones && s.rounding == rounding_kind::nearest && w >= 0) {
+        auto const i = static_cast<std::size_t>(w);
+        return (st.dead_energy[i] + c * st.live_absmax_sq[i] / (qmax * qmax)) / st.sum_squares;
+      }
       return c * st.sum_group_absmax_sq / (qmax * qmax) / st.sum_squares;
     }
     case code_kind::uint_asym: {

@@ -19,7 +19,7 @@ namespace agoq::activation {
 
 namespace stats_detail {
 
-/// Slots measured per device pass (their partials are 24 MiB, on the device and on the host).
+/// Slots measured per device pass (their partials are 64 MiB, on the device and on the host).
 inline constexpr std::int64_t device_chunk_slots = std::int64_t{1} << 20;
 
 /// out[i] = the statistics of slot first + i, for i in [0, n).
@@ -31,7 +31,7 @@ __global__ void measure_slices_kernel(T const* x, slice_grid g, std::int64_t fir
     std::int64_t const slot = first + i;
     std::int64_t c0 = 0, count = 0;
     g.columns(slot % g.per_row(), c0, count);
-    out[i] = measure_slice(x + (slot / g.per_row()) * g.cols + c0, count);
+    out[i] = measure_slice(x + (slot / g.per_row()) * g.cols + c0, count, g.dead_zones());
   }
 }
 
@@ -71,9 +71,10 @@ tensor_stats measure_in_chunks(cuda_executor ex, matrix_view<In> x, tile_shape t
 
 /// measure() of a tensor in device memory: the same statistics, bit for bit, as the host form on
 /// the same values. Unlike the `_async` calls it returns the result, so it synchronizes
-/// `ex.stream` (after the work enqueued on it before); it reads `x` once and copies 24 bytes per
-/// slice (a slice is up to 256 elements of one group's row: 0.19 byte per element at G = 128) back
-/// to the host, 2^20 slices per pass.
+/// `ex.stream` (after the work enqueued on it before); it reads `x` once (each slice that is a
+/// whole group twice, the second time for its dead zones, mostly from the caches) and copies 64
+/// bytes per slice (a slice is up to 256 elements of one group's row: 0.5 byte per element at G =
+/// 128) back to the host, 2^20 slices per pass. One thread per slice, 125 registers on sm_90.
 /// \throws agoq::invalid_argument for a tile with an extent below 1, a null or pageable host
 /// pointer; agoq::cuda_error on a CUDA failure.
 template <agoq::detail::readable_elements In>

@@ -29,19 +29,37 @@ namespace stats_detail {
 /// thread (device) or one loop (host) sums.
 inline constexpr std::int64_t slice_cols = 256;
 
+/// The symmetric bit widths whose dead zones are measured (tensor_stats::dead_energy).
+inline constexpr int dead_zone_widths = tensor_stats::dead_zone_widths;
+/// The bit width of dead-zone index w: 2, 4, 8. Host and device.
+AGOQ_HOST_DEVICE constexpr int dead_zone_bits(int w) noexcept { return 2 << w; }
+
 /// The statistics of a set of elements: its finite elements' sum of squares in fp64, absolute
-/// maximum, the minimum and maximum widened to include 0, and their count.
+/// maximum, the minimum and maximum widened to include 0, and their count; and, for groups that
+/// are one slice, their dead zones (tensor_stats::dead_energy, live_absmax_sq): per symmetric
+/// bit width dead_zone_bits(w), the sum of squares of the finite elements under half a step
+/// (|x| < absmax / (2 qmax), those nearest rounding sends to 0) and the count of the others.
 template <class Count>
 struct partial_stats {
   double sum_squares = 0;
+  double dead_energy[dead_zone_widths] = {};
   float absmax = 0;
   float lo = 0;
   float hi = 0;
   Count finite = 0;
+  Count live[dead_zone_widths] = {};
 };
 
-/// The statistics of one slice (24 bytes, copied back from the device).
+/// The statistics of one slice (64 bytes, copied back from the device).
 using slice_partial = partial_stats<std::int32_t>;
+static_assert(sizeof(slice_partial) == 64);
+
+/// Half a step of symmetric b-bit codes (b = dead_zone_bits(w)) in a group of absolute maximum
+/// `absmax`: absmax / (2 qmax), rounded once. Host and device.
+AGOQ_HOST_DEVICE inline float half_step(float absmax, int w) noexcept {
+  int const qmax = (1 << (dead_zone_bits(w) - 1)) - 1;
+  return absmax / static_cast<float>(2 * qmax);
+}
 
 /// The slices of a [rows, cols] tensor under groups of `tile`: each row holds `group_cols` group
 /// runs of `tile.cols` columns (the last may be shorter), each cut into `per_group` slots of
@@ -60,6 +78,11 @@ struct slice_grid {
   }
   /// Slots of the tensor.
   AGOQ_HOST_DEVICE constexpr std::int64_t slots() const noexcept { return rows * per_row(); }
+  /// True when every group is one slice (one row, at most slice_cols columns): then the slices
+  /// measure the groups' dead zones.
+  AGOQ_HOST_DEVICE constexpr bool dead_zones() const noexcept {
+    return tile.rows == 1 && per_group <= 1;
+  }
   /// First column and length (0 for an empty slot) of slot `s` of a row.
   AGOQ_HOST_DEVICE constexpr void columns(std::int64_t s, std::int64_t& first,
                                           std::int64_t& count) const noexcept {
@@ -135,23 +158,116 @@ struct slice_lanes_state {
   }
 };
 
-/// Statistics of the `n` elements at `x`: element i goes to lane i % 16 (slice_lanes_state). One
-/// thread runs it per slice on the device; the host runs it or measure_slice_simd. Host and
-/// device.
+/// Adds the dead zones of the `n` elements at `x` to `p`, whose absmax is theirs: for each width,
+/// a finite element under half a step (half_step) goes to lane i % 16 as sum = fma(v, v, sum),
+/// the lanes added pairwise into p.dead_energy; the others are counted in p.live. Host and device.
 template <class T>
-AGOQ_HOST_DEVICE inline slice_partial measure_slice(T const* x, std::int64_t n) noexcept {
+AGOQ_HOST_DEVICE inline void measure_dead_zones(T const* x, std::int64_t n,
+                                                slice_partial& p) noexcept {
+  for (int w = 0; w < dead_zone_widths; ++w) {
+    float const t = half_step(p.absmax, w);
+    double sum[slice_lanes] = {};
+    std::int32_t live = 0;
+    for (std::int64_t base = 0; base < n; base += slice_lanes) {
+      AGOQ_UNROLL
+      for (int j = 0; j < slice_lanes; ++j) {  // constant lane indices: registers on the device
+        float const v = base + j < n ? numeric::to_float(x[base + j]) : 0.0f;
+        bool const ok = base + j < n && numeric::is_finite(v);
+        float const a = v < 0 ? -v : v;
+        bool const dead = ok && a < t;
+        double const d = dead ? static_cast<double>(v) : 0.0;
+        sum[j] = cuda::std::fma(d, d, sum[j]);
+        live += ok && !dead ? 1 : 0;
+      }
+    }
+    p.dead_energy[w] = pairwise_sum(sum);
+    p.live[w] = live;
+  }
+}
+
+/// Statistics of the `n` elements at `x`: element i goes to lane i % 16 (slice_lanes_state); with
+/// `dead_zones` (the slice is a whole group), their dead zones too. One thread runs it per slice on
+/// the device; the host runs it or measure_slice_simd. Host and device.
+template <class T>
+AGOQ_HOST_DEVICE inline slice_partial measure_slice(T const* x, std::int64_t n,
+                                                    bool dead_zones) noexcept {
   slice_lanes_state st;
-  for (std::int64_t i = 0; i < n; ++i)
-    st.add(static_cast<int>(i % slice_lanes), numeric::to_float(x[i]));
-  return st.finish();
+  for (std::int64_t base = 0; base < n; base += slice_lanes) {
+    AGOQ_UNROLL
+    for (int j = 0; j < slice_lanes; ++j)  // constant lane indices: registers on the device
+      if (base + j < n) st.add(j, numeric::to_float(x[base + j]));
+  }
+  slice_partial p = st.finish();
+  if (dead_zones) measure_dead_zones(x, n, p);
+  return p;
 }
 
 #if defined(AGOQ_HOST_AVX512)
+/// pairwise_sum of the 16 lanes lo (0-7) and hi (8-15) in registers: each level adds the
+/// neighbouring partial sums within a vector (both lanes of a pair hold the same sum, addition
+/// being commutative), then lane 0 of lo and of hi. Host only.
+inline double pairwise_sum_simd(__m512d lo, __m512d hi) noexcept {
+  auto const level = [](__m512d v) {
+    v = _mm512_add_pd(v, _mm512_permute_pd(v, 0x55));                      // (0+1), (2+3), ...
+    v = _mm512_add_pd(v, _mm512_permutex_pd(v, _MM_SHUFFLE(1, 0, 3, 2)));  // pairs of pairs
+    return _mm512_add_pd(v, _mm512_shuffle_f64x2(v, v, _MM_SHUFFLE(1, 0, 3, 2)));  // halves
+  };
+  return _mm512_cvtsd_f64(level(lo)) + _mm512_cvtsd_f64(level(hi));
+}
+
+/// measure_dead_zones with AVX-512: lane j of a vector is lane j of the sums (two vectors of 8
+/// fp64 per width), so the same bits. Host only.
+template <class T>
+inline void measure_dead_zones_simd(T const* x, std::int64_t n, slice_partial& p) noexcept {
+  namespace h = agoq::detail::host;
+  // One accumulator set per width, as separate variables (arrays of vectors are kept in memory).
+  struct width {
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    __m512i live = _mm512_setzero_si512();
+    __m512 t;
+  };
+  width w2{.t = _mm512_set1_ps(half_step(p.absmax, 0))};
+  width w4{.t = _mm512_set1_ps(half_step(p.absmax, 1))};
+  width w8{.t = _mm512_set1_ps(half_step(p.absmax, 2))};
+  __m512i const magnitude = _mm512_set1_epi32(0x7fffffff);
+  __m512i const inf = _mm512_set1_epi32(0x7f800000);
+  __m512i const one = _mm512_set1_epi32(1);
+  for (std::int64_t i = 0; i < n; i += slice_lanes) {
+    __mmask16 const present = h::tail_mask16(n - i);
+    __m512 const raw = h::load16(x + i, present);
+    __m512i const mag = _mm512_and_si512(_mm512_castps_si512(raw), magnitude);
+    __mmask16 const ok = _mm512_cmplt_epu32_mask(mag, inf) & present;
+    __m512 const a = _mm512_castsi512_ps(mag);
+    __m512d const d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(raw));
+    __m512d const d1 =
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(raw), 1)));
+    auto const add = [&](width& w) {
+      __mmask16 const dead = _mm512_mask_cmp_ps_mask(ok, a, w.t, _CMP_LT_OQ);
+      // Other lanes add fma(0, 0, sum) = sum, as the portable loop's d = 0 does.
+      __m512d const e0 = _mm512_maskz_mov_pd(static_cast<__mmask8>(dead), d0);
+      __m512d const e1 = _mm512_maskz_mov_pd(static_cast<__mmask8>(dead >> 8), d1);
+      w.s0 = _mm512_fmadd_pd(e0, e0, w.s0);
+      w.s1 = _mm512_fmadd_pd(e1, e1, w.s1);
+      w.live = _mm512_mask_add_epi32(w.live, ok & static_cast<__mmask16>(~dead), w.live, one);
+    };
+    add(w2);
+    add(w4);
+    add(w8);
+  }
+  auto const put = [&](int k, width const& w) {
+    p.dead_energy[k] = pairwise_sum_simd(w.s0, w.s1);
+    p.live[k] = _mm512_reduce_add_epi32(w.live);
+  };
+  put(0, w2);
+  put(1, w4);
+  put(2, w8);
+}
+
 /// measure_slice with AVX-512: the 16 lanes are a vector's (the sums in two vectors of 8 fp64),
 /// the same operations lane by lane (vminps / vmaxps pick as the comparisons do), so the same
 /// bits. Host only.
 template <class T>
-inline slice_partial measure_slice_simd(T const* x, std::int64_t n) noexcept {
+inline slice_partial measure_slice_simd(T const* x, std::int64_t n, bool dead_zones) noexcept {
   namespace h = agoq::detail::host;
   __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
   __m512 absmax = _mm512_setzero_ps(), lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
@@ -176,15 +292,13 @@ inline slice_partial measure_slice_simd(T const* x, std::int64_t n) noexcept {
   }
   // The extrema lanes hold no -0 (a -0 never replaces the +0 they start from), so the
   // reductions' order cannot show.
-  double sum[slice_lanes];
-  _mm512_storeu_pd(sum, s0);
-  _mm512_storeu_pd(sum + 8, s1);
   slice_partial p;
-  p.sum_squares = pairwise_sum(sum);
+  p.sum_squares = pairwise_sum_simd(s0, s1);
   p.absmax = _mm512_reduce_max_ps(absmax);
   p.lo = _mm512_reduce_min_ps(lo);
   p.hi = _mm512_reduce_max_ps(hi);
   p.finite = _mm512_reduce_add_epi32(finite);
+  if (dead_zones) measure_dead_zones_simd(x, n, p);
   return p;
 }
 #endif
@@ -198,6 +312,7 @@ class slice_folder {
   explicit slice_folder(slice_grid const& g)
       : grid_(g), open_(static_cast<std::size_t>(g.group_cols)) {
     stats_.tile = g.tile;
+    stats_.has_dead_zones = g.dead_zones();
   }
 
   /// Adds the partials of slots [first, first + n); pieces must come in slot order.
@@ -214,6 +329,10 @@ class slice_folder {
       if (p[i].lo < acc->lo) acc->lo = p[i].lo;
       if (p[i].hi > acc->hi) acc->hi = p[i].hi;
       acc->finite += p[i].finite;
+      for (int w = 0; w < dead_zone_widths; ++w) {
+        acc->dead_energy[w] += p[i].dead_energy[w];
+        acc->live[w] += p[i].live[w];
+      }
       if (++k == grid_.per_group) {
         k = 0;
         ++acc;
@@ -237,6 +356,10 @@ class slice_folder {
       stats_.elements += g.finite;
       stats_.sum_squares += g.sum_squares;
       stats_.add_group(g.finite, g.absmax, static_cast<double>(g.hi) - static_cast<double>(g.lo));
+      if (stats_.has_dead_zones) {
+        for (int w = 0; w < dead_zone_widths; ++w)
+          stats_.add_dead_zone(w, g.dead_energy[w], g.live[w], g.absmax);
+      }
       g = group{};
     }
   }
@@ -269,11 +392,13 @@ tensor_stats measure(host_executor ex, matrix_view<In> x, tile_shape tile) {
       g.columns(s, first, count);
 #if defined(AGOQ_HOST_AVX512)
       if (simd) {
-        row[static_cast<std::size_t>(s)] = stats_detail::measure_slice_simd(xr + first, count);
+        row[static_cast<std::size_t>(s)] =
+            stats_detail::measure_slice_simd(xr + first, count, g.dead_zones());
         continue;
       }
 #endif
-      row[static_cast<std::size_t>(s)] = stats_detail::measure_slice(xr + first, count);
+      row[static_cast<std::size_t>(s)] =
+          stats_detail::measure_slice(xr + first, count, g.dead_zones());
     }
     fold.add(row.data(), r * g.per_row(), g.per_row());
   }

@@ -6,6 +6,7 @@
 
 #include <agoq/activation/statistics.hpp>
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -185,7 +186,21 @@ py::dict stats_dict(act::tensor_stats const& st) {
   d["sum_squares"] = st.sum_squares;
   d["sum_group_absmax_sq"] = st.sum_group_absmax_sq;
   d["sum_group_range_sq"] = st.sum_group_range_sq;
+  if (st.has_dead_zones) {
+    d["dead_energy"] = py::make_tuple(st.dead_energy[0], st.dead_energy[1], st.dead_energy[2]);
+    d["live_absmax_sq"] =
+        py::make_tuple(st.live_absmax_sq[0], st.live_absmax_sq[1], st.live_absmax_sq[2]);
+  }
   return d;
+}
+
+/// A (2-, 4-, 8-bit) triple of a statistics dict.
+std::array<double, 3> widths_of(py::handle const& v, char const* key) {
+  auto const t = v.cast<py::tuple>();
+  if (t.size() != 3)
+    throw agoq::invalid_argument(std::string("statistics: '") + key +
+                                 "' has 3 values (2, 4, 8 bits)");
+  return {t[0].cast<double>(), t[1].cast<double>(), t[2].cast<double>()};
 }
 
 act::tensor_stats stats_of(py::dict const& d) {
@@ -201,6 +216,13 @@ act::tensor_stats stats_of(py::dict const& d) {
   st.sum_squares = d["sum_squares"].cast<double>();
   st.sum_group_absmax_sq = d["sum_group_absmax_sq"].cast<double>();
   st.sum_group_range_sq = d["sum_group_range_sq"].cast<double>();
+  if (d.contains("dead_energy") != d.contains("live_absmax_sq"))
+    throw agoq::invalid_argument("statistics: 'dead_energy' and 'live_absmax_sq' come together");
+  if (d.contains("dead_energy")) {
+    st.has_dead_zones = true;
+    st.dead_energy = widths_of(d["dead_energy"], "dead_energy");
+    st.live_absmax_sq = widths_of(d["live_absmax_sq"], "live_absmax_sq");
+  }
   return st;
 }
 
