@@ -1,9 +1,10 @@
 /// \file
 /// Measured statistics for the error model: the tensor_stats of a tensor for the group grid of a
-/// scheme (sum of squares, each group's absmax and widened range, finite elements), gathered on
-/// the host here and on a device by statistics.cuh. Both executors run the same per-slice
-/// arithmetic (`stats_detail::measure_slice`) over the same slices and fold the slices in the same
-/// order on the host (`stats_detail::slice_folder`), so they return the same bits.
+/// scheme (sum of squares, each group's absmax and widened range, finite elements, and for groups
+/// of one row and at most 256 columns their dead zones under symmetric 2-, 4- and 8-bit codes),
+/// gathered on the host here and on a device by statistics.cuh. Both executors run the same
+/// per-slice arithmetic (`stats_detail::measure_slice`) over the same slices and fold the slices in
+/// the same order on the host (`stats_detail::slice_folder`), so they return the same bits.
 #pragma once
 
 #include <cstdint>
