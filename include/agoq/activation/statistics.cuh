@@ -1,7 +1,7 @@
 /// \file
-/// The CUDA form of measure() (statistics.hpp): the same slices summed by the same function on
-/// the device, one thread per slice, then folded on the host in the same order, so it returns the
-/// host's bits. Needs nvcc.
+/// The CUDA form of measure() (statistics.hpp): the same slices summed by the same per-lane
+/// functions on the device, a half warp per slice (a thread per lane), then folded on the host in
+/// the same order, so it returns the host's bits. Needs nvcc.
 #pragma once
 
 #include <algorithm>
@@ -22,16 +22,57 @@ namespace stats_detail {
 /// Slots measured per device pass (their partials are 64 MiB, on the device and on the host).
 inline constexpr std::int64_t device_chunk_slots = std::int64_t{1} << 20;
 
-/// out[i] = the statistics of slot first + i, for i in [0, n).
+/// The pairwise sum of the 16 lanes of a half warp (pairwise_sum's order: after the shift by
+/// `off`, lane j holds the sum of lanes j to j + 2 off - 1 for j a multiple of 2 off), in lane 0.
+__device__ inline double half_warp_pairwise_sum(double v, unsigned mask) noexcept {
+  for (int off = 1; off < slice_lanes; off *= 2) v += __shfl_down_sync(mask, v, off, slice_lanes);
+  return v;
+}
+
+/// out[i] = the statistics of slot first + i, for i in [0, n): 16 threads (a half warp) per slice,
+/// thread j its lane j (lane_stats, lane_dead_zone), so its loads of 16 consecutive elements
+/// coalesce; the lanes combine by shuffles in pairwise_sum's order.
 template <class T>
 __global__ void measure_slices_kernel(T const* x, slice_grid g, std::int64_t first, std::int64_t n,
                                       slice_partial* out) {
-  std::int64_t const stride = std::int64_t{gridDim.x} * blockDim.x;
-  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+  int const lane = static_cast<int>(threadIdx.x) % slice_lanes;
+  unsigned const mask = (threadIdx.x & 16u) != 0 ? 0xffff0000u : 0x0000ffffu;
+  std::int64_t const stride = std::int64_t{gridDim.x} * blockDim.x / slice_lanes;
+  for (std::int64_t i = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / slice_lanes; i < n;
+       i += stride) {
     std::int64_t const slot = first + i;
     std::int64_t c0 = 0, count = 0;
     g.columns(slot % g.per_row(), c0, count);
-    out[i] = measure_slice(x + (slot / g.per_row()) * g.cols + c0, count, g.dead_zones());
+    T const* xs = x + (slot / g.per_row()) * g.cols + c0;
+    lane_stats st;
+    for (std::int64_t k = lane; k < count; k += slice_lanes) st.add(numeric::to_float(xs[k]));
+    slice_partial p;
+    p.sum_squares = half_warp_pairwise_sum(st.sum, mask);
+    for (int off = 1; off < slice_lanes; off *= 2) {  // every lane ends with the merged extrema
+      lane_stats o;
+      o.absmax = __shfl_xor_sync(mask, st.absmax, off, slice_lanes);
+      o.lo = __shfl_xor_sync(mask, st.lo, off, slice_lanes);
+      o.hi = __shfl_xor_sync(mask, st.hi, off, slice_lanes);
+      o.finite = __shfl_xor_sync(mask, st.finite, off, slice_lanes);
+      st.merge_extrema(o);
+    }
+    p.absmax = st.absmax;
+    p.lo = st.lo;
+    p.hi = st.hi;
+    p.finite = st.finite;
+    if (g.dead_zones()) {
+      for (int w = 0; w < dead_zone_widths; ++w) {
+        float const t = half_step(p.absmax, w);
+        lane_dead_zone dz;
+        for (std::int64_t k = lane; k < count; k += slice_lanes)
+          dz.add(numeric::to_float(xs[k]), t);
+        p.dead_energy[w] = half_warp_pairwise_sum(dz.sum, mask);
+        for (int off = 1; off < slice_lanes; off *= 2)
+          dz.live += __shfl_xor_sync(mask, dz.live, off, slice_lanes);
+        p.live[w] = dz.live;
+      }
+    }
+    if (lane == 0) out[i] = p;
   }
 }
 
@@ -56,8 +97,8 @@ tensor_stats measure_in_chunks(cuda_executor ex, matrix_view<In> x, tile_shape t
   device::launch_policy const pol = agoq::detail::gpu::current_policy();
   for (std::int64_t first = 0; first < slots; first += per_pass) {
     std::int64_t const n = std::min(per_pass, slots - first);
-    measure_slices_kernel<<<agoq::detail::gpu::grid_for(n, pol), pol.block_threads, 0, stream>>>(
-        x.data_handle(), g, first, n, out);
+    measure_slices_kernel<<<agoq::detail::gpu::grid_for(n * slice_lanes, pol), pol.block_threads, 0,
+                            stream>>>(x.data_handle(), g, first, n, out);
     AGOQ_CUDA_TRY(cudaGetLastError());
     AGOQ_CUDA_TRY(cudaMemcpyAsync(host.data(), out, static_cast<std::size_t>(n) * sizeof(*out),
                                   cudaMemcpyDeviceToHost, stream));
@@ -74,7 +115,7 @@ tensor_stats measure_in_chunks(cuda_executor ex, matrix_view<In> x, tile_shape t
 /// `ex.stream` (after the work enqueued on it before); it reads `x` once (each slice that is a
 /// whole group twice, the second time for its dead zones, mostly from the caches) and copies 64
 /// bytes per slice (a slice is up to 256 elements of one group's row: 0.5 byte per element at G =
-/// 128) back to the host, 2^20 slices per pass. One thread per slice, 125 registers on sm_90.
+/// 128) back to the host, 2^20 slices per pass. A half warp per slice (45 registers on sm_90).
 /// \throws agoq::invalid_argument for a tile with an extent below 1, a null or pageable host
 /// pointer; agoq::cuda_error on a CUDA failure.
 template <agoq::detail::readable_elements In>

@@ -3,8 +3,9 @@
 /// scheme (sum of squares, each group's absmax and widened range, finite elements, and for groups
 /// of one row and at most 256 columns their dead zones under symmetric 2-, 4- and 8-bit codes),
 /// gathered on the host here and on a device by statistics.cuh. Both executors run the same
-/// per-slice arithmetic (`stats_detail::measure_slice`) over the same slices and fold the slices in
-/// the same order on the host (`stats_detail::slice_folder`), so they return the same bits.
+/// per-lane arithmetic (`stats_detail::lane_stats`, `lane_dead_zone`: 16 lanes per slice, added
+/// pairwise) over the same slices and fold the slices in the same order on the host
+/// (`stats_detail::slice_folder`), so they return the same bits.
 #pragma once
 
 #include <cstdint>
@@ -122,83 +123,93 @@ AGOQ_HOST_DEVICE inline double pairwise_sum(double (&sum)[slice_lanes]) noexcept
   return sum[0];
 }
 
-/// A slice's per-lane statistics.
-struct slice_lanes_state {
-  double sum[slice_lanes] = {};
-  float absmax[slice_lanes] = {};
-  float lo[slice_lanes] = {};
-  float hi[slice_lanes] = {};
-  std::int32_t finite[slice_lanes] = {};
+/// One lane of a slice's statistics: the elements i = lane, lane + 16, ... of the slice, in order.
+/// The portable host loop keeps 16 of them; on the device each is a thread of the slice.
+struct lane_stats {
+  double sum = 0;
+  float absmax = 0;
+  float lo = 0;
+  float hi = 0;
+  std::int32_t finite = 0;
 
-  /// Adds element value `raw` to lane j: a non-finite value counts as 0 (it adds nothing and
-  /// leaves the extrema, which include 0, alone) and is not counted; sum = fma(v, v, sum) in fp64.
-  AGOQ_HOST_DEVICE void add(int j, float raw) noexcept {
+  /// Adds element value `raw`: a non-finite value counts as 0 (it adds nothing and leaves the
+  /// extrema, which include 0, alone) and is not counted; sum = fma(v, v, sum) in fp64.
+  AGOQ_HOST_DEVICE void add(float raw) noexcept {
     bool const ok = numeric::is_finite(raw);
     float const v = ok ? raw : 0.0f;
     double const d = v;
-    sum[j] = cuda::std::fma(d, d, sum[j]);
+    sum = cuda::std::fma(d, d, sum);
     float const a = v < 0 ? -v : v;
-    absmax[j] = a > absmax[j] ? a : absmax[j];
-    lo[j] = v < lo[j] ? v : lo[j];
-    hi[j] = v > hi[j] ? v : hi[j];
-    finite[j] += ok ? 1 : 0;
+    absmax = a > absmax ? a : absmax;
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
+    finite += ok ? 1 : 0;
   }
+  /// Merges another lane's extrema and count (order-independent; the sums are added pairwise).
+  AGOQ_HOST_DEVICE void merge_extrema(lane_stats const& o) noexcept {
+    absmax = o.absmax > absmax ? o.absmax : absmax;
+    lo = o.lo < lo ? o.lo : lo;
+    hi = o.hi > hi ? o.hi : hi;
+    finite += o.finite;
+  }
+};
 
-  /// The slice's statistics: the lanes' sums added pairwise (0+1, 2+3, ...; then those pairs,
-  /// and so on); the extrema and counts (order-independent) over the lanes.
-  AGOQ_HOST_DEVICE slice_partial finish() noexcept {
-    slice_partial p;
-    p.sum_squares = pairwise_sum(sum);
-    for (int j = 0; j < slice_lanes; ++j) {
-      p.absmax = absmax[j] > p.absmax ? absmax[j] : p.absmax;
-      p.lo = lo[j] < p.lo ? lo[j] : p.lo;
-      p.hi = hi[j] > p.hi ? hi[j] : p.hi;
-      p.finite += finite[j];
-    }
-    return p;
+/// One lane of a slice's dead zone of one width: with half a step `t`, a finite element under it
+/// adds fma(v, v, sum) in fp64, any other finite element counts as live. Host and device.
+struct lane_dead_zone {
+  double sum = 0;
+  std::int32_t live = 0;
+
+  AGOQ_HOST_DEVICE void add(float raw, float t) noexcept {
+    bool const ok = numeric::is_finite(raw);
+    float const a = raw < 0 ? -raw : raw;
+    bool const dead = ok && a < t;
+    double const d = dead ? static_cast<double>(raw) : 0.0;
+    sum = cuda::std::fma(d, d, sum);
+    live += ok && !dead ? 1 : 0;
   }
 };
 
 /// Adds the dead zones of the `n` elements at `x` to `p`, whose absmax is theirs: for each width,
-/// a finite element under half a step (half_step) goes to lane i % 16 as sum = fma(v, v, sum),
-/// the lanes added pairwise into p.dead_energy; the others are counted in p.live. Host and device.
+/// element i goes to lane i % 16 (lane_dead_zone), the lanes' sums added pairwise into
+/// p.dead_energy, their live counts into p.live. Host only (the device runs the lanes as
+/// threads).
 template <class T>
-AGOQ_HOST_DEVICE inline void measure_dead_zones(T const* x, std::int64_t n,
-                                                slice_partial& p) noexcept {
+inline void measure_dead_zones(T const* x, std::int64_t n, slice_partial& p) noexcept {
   for (int w = 0; w < dead_zone_widths; ++w) {
     float const t = half_step(p.absmax, w);
-    double sum[slice_lanes] = {};
-    std::int32_t live = 0;
-    for (std::int64_t base = 0; base < n; base += slice_lanes) {
-      AGOQ_UNROLL
-      for (int j = 0; j < slice_lanes; ++j) {  // constant lane indices: registers on the device
-        float const v = base + j < n ? numeric::to_float(x[base + j]) : 0.0f;
-        bool const ok = base + j < n && numeric::is_finite(v);
-        float const a = v < 0 ? -v : v;
-        bool const dead = ok && a < t;
-        double const d = dead ? static_cast<double>(v) : 0.0;
-        sum[j] = cuda::std::fma(d, d, sum[j]);
-        live += ok && !dead ? 1 : 0;
-      }
+    lane_dead_zone lanes[slice_lanes];
+    for (std::int64_t i = 0; i < n; ++i) lanes[i % slice_lanes].add(numeric::to_float(x[i]), t);
+    double sum[slice_lanes];
+    p.live[w] = 0;
+    for (int j = 0; j < slice_lanes; ++j) {
+      sum[j] = lanes[j].sum;
+      p.live[w] += lanes[j].live;
     }
     p.dead_energy[w] = pairwise_sum(sum);
-    p.live[w] = live;
   }
 }
 
-/// Statistics of the `n` elements at `x`: element i goes to lane i % 16 (slice_lanes_state); with
-/// `dead_zones` (the slice is a whole group), their dead zones too. One thread runs it per slice on
-/// the device; the host runs it or measure_slice_simd. Host and device.
+/// Statistics of the `n` elements at `x`: element i goes to lane i % 16 (lane_stats), the lanes'
+/// sums added pairwise, their extrema and counts merged; with `dead_zones` (the slice is a whole
+/// group), their dead zones too. The portable host loop (the device runs the same lanes as
+/// threads, statistics.cuh; the AVX-512 host loop is measure_slice_simd). Host only.
 template <class T>
-AGOQ_HOST_DEVICE inline slice_partial measure_slice(T const* x, std::int64_t n,
-                                                    bool dead_zones) noexcept {
-  slice_lanes_state st;
-  for (std::int64_t base = 0; base < n; base += slice_lanes) {
-    AGOQ_UNROLL
-    for (int j = 0; j < slice_lanes; ++j)  // constant lane indices: registers on the device
-      if (base + j < n) st.add(j, numeric::to_float(x[base + j]));
+inline slice_partial measure_slice(T const* x, std::int64_t n, bool dead_zones) noexcept {
+  lane_stats lanes[slice_lanes];
+  for (std::int64_t i = 0; i < n; ++i) lanes[i % slice_lanes].add(numeric::to_float(x[i]));
+  double sum[slice_lanes];
+  lane_stats total;
+  for (int j = 0; j < slice_lanes; ++j) {
+    sum[j] = lanes[j].sum;
+    total.merge_extrema(lanes[j]);
   }
-  slice_partial p = st.finish();
+  slice_partial p;
+  p.sum_squares = pairwise_sum(sum);
+  p.absmax = total.absmax;
+  p.lo = total.lo;
+  p.hi = total.hi;
+  p.finite = total.finite;
   if (dead_zones) measure_dead_zones(x, n, p);
   return p;
 }
