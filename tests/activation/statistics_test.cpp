@@ -191,6 +191,25 @@ TEST_CASE_TEMPLATE("measure: every grouping against the plain computation", T, f
   }
 }
 
+TEST_CASE("measure: a flat row of many slices, and tiles wider than the tensor") {
+  // 1,100,000 columns in groups of 128: 8594 slices in one row, measured and folded in pieces of
+  // host_piece_slots.
+  std::vector<agoq::bfloat16> const x = sample<agoq::bfloat16>(1100000, 31);
+  for (tile_shape const t : {tile_shape{1, 128}, tile_shape{1, 1000}}) {
+    tensor_stats const got = measure(agoq::host, view(x, 1, 1100000), t);
+    check_close(got, reference(x, 1, 1100000, t));
+    CHECK(same_bits(got, measure(agoq::host_executor{false}, view(x, 1, 1100000), t)));
+  }
+  // A tile as wide as int64 allows is one group per row.
+  std::int64_t const huge = std::numeric_limits<std::int64_t>::max();
+  std::vector<float> const y = sample<float>(3 * 50, 32);
+  check_close(measure(agoq::host, view(y, 3, 50), tile_shape{1, huge}), [&] {
+    tensor_stats st = reference(y, 3, 50, tile_shape{1, 50});
+    st.tile = tile_shape{1, huge};
+    return st;
+  }());
+}
+
 TEST_CASE("measure: the slices folded in any pieces give the same bits") {
   // The device form folds its slices in passes of up to 2^20; the pieces must not matter.
   std::int64_t const rows = 9, cols = 1500;

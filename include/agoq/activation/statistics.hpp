@@ -8,6 +8,7 @@
 /// (`stats_detail::slice_folder`), so they return the same bits.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -30,6 +31,9 @@ namespace stats_detail {
 /// At most this many consecutive elements of one row of one group form a slice, the unit one
 /// thread (device) or one loop (host) sums.
 inline constexpr std::int64_t slice_cols = 256;
+
+/// Slices the host measures before folding them (64 bytes each).
+inline constexpr std::int64_t host_piece_slots = 4096;
 
 /// The symmetric bit widths whose dead zones are measured (tensor_stats::dead_energy).
 inline constexpr int dead_zone_widths = tensor_stats::dead_zone_widths;
@@ -107,7 +111,7 @@ inline slice_grid make_slice_grid(std::int64_t rows, std::int64_t cols, tile_sha
   slice_grid g{rows, cols, tile, 0, 0};
   if (cols == 0) return g;
   std::int64_t const run = tile.cols < cols ? tile.cols : cols;
-  g.group_cols = (cols + tile.cols - 1) / tile.cols;
+  g.group_cols = (cols - 1) / tile.cols + 1;  // no overflow for any tile.cols
   g.per_group = (run + slice_cols - 1) / slice_cols;
   return g;
 }
@@ -396,23 +400,28 @@ tensor_stats measure(host_executor ex, matrix_view<In> x, tile_shape tile) {
   stats_detail::slice_grid const g = stats_detail::make_slice_grid(x.extent(0), x.extent(1), tile);
   agoq::detail::check_data(x.data_handle(), x.size(), "measure");
   stats_detail::slice_folder fold(g);
-  std::vector<stats_detail::slice_partial> row(static_cast<std::size_t>(g.per_row()));
+  // Slices are measured and folded in pieces of at most host_piece_slots (a row of a flat
+  // tensor can hold millions).
+  std::int64_t const piece = std::min(g.per_row(), stats_detail::host_piece_slots);
+  std::vector<stats_detail::slice_partial> parts(static_cast<std::size_t>(piece));
   for (std::int64_t r = 0; r < g.rows; ++r) {
     auto const* xr = x.data_handle() + r * g.cols;
-    for (std::int64_t s = 0; s < g.per_row(); ++s) {
-      std::int64_t first = 0, count = 0;
-      g.columns(s, first, count);
+    for (std::int64_t s0 = 0; s0 < g.per_row(); s0 += piece) {
+      std::int64_t const n = std::min(piece, g.per_row() - s0);
+      for (std::int64_t s = s0; s < s0 + n; ++s) {
+        std::int64_t first = 0, count = 0;
+        g.columns(s, first, count);
+        auto& out = parts[static_cast<std::size_t>(s - s0)];
 #if defined(AGOQ_HOST_AVX512)
-      if (simd) {
-        row[static_cast<std::size_t>(s)] =
-            stats_detail::measure_slice_simd(xr + first, count, g.dead_zones());
-        continue;
-      }
+        if (simd) {
+          out = stats_detail::measure_slice_simd(xr + first, count, g.dead_zones());
+          continue;
+        }
 #endif
-      row[static_cast<std::size_t>(s)] =
-          stats_detail::measure_slice(xr + first, count, g.dead_zones());
+        out = stats_detail::measure_slice(xr + first, count, g.dead_zones());
+      }
+      fold.add(parts.data(), r * g.per_row() + s0, n);
     }
-    fold.add(row.data(), r * g.per_row(), g.per_row());
   }
   return fold.result();
 }
