@@ -81,7 +81,7 @@ tensor_stats reference(std::vector<T> const& x, std::int64_t rows, std::int64_t 
       st.add_group(n, absmax, hi - lo);
       if (!st.has_dead_zones) continue;
       for (int w = 0; w < tensor_stats::dead_zone_widths; ++w) {
-        int const qmax = (1 << (std::array{2, 4, 8}[static_cast<std::size_t>(w)] - 1)) - 1;
+        int const qmax = (1 << (tensor_stats::dead_zone_bits(w) - 1)) - 1;
         float const half = static_cast<float>(absmax) / static_cast<float>(2 * qmax);
         double energy = 0;
         std::int64_t live = 0;

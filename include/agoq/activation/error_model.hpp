@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "../config.hpp"
 #include "../error.hpp"
 #include "../numeric/fp8.hpp"
 #include "../scheme/spec.hpp"
@@ -56,6 +57,8 @@ struct tensor_stats {
 
   /// Symmetric bit widths with dead-zone statistics: 2, 4 and 8 (index 0, 1, 2).
   static constexpr int dead_zone_widths = 3;
+  /// The bit width of dead-zone index w (2 << w). Host and device.
+  AGOQ_HOST_DEVICE static constexpr int dead_zone_bits(int w) noexcept { return 2 << w; }
   /// True when dead_energy and live_absmax_sq hold every group's (measure() gathers them where
   /// each group is one row of at most 256 columns, e.g. per_group<G <= 256>).
   bool has_dead_zones = false;
@@ -106,8 +109,10 @@ inline double relative_error(spec const& s, tensor_stats const& st, std::int64_t
   switch (s.code) {
     case code_kind::int_sym: {
       double const qmax = static_cast<double>((1 << (s.bits - 1)) - 1);
-      int const w = s.bits == 2 ? 0 : s.bits == 4 ? 1 : s.bits == 8 ? 2 : -1;
-      if (st.has_dead_zones && s.rounding == rounding_kind::nearest && w >= 0) {
+      int w = 0;
+      while (w < tensor_stats::dead_zone_widths && tensor_stats::dead_zone_bits(w) != s.bits) ++w;
+      if (st.has_dead_zones && s.rounding == rounding_kind::nearest &&
+          w < tensor_stats::dead_zone_widths) {
         auto const i = static_cast<std::size_t>(w);
         return (st.dead_energy[i] + c * st.live_absmax_sq[i] / (qmax * qmax)) / st.sum_squares;
       }

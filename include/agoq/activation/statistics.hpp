@@ -37,13 +37,12 @@ inline constexpr std::int64_t host_piece_slots = 4096;
 
 /// The symmetric bit widths whose dead zones are measured (tensor_stats::dead_energy).
 inline constexpr int dead_zone_widths = tensor_stats::dead_zone_widths;
-/// The bit width of dead-zone index w: 2, 4, 8. Host and device.
-AGOQ_HOST_DEVICE constexpr int dead_zone_bits(int w) noexcept { return 2 << w; }
 
 /// The statistics of a set of elements: its finite elements' sum of squares in fp64, absolute
 /// maximum, the minimum and maximum widened to include 0, and their count; and, for groups that
 /// are one slice, their dead zones (tensor_stats::dead_energy, live_absmax_sq): per symmetric
-/// bit width dead_zone_bits(w), the sum of squares of the finite elements under half a step
+/// bit width tensor_stats::dead_zone_bits(w), the sum of squares of the finite elements under half
+/// a step
 /// (|x| < absmax / (2 qmax), those nearest rounding sends to 0) and the count of the others.
 template <class Count>
 struct partial_stats {
@@ -60,10 +59,10 @@ struct partial_stats {
 using slice_partial = partial_stats<std::int32_t>;
 static_assert(sizeof(slice_partial) == 64);
 
-/// Half a step of symmetric b-bit codes (b = dead_zone_bits(w)) in a group of absolute maximum
-/// `absmax`: absmax / (2 qmax), rounded once. Host and device.
+/// Half a step of symmetric b-bit codes (b = tensor_stats::dead_zone_bits(w)) in a group of
+/// absolute maximum `absmax`: absmax / (2 qmax), rounded once. Host and device.
 AGOQ_HOST_DEVICE inline float half_step(float absmax, int w) noexcept {
-  int const qmax = (1 << (dead_zone_bits(w) - 1)) - 1;
+  int const qmax = (1 << (tensor_stats::dead_zone_bits(w) - 1)) - 1;
   return absmax / static_cast<float>(2 * qmax);
 }
 
@@ -120,8 +119,9 @@ inline slice_grid make_slice_grid(std::int64_t rows, std::int64_t cols, tile_sha
 inline constexpr int slice_lanes = 16;
 
 /// The 16 lanes' sums added pairwise (0+1, 2+3, ...; then those pairs, and so on); overwrites
-/// `sum`. Host and device.
-AGOQ_HOST_DEVICE inline double pairwise_sum(double (&sum)[slice_lanes]) noexcept {
+/// `sum`. Host only (the device adds its lanes by shuffles in this order,
+/// half_warp_pairwise_sum; the AVX-512 loops by permutes, pairwise_sum_simd).
+inline double pairwise_sum(double (&sum)[slice_lanes]) noexcept {
   for (int w = 1; w < slice_lanes; w *= 2)
     for (int j = 0; j < slice_lanes; j += 2 * w) sum[j] += sum[j + w];
   return sum[0];
