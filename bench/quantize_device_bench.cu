@@ -134,5 +134,6 @@ BENCHMARK_CAPTURE(bm_dequantize, int8_g128, std::string("int8_g128_sym_rne_f32")
 BENCHMARK_CAPTURE(bm_dequantize, int4_g128, std::string("int4_g128_sym_rne_f32"))->Apply(sizes);
 BENCHMARK_CAPTURE(bm_dequantize, mxfp8, std::string("mxfp8"))->Apply(sizes);
 BENCHMARK_CAPTURE(bm_measure, int4_g128, std::string("int4_g128_sym_rne_f32"))->Apply(sizes);
+BENCHMARK_CAPTURE(bm_measure, int4_row, std::string("int4_row_sym_rne_f32"))->Apply(sizes);
 
 BENCHMARK_MAIN();

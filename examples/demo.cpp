@@ -393,9 +393,9 @@ inline void print_model_note(sample_tensor const& t, std::vector<scheme_result> 
                 r->error.rel_rms);
   }
   std::printf(
-      "  (for groups of up to 256 columns it counts the elements under half a step, which round\n"
-      "  to zero, by their own x^2; wider groups, as per token, get the uniform step^2/12 per\n"
-      "  element, which overestimates groups whose outliers make most elements round to zero)\n\n");
+      "  (the elements under half a step, which round to zero, count their own x^2, the others\n"
+      "  the uniform step^2/12: outliers that make most of a group round to zero would make the\n"
+      "  uniform model alone predict 0.40 at int4 g128 and 1.09 per token)\n\n");
 }
 
 /// Shows that stochastic rounding is unbiased where nearest rounding is not. Over a symmetric

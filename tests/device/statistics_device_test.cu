@@ -1,5 +1,6 @@
 // The device tier of measure() (activation/statistics.cuh) against the host form
-// (activation/statistics.hpp): every field of the statistics bit for bit (dead zones included),
+// (activation/statistics.hpp): every field of the statistics bit for bit (dead zones included:
+// one pass where groups are one slice, a second pass where they span several),
 // for every grouping, in one pass and in many small passes. Built once per element type
 // (AGOQ_TEST_ELEMENT).
 #include "device_support.cuh"

@@ -59,8 +59,8 @@ struct tensor_stats {
   static constexpr int dead_zone_widths = 3;
   /// The bit width of dead-zone index w (2 << w). Host and device.
   AGOQ_HOST_DEVICE static constexpr int dead_zone_bits(int w) noexcept { return 2 << w; }
-  /// True when dead_energy and live_absmax_sq hold every group's (measure() gathers them where
-  /// each group is one row of at most 256 columns, e.g. per_group<G <= 256>).
+  /// True when dead_energy and live_absmax_sq hold every group's (measure() gathers them for any
+  /// grouping).
   bool has_dead_zones = false;
   /// Per width: sum of x^2 over the finite elements under half a step, |x| < absmax_g / (2 qmax),
   /// which nearest rounding sends to 0 (error -x).

@@ -29,24 +29,49 @@ __device__ inline double half_warp_pairwise_sum(double v, unsigned mask) noexcep
   return v;
 }
 
+/// The dead zones of the `count` elements at `xs` (a slice) under group absmax `absmax` into
+/// p.dead_energy and p.live: thread `lane` of the half warp `mask` adds its lane's elements
+/// (lane_dead_zone), the lanes combine in pairwise_sum's order; lane 0 ends with the sums.
+template <class T>
+__device__ void slice_dead_zones(T const* xs, std::int64_t count, float absmax, int lane,
+                                 unsigned mask, slice_partial& p) {
+  for (int w = 0; w < dead_zone_widths; ++w) {
+    float const t = half_step(absmax, w);
+    lane_dead_zone dz;
+    for (std::int64_t k = lane; k < count; k += slice_lanes) dz.add(numeric::to_float(xs[k]), t);
+    p.dead_energy[w] = half_warp_pairwise_sum(dz.sum, mask);
+    for (int off = 1; off < slice_lanes; off *= 2)
+      dz.live += __shfl_xor_sync(mask, dz.live, off, slice_lanes);
+    p.live[w] = dz.live;
+  }
+}
+
 /// out[i] = the statistics of slot first + i, for i in [0, n): 16 threads (a half warp) per slice,
 /// thread j its lane j (lane_stats, lane_dead_zone), so its loads of 16 consecutive elements
-/// coalesce; the lanes combine by shuffles in pairwise_sum's order.
+/// coalesce; the lanes combine by shuffles in pairwise_sum's order. With `group_absmax` (the
+/// second pass of a grid that is not one_pass; indexed by slice_grid::group_of) only the dead
+/// zones, under the slice's group's absmax.
 template <class T>
 __global__ void measure_slices_kernel(T const* x, slice_grid g, std::int64_t first, std::int64_t n,
-                                      slice_partial* out) {
+                                      float const* group_absmax, slice_partial* out) {
   int const lane = static_cast<int>(threadIdx.x) % slice_lanes;
   unsigned const mask = (threadIdx.x & 16u) != 0 ? 0xffff0000u : 0x0000ffffu;
   std::int64_t const stride = std::int64_t{gridDim.x} * blockDim.x / slice_lanes;
   for (std::int64_t i = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / slice_lanes; i < n;
        i += stride) {
     std::int64_t const slot = first + i;
+    std::int64_t const row = slot / g.per_row();
     std::int64_t c0 = 0, count = 0;
     g.columns(slot % g.per_row(), c0, count);
-    T const* xs = x + (slot / g.per_row()) * g.cols + c0;
+    T const* xs = x + row * g.cols + c0;
+    slice_partial p;
+    if (group_absmax != nullptr) {
+      slice_dead_zones(xs, count, group_absmax[g.group_of(row, slot % g.per_row())], lane, mask, p);
+      if (lane == 0) out[i] = p;
+      continue;
+    }
     lane_stats st;
     for (std::int64_t k = lane; k < count; k += slice_lanes) st.add(numeric::to_float(xs[k]));
-    slice_partial p;
     p.sum_squares = half_warp_pairwise_sum(st.sum, mask);
     for (int off = 1; off < slice_lanes; off *= 2) {  // every lane ends with the merged extrema
       lane_stats o;
@@ -60,24 +85,15 @@ __global__ void measure_slices_kernel(T const* x, slice_grid g, std::int64_t fir
     p.lo = st.lo;
     p.hi = st.hi;
     p.finite = st.finite;
-    if (g.dead_zones()) {
-      for (int w = 0; w < dead_zone_widths; ++w) {
-        float const t = half_step(p.absmax, w);
-        lane_dead_zone dz;
-        for (std::int64_t k = lane; k < count; k += slice_lanes)
-          dz.add(numeric::to_float(xs[k]), t);
-        p.dead_energy[w] = half_warp_pairwise_sum(dz.sum, mask);
-        for (int off = 1; off < slice_lanes; off *= 2)
-          dz.live += __shfl_xor_sync(mask, dz.live, off, slice_lanes);
-        p.live[w] = dz.live;
-      }
-    }
+    if (g.one_pass()) slice_dead_zones(xs, count, p.absmax, lane, mask, p);
     if (lane == 0) out[i] = p;
   }
 }
 
 /// measure() on the device, `chunk` slots per pass (the public form uses device_chunk_slots; the
-/// tests pass small chunks to cross pass boundaries).
+/// tests pass small chunks to cross pass boundaries). Where the grid is not one_pass, every slot's
+/// statistics are measured and folded first, then the groups' absmax copied to the device and
+/// every slot's dead zones measured and folded (slice_folder's second pass).
 template <class In>
 tensor_stats measure_in_chunks(cuda_executor ex, matrix_view<In> x, tile_shape tile,
                                std::int64_t chunk) {
@@ -95,16 +111,28 @@ tensor_stats measure_in_chunks(cuda_executor ex, matrix_view<In> x, tile_shape t
   std::vector<slice_partial> host(static_cast<std::size_t>(per_pass));
   auto* out = reinterpret_cast<slice_partial*>(work.get());
   device::launch_policy const pol = agoq::detail::gpu::current_policy();
-  for (std::int64_t first = 0; first < slots; first += per_pass) {
-    std::int64_t const n = std::min(per_pass, slots - first);
-    measure_slices_kernel<<<agoq::detail::gpu::grid_for(n * slice_lanes, pol), pol.block_threads, 0,
-                            stream>>>(x.data_handle(), g, first, n, out);
-    AGOQ_CUDA_TRY(cudaGetLastError());
-    AGOQ_CUDA_TRY(cudaMemcpyAsync(host.data(), out, static_cast<std::size_t>(n) * sizeof(*out),
-                                  cudaMemcpyDeviceToHost, stream));
-    AGOQ_CUDA_TRY(cudaStreamSynchronize(stream));
-    fold.add(host.data(), first, n);
-  }
+  // Measures every slot in passes of per_pass and folds them with fold_piece.
+  auto const sweep = [&](float const* group_absmax, auto fold_piece) {
+    for (std::int64_t first = 0; first < slots; first += per_pass) {
+      std::int64_t const n = std::min(per_pass, slots - first);
+      measure_slices_kernel<<<agoq::detail::gpu::grid_for(n * slice_lanes, pol), pol.block_threads,
+                              0, stream>>>(x.data_handle(), g, first, n, group_absmax, out);
+      AGOQ_CUDA_TRY(cudaGetLastError());
+      AGOQ_CUDA_TRY(cudaMemcpyAsync(host.data(), out, static_cast<std::size_t>(n) * sizeof(*out),
+                                    cudaMemcpyDeviceToHost, stream));
+      AGOQ_CUDA_TRY(cudaStreamSynchronize(stream));
+      fold_piece(first, n);
+    }
+  };
+  sweep(nullptr, [&](std::int64_t first, std::int64_t n) { fold.add(host.data(), first, n); });
+  if (g.one_pass()) return fold.result();
+  // Every group's absmax, in slice_grid::group_of order.
+  auto const table_bytes = static_cast<std::size_t>(fold.pending()) * sizeof(float);
+  agoq::detail::gpu::stream_allocation table(table_bytes, stream);
+  AGOQ_CUDA_TRY(cudaMemcpyAsync(table.get(), fold.pending_absmax(), table_bytes,
+                                cudaMemcpyHostToDevice, stream));
+  sweep(reinterpret_cast<float const*>(table.get()),
+        [&](std::int64_t first, std::int64_t n) { fold.add_dead_zones(host.data(), first, n); });
   return fold.result();
 }
 
@@ -112,10 +140,12 @@ tensor_stats measure_in_chunks(cuda_executor ex, matrix_view<In> x, tile_shape t
 
 /// measure() of a tensor in device memory: the same statistics, bit for bit, as the host form on
 /// the same values. Unlike the `_async` calls it returns the result, so it synchronizes
-/// `ex.stream` (after the work enqueued on it before); it reads `x` once (each slice that is a
-/// whole group twice, the second time for its dead zones, mostly from the caches) and copies 64
-/// bytes per slice (a slice is up to 256 elements of one group's row: 0.5 byte per element at G =
-/// 128) back to the host, 2^20 slices per pass. A half warp per slice (45 registers on sm_90).
+/// `ex.stream` (after the work enqueued on it before); where every group is one row of at most
+/// 256 columns it reads `x` once (each slice twice, the second time for its dead zones, mostly
+/// from the caches), else twice (a second pass for the dead zones under the absmax of each group
+/// the first found, copied to the device: 4 bytes per group); it copies 64 bytes per slice and
+/// pass (a slice is up to 256 elements of one group's row: 0.5 byte per element at G = 128) back
+/// to the host, 2^20 slices at a time. A half warp per slice.
 /// \throws agoq::invalid_argument for a tile with an extent below 1, a null or pageable host
 /// pointer; agoq::cuda_error on a CUDA failure.
 template <agoq::detail::readable_elements In>

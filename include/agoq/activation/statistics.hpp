@@ -1,14 +1,15 @@
 /// \file
 /// Measured statistics for the error model: the tensor_stats of a tensor for the group grid of a
-/// scheme (sum of squares, each group's absmax and widened range, finite elements, and for groups
-/// of one row and at most 256 columns their dead zones under symmetric 2-, 4- and 8-bit codes),
-/// gathered on the host here and on a device by statistics.cuh. Both executors run the same
-/// per-lane arithmetic (`stats_detail::lane_stats`, `lane_dead_zone`: 16 lanes per slice, added
-/// pairwise) over the same slices and fold the slices in the same order on the host
-/// (`stats_detail::slice_folder`), so they return the same bits.
+/// scheme (sum of squares, each group's absmax and widened range, finite elements, and every
+/// group's dead zones under symmetric 2-, 4- and 8-bit codes), gathered on the host here and on a
+/// device by statistics.cuh. Both executors run the same per-lane arithmetic
+/// (`stats_detail::lane_stats`, `lane_dead_zone`: 16 lanes per slice, added pairwise) over the
+/// same slices and fold the slices in the same order on the host (`stats_detail::slice_folder`),
+/// so they return the same bits.
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -39,10 +40,9 @@ inline constexpr std::int64_t host_piece_slots = 4096;
 inline constexpr int dead_zone_widths = tensor_stats::dead_zone_widths;
 
 /// The statistics of a set of elements: its finite elements' sum of squares in fp64, absolute
-/// maximum, the minimum and maximum widened to include 0, and their count; and, for groups that
-/// are one slice, their dead zones (tensor_stats::dead_energy, live_absmax_sq): per symmetric
-/// bit width tensor_stats::dead_zone_bits(w), the sum of squares of the finite elements under half
-/// a step
+/// maximum, the minimum and maximum widened to include 0, and their count; and their dead zones
+/// under their group's absmax (tensor_stats::dead_energy, live_absmax_sq): per symmetric bit width
+/// tensor_stats::dead_zone_bits(w), the sum of squares of the finite elements under half a step
 /// (|x| < absmax / (2 qmax), those nearest rounding sends to 0) and the count of the others.
 template <class Count>
 struct partial_stats {
@@ -83,10 +83,17 @@ struct slice_grid {
   }
   /// Slots of the tensor.
   AGOQ_HOST_DEVICE constexpr std::int64_t slots() const noexcept { return rows * per_row(); }
-  /// True when every group is one slice (one row, at most slice_cols columns): then the slices
-  /// measure the groups' dead zones.
-  AGOQ_HOST_DEVICE constexpr bool dead_zones() const noexcept {
+  /// True when every group is one slice (one row, at most slice_cols columns): then a slice's
+  /// absmax is its group's and one pass measures the dead zones with the other statistics.
+  /// Otherwise a second pass over each band of tile.rows rows measures them, once the first has
+  /// given each group's absmax (slice_folder::add_dead_zones).
+  AGOQ_HOST_DEVICE constexpr bool one_pass() const noexcept {
     return tile.rows == 1 && per_group <= 1;
+  }
+  /// Index of the group of slot `s` of row `r` among all groups, band by band, in column order
+  /// (the order slice_folder records their absmax). Host and device.
+  AGOQ_HOST_DEVICE constexpr std::int64_t group_of(std::int64_t r, std::int64_t s) const noexcept {
+    return r / tile.rows * group_cols + s / per_group;
   }
   /// First column and length (0 for an empty slot) of slot `s` of a row.
   AGOQ_HOST_DEVICE constexpr void columns(std::int64_t s, std::int64_t& first,
@@ -174,10 +181,9 @@ struct lane_dead_zone {
   }
 };
 
-/// Adds the dead zones of the `n` elements at `x` to `p`, whose absmax is theirs: for each width,
-/// element i goes to lane i % 16 (lane_dead_zone), the lanes' sums added pairwise into
-/// p.dead_energy, their live counts into p.live. Host only (the device runs the lanes as
-/// threads).
+/// Adds the dead zones of the `n` elements at `x` to `p`, whose absmax is their group's: for each
+/// width, element i goes to lane i % 16 (lane_dead_zone), the lanes' sums added pairwise into
+/// p.dead_energy, their live counts into p.live. Host only (the device runs the lanes as threads).
 template <class T>
 inline void measure_dead_zones(T const* x, std::int64_t n, slice_partial& p) noexcept {
   for (int w = 0; w < dead_zone_widths; ++w) {
@@ -239,7 +245,7 @@ inline void measure_dead_zones_simd(T const* x, std::int64_t n, slice_partial& p
   // One accumulator set per width, as separate variables (arrays of vectors are kept in memory).
   struct width {
     __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
-    __m512i live = _mm512_setzero_si512();
+    std::int32_t live = 0;
     __m512 t;
   };
   width w2{.t = _mm512_set1_ps(half_step(p.absmax, 0))};
@@ -247,7 +253,6 @@ inline void measure_dead_zones_simd(T const* x, std::int64_t n, slice_partial& p
   width w8{.t = _mm512_set1_ps(half_step(p.absmax, 2))};
   __m512i const magnitude = _mm512_set1_epi32(0x7fffffff);
   __m512i const inf = _mm512_set1_epi32(0x7f800000);
-  __m512i const one = _mm512_set1_epi32(1);
   for (std::int64_t i = 0; i < n; i += slice_lanes) {
     __mmask16 const present = h::tail_mask16(n - i);
     __m512 const raw = h::load16(x + i, present);
@@ -257,14 +262,15 @@ inline void measure_dead_zones_simd(T const* x, std::int64_t n, slice_partial& p
     __m512d const d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(raw));
     __m512d const d1 =
         _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(raw), 1)));
+    // The square of a float is exact in fp64, so sum + v * v rounds as fma(v, v, sum) does.
+    __m512d const q0 = _mm512_mul_pd(d0, d0);
+    __m512d const q1 = _mm512_mul_pd(d1, d1);
     auto const add = [&](width& w) {
       __mmask16 const dead = _mm512_mask_cmp_ps_mask(ok, a, w.t, _CMP_LT_OQ);
-      // Other lanes add fma(0, 0, sum) = sum, as the portable loop's d = 0 does.
-      __m512d const e0 = _mm512_maskz_mov_pd(static_cast<__mmask8>(dead), d0);
-      __m512d const e1 = _mm512_maskz_mov_pd(static_cast<__mmask8>(dead >> 8), d1);
-      w.s0 = _mm512_fmadd_pd(e0, e0, w.s0);
-      w.s1 = _mm512_fmadd_pd(e1, e1, w.s1);
-      w.live = _mm512_mask_add_epi32(w.live, ok & static_cast<__mmask16>(~dead), w.live, one);
+      // Other lanes keep their sum, as the portable loop's fma(0, 0, sum) does.
+      w.s0 = _mm512_mask_add_pd(w.s0, static_cast<__mmask8>(dead), w.s0, q0);
+      w.s1 = _mm512_mask_add_pd(w.s1, static_cast<__mmask8>(dead >> 8), w.s1, q1);
+      w.live += std::popcount(static_cast<unsigned>(ok & static_cast<__mmask16>(~dead)));
     };
     add(w2);
     add(w4);
@@ -272,7 +278,7 @@ inline void measure_dead_zones_simd(T const* x, std::int64_t n, slice_partial& p
   }
   auto const put = [&](int k, width const& w) {
     p.dead_energy[k] = pairwise_sum_simd(w.s0, w.s1);
-    p.live[k] = _mm512_reduce_add_epi32(w.live);
+    p.live[k] = w.live;
   };
   put(0, w2);
   put(1, w4);
@@ -322,43 +328,50 @@ inline slice_partial measure_slice_simd(T const* x, std::int64_t n, bool dead_zo
 /// Folds slice partials, given in slot order in any number of pieces, into tensor_stats: each
 /// group adds its slices in slot order (row by row), and when its last row ends the groups of
 /// that band are added to the result in column order (sum_squares += the group's sum, then
-/// tensor_stats::add_group(finite, absmax, hi - lo)). Host only.
+/// tensor_stats::add_group(finite, absmax, hi - lo), then its dead zones,
+/// tensor_stats::add_dead_zone). Where groups span several slices (not slice_grid::one_pass), the
+/// first pass (add) records each closed group's absmax (pending_absmax) and a second pass
+/// (add_dead_zones) folds the same slots' dead zones, measured under those absmaxes, in the same
+/// order; a band's second pass may follow its first at once (the host) or all first passes may
+/// come before (the device). Host only.
 class slice_folder {
  public:
   explicit slice_folder(slice_grid const& g)
       : grid_(g), open_(static_cast<std::size_t>(g.group_cols)) {
     stats_.tile = g.tile;
-    stats_.has_dead_zones = g.dead_zones();
+    stats_.has_dead_zones = true;
   }
 
-  /// Adds the partials of slots [first, first + n); pieces must come in slot order.
+  /// First pass: adds the partials of slots [first, first + n); pieces must come in slot order.
   void add(slice_partial const* p, std::int64_t first, std::int64_t n) {
-    if (n <= 0) return;
-    std::int64_t const per_row = grid_.per_row();
-    std::int64_t r = first / per_row;
-    std::int64_t s = first % per_row;
-    std::int64_t k = s % grid_.per_group;  // slot within the group's run
-    group* acc = &open_[static_cast<std::size_t>(s / grid_.per_group)];
-    for (std::int64_t i = 0; i < n; ++i) {
-      acc->sum_squares += p[i].sum_squares;
-      if (p[i].absmax > acc->absmax) acc->absmax = p[i].absmax;
-      if (p[i].lo < acc->lo) acc->lo = p[i].lo;
-      if (p[i].hi > acc->hi) acc->hi = p[i].hi;
-      acc->finite += p[i].finite;
-      for (int w = 0; w < dead_zone_widths; ++w) {
-        acc->dead_energy[w] += p[i].dead_energy[w];
-        acc->live[w] += p[i].live[w];
-      }
-      if (++k == grid_.per_group) {
-        k = 0;
-        ++acc;
-      }
-      if (++s < per_row) continue;
-      if ((r + 1) % grid_.tile.rows == 0 || r + 1 == grid_.rows) close_band();
-      ++r;
-      s = 0;
-      acc = open_.data();
-    }
+    walk(
+        first, n,
+        [&](group& acc, std::int64_t i) {
+          acc.sum_squares += p[i].sum_squares;
+          if (p[i].absmax > acc.absmax) acc.absmax = p[i].absmax;
+          if (p[i].lo < acc.lo) acc.lo = p[i].lo;
+          if (p[i].hi > acc.hi) acc.hi = p[i].hi;
+          acc.finite += p[i].finite;
+          add_zones(acc, p[i]);
+        },
+        [&] { close_band(); });
+  }
+
+  /// Second pass (only where !grid.one_pass()): adds the dead zones (dead_energy, live; the other
+  /// fields are ignored) of slots [first, first + n), measured under pending_absmax(); pieces must
+  /// come in slot order, and no band's before its first pass.
+  void add_dead_zones(slice_partial const* p, std::int64_t first, std::int64_t n) {
+    walk(
+        first, n, [&](group& acc, std::int64_t i) { add_zones(acc, p[i]); },
+        [&] { close_dead_band(); });
+  }
+
+  /// The absmax of every group whose first pass has closed and second pass has not, band by band
+  /// in column order (slice_grid::group_of, counted from the first such band); pending() of them.
+  float const* pending_absmax() const noexcept { return absmax_.data() + next_; }
+  /// How many groups pending_absmax() holds.
+  std::int64_t pending() const noexcept {
+    return static_cast<std::int64_t>(absmax_.size() - next_);
   }
 
   /// The statistics of everything added.
@@ -367,21 +380,68 @@ class slice_folder {
  private:
   using group = partial_stats<std::int64_t>;
 
+  static void add_zones(group& acc, slice_partial const& p) noexcept {
+    for (int w = 0; w < dead_zone_widths; ++w) {
+      acc.dead_energy[w] += p.dead_energy[w];
+      acc.live[w] += p.live[w];
+    }
+  }
+
+  /// Calls add(group, i) for slot first + i, i in [0, n), and close() after each band's last slot.
+  template <class Add, class Close>
+  void walk(std::int64_t first, std::int64_t n, Add add, Close close) {
+    if (n <= 0) return;
+    std::int64_t const per_row = grid_.per_row();
+    std::int64_t r = first / per_row;
+    std::int64_t s = first % per_row;
+    std::int64_t k = s % grid_.per_group;  // slot within the group's run
+    group* acc = &open_[static_cast<std::size_t>(s / grid_.per_group)];
+    for (std::int64_t i = 0; i < n; ++i) {
+      add(*acc, i);
+      if (++k == grid_.per_group) {
+        k = 0;
+        ++acc;
+      }
+      if (++s < per_row) continue;
+      if ((r + 1) % grid_.tile.rows == 0 || r + 1 == grid_.rows) close();
+      ++r;
+      s = 0;
+      acc = open_.data();
+    }
+  }
+
   void close_band() {
     for (group& g : open_) {
       stats_.elements += g.finite;
       stats_.sum_squares += g.sum_squares;
       stats_.add_group(g.finite, g.absmax, static_cast<double>(g.hi) - static_cast<double>(g.lo));
-      if (stats_.has_dead_zones) {
+      if (grid_.one_pass()) {
         for (int w = 0; w < dead_zone_widths; ++w)
           stats_.add_dead_zone(w, g.dead_energy[w], g.live[w], g.absmax);
+      } else {
+        absmax_.push_back(g.absmax);
       }
       g = group{};
     }
   }
 
+  void close_dead_band() {
+    for (group& g : open_) {
+      float const absmax = absmax_[next_++];
+      for (int w = 0; w < dead_zone_widths; ++w)
+        stats_.add_dead_zone(w, g.dead_energy[w], g.live[w], absmax);
+      g = group{};
+    }
+    if (next_ == absmax_.size()) {  // every recorded band done: keep the table small
+      absmax_.clear();
+      next_ = 0;
+    }
+  }
+
   slice_grid grid_;
   std::vector<group> open_;
+  std::vector<float> absmax_;  // pending groups' absmax (two-pass grids)
+  std::size_t next_ = 0;       // first pending entry of absmax_
   tensor_stats stats_;
 };
 
@@ -390,9 +450,13 @@ class slice_folder {
 /// The statistics relative_error() predicts from, of the [rows, cols] tensor `x` under groups of
 /// `tile` (use `s.tile(rows, cols)` for a scheme `s`, or the overload below): the sum of squares,
 /// per group the absmax and the widened range (min(min, 0) to max(max, 0)) over its finite
-/// elements, and their count. NaN and ±Inf are left out (as quantize leaves them out of a group's
-/// scale). Sums are fp64 in a fixed order, so the CUDA form (statistics.cuh) returns the same
-/// bits. Host only; reads `x` once. Empty tensors give empty statistics.
+/// elements, and their count; and every group's dead zones under symmetric 2-, 4- and 8-bit codes
+/// (tensor_stats::dead_energy, live_absmax_sq). NaN and ±Inf are left out (as quantize leaves
+/// them out of a group's scale). Sums are fp64 in a fixed order, so the CUDA form
+/// (statistics.cuh) returns the same bits. Host only; reads `x` once where each group is one row
+/// of at most 256 columns (e.g. per_group<G <= 256>), else each band of tile.rows rows twice in a
+/// row (the second time for the dead zones, under the absmax the first found; from the caches
+/// where a band fits them, e.g. a row under per_row). Empty tensors give empty statistics.
 /// \throws agoq::invalid_argument for a tile with an extent below 1 or a null pointer.
 template <agoq::detail::readable_elements In>
 tensor_stats measure(host_executor ex, matrix_view<In> x, tile_shape tile) {
@@ -404,24 +468,56 @@ tensor_stats measure(host_executor ex, matrix_view<In> x, tile_shape tile) {
   // tensor can hold millions).
   std::int64_t const piece = std::min(g.per_row(), stats_detail::host_piece_slots);
   std::vector<stats_detail::slice_partial> parts(static_cast<std::size_t>(piece));
-  for (std::int64_t r = 0; r < g.rows; ++r) {
-    auto const* xr = x.data_handle() + r * g.cols;
-    for (std::int64_t s0 = 0; s0 < g.per_row(); s0 += piece) {
-      std::int64_t const n = std::min(piece, g.per_row() - s0);
-      for (std::int64_t s = s0; s < s0 + n; ++s) {
-        std::int64_t first = 0, count = 0;
-        g.columns(s, first, count);
-        auto& out = parts[static_cast<std::size_t>(s - s0)];
-#if defined(AGOQ_HOST_AVX512)
-        if (simd) {
-          out = stats_detail::measure_slice_simd(xr + first, count, g.dead_zones());
-          continue;
+  // Measures every slot of rows [r0, r1) with slice(row data, first column, count, slot of the
+  // row, partial) and folds them with fold_piece.
+  auto const sweep = [&](std::int64_t r0, std::int64_t r1, auto slice, auto fold_piece) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      auto const* xr = x.data_handle() + r * g.cols;
+      for (std::int64_t s0 = 0; s0 < g.per_row(); s0 += piece) {
+        std::int64_t const n = std::min(piece, g.per_row() - s0);
+        for (std::int64_t s = s0; s < s0 + n; ++s) {
+          std::int64_t first = 0, count = 0;
+          g.columns(s, first, count);
+          slice(xr + first, count, r - r0, s, parts[static_cast<std::size_t>(s - s0)]);
         }
-#endif
-        out = stats_detail::measure_slice(xr + first, count, g.dead_zones());
+        fold_piece(parts.data(), r * g.per_row() + s0, n);
       }
-      fold.add(parts.data(), r * g.per_row() + s0, n);
     }
+  };
+  auto const stats = [&](auto const* xs, std::int64_t count, std::int64_t, std::int64_t,
+                         stats_detail::slice_partial& out) {
+#if defined(AGOQ_HOST_AVX512)
+    if (simd) {
+      out = stats_detail::measure_slice_simd(xs, count, g.one_pass());
+      return;
+    }
+#endif
+    out = stats_detail::measure_slice(xs, count, g.one_pass());
+  };
+  // The second pass: slot s of the band's row `band_row` under its group's pending absmax.
+  auto const zones = [&](auto const* xs, std::int64_t count, std::int64_t band_row, std::int64_t s,
+                         stats_detail::slice_partial& out) {
+    out = stats_detail::slice_partial{};
+    out.absmax = fold.pending_absmax()[g.group_of(band_row, s)];
+#if defined(AGOQ_HOST_AVX512)
+    if (simd) {
+      stats_detail::measure_dead_zones_simd(xs, count, out);
+      return;
+    }
+#endif
+    stats_detail::measure_dead_zones(xs, count, out);
+  };
+  auto const fold_stats = [&](auto const* p, std::int64_t first, std::int64_t n) {
+    fold.add(p, first, n);
+  };
+  auto const fold_zones = [&](auto const* p, std::int64_t first, std::int64_t n) {
+    fold.add_dead_zones(p, first, n);
+  };
+  for (std::int64_t r0 = 0; r0 < g.rows;) {
+    std::int64_t const r1 = g.rows - r0 <= tile.rows ? g.rows : r0 + tile.rows;
+    sweep(r0, r1, stats, fold_stats);
+    if (!g.one_pass()) sweep(r0, r1, zones, fold_zones);
+    r0 = r1;
   }
   return fold.result();
 }
