@@ -10,7 +10,10 @@
 # doctest and Google Benchmark come from the system, or from .deps/ (scripts/stage_device_deps.sh
 # prepares it on a Debian machine). With --prebuilt, nothing is built: DIR holds the binaries
 # scripts/pack_device_build.sh built on another machine (tests/, bench/, examples/ and the shared
-# libraries they need in lib/), which saves the GPU machine's time.
+# libraries they need in lib/), which saves the GPU machine's time. Where DIR also holds
+# variants/NAME/ (pack_device_build.sh --variant), each variant's tests and benchmarks run after
+# the main tier (benchmarks with $VARIANT_BENCH_FILTER when set), each with a summary section of
+# its own: one run compares unmeasured branches with the working tree.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 prebuilt=""
@@ -31,27 +34,35 @@ gpu_tests=(quantize_device_test_float quantize_device_test_bfloat16 quantize_dev
 benches=(quantize_device_bench optim_device_bench all_reduce_device_bench fused_device_bench
          buffer_device_bench)
 
+# Runs each test binary of $1/tests in the order of the names given after it, output to $2,
+# reported in ctest's line format (in $2/tests.log) for the summary; 77 means skipped. Returns 1
+# when one failed.
+run_test_binaries() {
+  local dir="$1" to="$2" rc=0 i=0 t start ms secs verdict status
+  shift 2
+  for t in "$@"; do
+    i=$((i + 1))
+    [ -x "$dir/tests/$t" ] || continue
+    start=$(date +%s%N)
+    timeout 300 "$dir/tests/$t" >"$to/$t.log" 2>&1
+    status=$?
+    ms=$((($(date +%s%N) - start) / 1000000))
+    secs="$((ms / 1000)).$(printf %03d $((ms % 1000)))"
+    case $status in
+      0) verdict="Passed" ;;
+      77) verdict="***Skipped" ;;
+      *) verdict="***Failed (exit $status)"; rc=1; tail -n 30 "$to/$t.log" ;;
+    esac
+    echo "Test #$i: $t ..... $verdict $secs sec" | tee -a "$to/tests.log"
+  done
+  return $rc
+}
+
 if [ -n "$prebuilt" ]; then
   build="$prebuilt"
   export LD_LIBRARY_PATH="$PWD/$prebuilt/lib:${LD_LIBRARY_PATH:-}"
-  # Each test binary in turn, reported in ctest's line format for the summary; 77 means skipped.
-  tests_rc=0
-  i=0
-  for t in "${gpu_tests[@]}"; do
-    i=$((i + 1))
-    [ -x "$build/tests/$t" ] || continue
-    start=$(date +%s%N)
-    timeout 300 "$build/tests/$t" >"$out/$t.log" 2>&1
-    rc=$?
-    ms=$((($(date +%s%N) - start) / 1000000))
-    secs="$((ms / 1000)).$(printf %03d $((ms % 1000)))"
-    case $rc in
-      0) verdict="Passed" ;;
-      77) verdict="***Skipped" ;;
-      *) verdict="***Failed (exit $rc)"; tests_rc=1; tail -n 30 "$out/$t.log" ;;
-    esac
-    echo "Test #$i: $t ..... $verdict $secs sec" | tee -a "$out/tests.log"
-  done
+  run_test_binaries "$build" "$out" "${gpu_tests[@]}"
+  tests_rc=$?
 else
   build=build-device
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
@@ -69,27 +80,47 @@ else
 fi
 "$build/examples/quantized_matmul" >"$out/example.log" 2>&1
 example_rc=$?
-"$build/bench/quantize_device_bench" --benchmark_min_time=0.2 \
-  --benchmark_out="$out/bench.json" --benchmark_out_format=json >"$out/bench.log" 2>&1
-bench_rc=$?
-"$build/bench/optim_device_bench" --benchmark_min_time=0.2 \
-  --benchmark_out="$out/optim_bench.json" --benchmark_out_format=json >"$out/optim_bench.log" 2>&1
-optim_rc=$?
-[ "$bench_rc" -eq 0 ] && bench_rc=$optim_rc
-"$build/bench/all_reduce_device_bench" --benchmark_min_time=0.2 \
-  --benchmark_out="$out/all_reduce_bench.json" --benchmark_out_format=json \
-  >"$out/all_reduce_bench.log" 2>&1
-all_reduce_rc=$?
-[ "$bench_rc" -eq 0 ] && bench_rc=$all_reduce_rc
-"$build/bench/fused_device_bench" --benchmark_min_time=0.2 \
-  --benchmark_out="$out/fused_bench.json" --benchmark_out_format=json >"$out/fused_bench.log" 2>&1
-fused_rc=$?
-[ "$bench_rc" -eq 0 ] && bench_rc=$fused_rc
-"$build/bench/buffer_device_bench" --benchmark_min_time=0.2 \
-  --benchmark_out="$out/buffer_bench.json" --benchmark_out_format=json >"$out/buffer_bench.log" 2>&1
-buffer_rc=$?
-[ "$bench_rc" -eq 0 ] && bench_rc=$buffer_rc
-
+# Runs the benchmark binaries present in $1/bench, JSON and logs to $2, extra flags after them;
+# prints the first non-zero exit status (0 when all passed).
+run_benches() {
+  local dir="$1" to="$2" rc=0 b status
+  shift 2
+  for b in quantize_device_bench:bench optim_device_bench:optim_bench \
+           all_reduce_device_bench:all_reduce_bench fused_device_bench:fused_bench \
+           buffer_device_bench:buffer_bench; do
+    [ -x "$dir/bench/${b%%:*}" ] || continue
+    "$dir/bench/${b%%:*}" --benchmark_min_time=0.2 --benchmark_out="$to/${b#*:}.json" \
+      --benchmark_out_format=json "$@" >"$to/${b#*:}.log" 2>&1
+    status=$?
+    [ "$rc" -eq 0 ] && rc=$status
+  done
+  echo "$rc"
+}
+bench_rc=$(run_benches "$build" "$out")
 python3 bench/summarize_device.py "$out" "$tests_rc" "$example_rc" "$bench_rc" >"$out/summary.md"
+
+# Variants (prebuilt only): their tests, their benchmarks, a summary section each.
+variants_rc=0
+if [ -n "$prebuilt" ] && [ -d "$build/variants" ]; then
+  for vdir in "$build"/variants/*/; do
+    name=$(basename "$vdir")
+    vout="$out/variants/$name"
+    mkdir -p "$vout"
+    vtests=()
+    for t in "$vdir"tests/*; do [ -x "$t" ] && vtests+=("$(basename "$t")"); done
+    run_test_binaries "${vdir%/}" "$vout" "${vtests[@]}"
+    vtests_rc=$?
+    filter=()
+    [ -n "${VARIANT_BENCH_FILTER:-}" ] && filter=(--benchmark_filter="$VARIANT_BENCH_FILTER")
+    vbench_rc=$(run_benches "${vdir%/}" "$vout" "${filter[@]}")
+    {
+      echo
+      echo "# Variant $name: $(cat "$vdir/REVISION" 2>/dev/null)"
+      echo
+      python3 bench/summarize_device.py "$vout" "$vtests_rc" 0 "$vbench_rc" | tail -n +2
+    } >>"$out/summary.md"
+    [ "$vtests_rc" -eq 0 ] && [ "$vbench_rc" -eq 0 ] || variants_rc=1
+  done
+fi
 cat "$out/summary.md"
-[ "$tests_rc" -eq 0 ] && [ "$example_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+[ "$tests_rc" -eq 0 ] && [ "$example_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$variants_rc" -eq 0 ]

@@ -16,33 +16,35 @@ for line in log.splitlines():
     if m:
         print(f"- {m.group(1)}: {m.group(2).strip()}")
 print(f"\nctest exit code {tests_rc}")
-example = (out / "example.log").read_text(errors="replace").strip() if (out / "example.log").exists() else ""
-print(f"\nquantized_matmul (exit {example_rc}): {example}\n")
+if (out / "example.log").exists():
+    example = (out / "example.log").read_text(errors="replace").strip()
+    print(f"\nquantized_matmul (exit {example_rc}): {example}\n")
+print(f"\nbenchmarks exit code {bench_rc}\n")
 
-print("## Benchmarks (bytes read + written per second; ratio to the copy of the same size)\n")
-if not (out / "bench.json").exists():
-    print(f"no benchmark output (exit {bench_rc})")
-    sys.exit(0)
-data = json.loads((out / "bench.json").read_text())
-copy = {}
-copy_time = {}
-rows = []
-for b in data["benchmarks"]:
-    if b.get("error_occurred"):
-        continue
-    name = b["name"]
-    size = int(re.search(r"/(\d+)/", name + "/").group(1))
-    gbps = b["bytes_per_second"] / 1e9
-    if name.startswith("bm_copy"):
-        copy[size] = gbps
-        copy_time[size] = b["real_time"]
-    rows.append((name, size, gbps, b["real_time"]))
-print("| benchmark | MiB of bf16 | GB/s | bandwidth / copy's | time / copy's |")
-print("|---|---|---|---|---|")
-for name, size, gbps, t in rows:
-    ratio = gbps / copy[size] if copy.get(size) else float("nan")
-    tratio = t / copy_time[size] if copy_time.get(size) else float("nan")
-    print(f"| {name.split('/')[0]} | {size >> 20} | {gbps:.0f} | {ratio:.2f} | {tratio:.2f} |")
+# Quantize, dequantize and measure beside a copy of the same size (bench/quantize_device_bench.cu).
+if (out / "bench.json").exists():
+    print("## Benchmarks (bytes read + written per second; ratio to the copy of the same size)\n")
+    data = json.loads((out / "bench.json").read_text())
+    copy = {}
+    copy_time = {}
+    rows = []
+    for b in data["benchmarks"]:
+        if b.get("error_occurred"):
+            continue
+        name = b["name"]
+        size = int(re.search(r"/(\d+)/", name + "/").group(1))
+        gbps = b["bytes_per_second"] / 1e9
+        if name.startswith("bm_copy"):
+            copy[size] = gbps
+            copy_time[size] = b["real_time"]
+        rows.append((name, size, gbps, b["real_time"]))
+    print("| benchmark | MiB of bf16 | GB/s | bandwidth / copy's | time / copy's |")
+    print("|---|---|---|---|---|")
+    for name, size, gbps, t in rows:
+        ratio = gbps / copy[size] if copy.get(size) else float("nan")
+        tratio = t / copy_time[size] if copy_time.get(size) else float("nan")
+        label = "/".join(name.split("/")[:2]) if name.count("/") > 2 else name.split("/")[0]
+        print(f"| {label} | {size >> 20} | {gbps:.0f} | {ratio:.2f} | {tratio:.2f} |")
 
 # The AdamW step beside a copy moving the same bytes (bench/optim_device_bench.cu; target >= 0.80).
 optim = out / "optim_bench.json"
