@@ -236,10 +236,11 @@ inline resolved_schedule resolve(pipeline_schedule const& sc, std::int64_t stage
     AGOQ_EXPECTS(m >= r.g, "in_flight: Megatron-Core's interleaved schedule needs micro_batches (" +
                                std::to_string(m) + ") >= " + g());
     AGOQ_EXPECTS(m % r.g == 0 || m % r.g >= pp,
-                 "in_flight: Megatron-Core's interleaved schedule refuses a last group of " +
-                     std::to_string(m % r.g) + " micro-batches (micro_batches " +
-                     std::to_string(m) + " mod " + g() + "), fewer than pp (" + std::to_string(pp) +
-                     "); choose a group size that divides micro_batches or leaves >= pp");
+                 "in_flight: Megatron-Core's interleaved schedule refuses micro_batches " +
+                     std::to_string(m) + " in groups of " + g() + ": a last group of " +
+                     std::to_string(m % r.g) + " micro-batches, fewer than pp (" +
+                     std::to_string(pp) + "); choose a vp_group that divides micro_batches or " +
+                     "leaves at least pp");
   }
   // Megatron-Core's get_schedule_table: groups start at 0, g, 2g, ...; the group that reaches m
   // is the last and holds the rest.
