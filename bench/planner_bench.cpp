@@ -1,6 +1,7 @@
 /// \file
 /// The activation planner on 128 layers x 16 pipeline stages (a 405B-like LLaMA shape, TP 8,
-/// SP, 64 micro-batches), and on LLaMA-3-8B with 4 stages; single thread, host only.
+/// SP, 64 micro-batches; and with 1000 or 4000 micro-batches in Megatron-Core's groups), and on
+/// LLaMA-3-8B with 4 stages; single thread, host only.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -29,6 +30,36 @@ void plan_128_layers_16_stages(benchmark::State& state) {
   }
 }
 BENCHMARK(plan_128_layers_16_stages)->Arg(1)->Arg(2)->ArgName("v")->Unit(benchmark::kMillisecond);
+
+// Megatron-Core's interleaved schedule (v = 2) with many micro-batches: m = 1000 in groups of 24
+// and m = 4016 in groups of 20 (the last groups hold 16); the in-flight moments come from walking
+// the steady state, which the repeating whole groups shorten.
+void plan_128_layers_16_stages_ragged(benchmark::State& state) {
+  act::planner_input in = input_128x16(2);
+  in.step.micro_batches = state.range(0);
+  in.parallel.vp_group = state.range(1);
+  for (auto _ : state) {
+    auto plan = act::make_plan(in);
+    benchmark::DoNotOptimize(plan);
+  }
+}
+BENCHMARK(plan_128_layers_16_stages_ragged)
+    ->Args({1000, 24})
+    ->Args({4016, 20})
+    ->ArgNames({"m", "g"})
+    ->Unit(benchmark::kMillisecond);
+
+// The walk's worst case: m micro-batches in one group (nothing repeats), v = 4, all 16 devices.
+// No plan fits such a step (chunk 0 holds all m), so this times in_flight_peaks alone.
+void in_flight_peaks_one_group(benchmark::State& state) {
+  act::pipeline_schedule const sc{16, 4, state.range(0), state.range(0)};
+  for (auto _ : state)
+    for (std::int64_t s = 0; s < sc.pp; ++s) {
+      auto peaks = act::in_flight_peaks(sc, s);
+      benchmark::DoNotOptimize(peaks);
+    }
+}
+BENCHMARK(in_flight_peaks_one_group)->Arg(4000)->ArgName("m")->Unit(benchmark::kMillisecond);
 
 void plan_llama3_8b(benchmark::State& state) {
   act::planner_input in;

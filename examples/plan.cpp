@@ -38,9 +38,15 @@ void usage() {
   std::puts(
       "usage: agoq_plan [--config FILE] [--preset llama3-8b|32b|gpt3-1.3b] [--style llama|gpt]\n"
       "  [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N] [--head-dim N]\n"
-      "  [--vocab N] [--tp N] [--pp N] [--vp N] [--dp N] [--zero 0-3] [--sp] [--no-sp]\n"
-      "  [--micro-batch N] [--seq N] [--micro-batches N] [--grad fp32|bf16|int8]\n"
-      "  [--optim fp32|int8] [--budget-gib X] [--verbose]\n"
+      "  [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N] [--vp-rules core|legacy]\n"
+      "  [--dp N] [--zero 0-3] [--sp] [--no-sp] [--micro-batch N] [--seq N]\n"
+      "  [--micro-batches N] [--grad fp32|bf16|int8] [--optim fp32|int8] [--budget-gib X]\n"
+      "  [--verbose]\n"
+      "--vp N > 1 runs Megatron's interleaved schedule: by default Megatron-Core's, in groups of\n"
+      "--vp-group micro-batches (its microbatch_group_size_per_vp_stage; default pp), which\n"
+      "needs pp <= group <= micro-batches and micro-batches mod group either 0 or >= pp;\n"
+      "--vp-rules legacy follows older Megatron-LM (micro-batches a multiple of pp, every\n"
+      "forward first when they equal pp). --micro-batches 0 (default) fills the pipeline.\n"
       "A config file holds the same keys as key=value lines (sp=1, verbose=1; # comments).");
 }
 
@@ -90,6 +96,12 @@ void apply(options& o, std::string const& key, std::string const& v) {
     o.parallel.pp = to_int(key, v);
   } else if (key == "vp") {
     o.parallel.virtual_stages = to_int(key, v);
+  } else if (key == "vp-group") {
+    o.parallel.vp_group = to_int(key, v);
+  } else if (key == "vp-rules") {
+    o.parallel.vp_rules = v == "core"     ? act::interleaved_rules::megatron_core
+                          : v == "legacy" ? act::interleaved_rules::megatron_legacy
+                                          : throw std::invalid_argument("vp-rules: core|legacy");
   } else if (key == "dp") {
     o.parallel.dp = to_int(key, v);
   } else if (key == "zero") {
@@ -239,12 +251,15 @@ int run(int argc, char** argv) {
       static_cast<long long>(m.hidden), static_cast<long long>(m.ffn),
       static_cast<long long>(m.heads), static_cast<long long>(m.kv_heads),
       static_cast<long long>(m.head_size()), static_cast<long long>(m.vocab));
+  std::string const schedule = p.virtual_stages == 1
+                                   ? "1F1B"
+                                   : "interleaved, v = " + std::to_string(p.virtual_stages) + ", " +
+                                         act::name_of(p.vp_rules) + ", groups of " +
+                                         std::to_string(p.vp_group > 0 ? p.vp_group : p.pp);
   std::printf(
       "parallel: tp %lld, pp %lld (%s), dp %lld, ZeRO-%d, sp %s; micro-batch %lld x seq "
       "%lld, micro-batches %s\n",
-      static_cast<long long>(p.tp), static_cast<long long>(p.pp),
-      p.virtual_stages > 1 ? ("interleaved, v = " + std::to_string(p.virtual_stages)).c_str()
-                           : "1F1B",
+      static_cast<long long>(p.tp), static_cast<long long>(p.pp), schedule.c_str(),
       static_cast<long long>(p.dp), p.zero_stage, p.sp ? "on" : "off",
       static_cast<long long>(o.step.micro_batch), static_cast<long long>(o.step.seq),
       o.step.micro_batches > 0 ? std::to_string(o.step.micro_batches).c_str()

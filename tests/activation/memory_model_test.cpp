@@ -3,9 +3,13 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <iterator>
 #include <numeric>
 #include <set>
+#include <utility>
 #include <vector>
 
 using namespace agoq::activation;
@@ -27,28 +31,51 @@ struct replayed {
                                                  ///< moment matches or exceeds in every chunk
 };
 
-/// Replays device `s` of Megatron-LM's schedule for m micro-batches (p stages, v chunks each) as
-/// forward_backward_pipelining_{without,with}_interleaving runs it: `warmup` forward units, then
-/// one forward and one backward unit per step, then the remaining backward units. Forward unit k
-/// runs chunk (k mod p v) / p (get_model_chunk_id), backward unit k the chunk v - 1 - that.
-/// Counts the chunk units alive (forward done, backward not yet) after every unit.
-replayed replay(std::int64_t p, std::int64_t v, std::int64_t s, std::int64_t m) {
+/// Megatron-Core's schedule table (get_schedule_table): the (micro-batch, chunk) of each forward
+/// unit of a device. Groups of g micro-batches start at 0, g, 2g, ...; each goes through chunk 0,
+/// then chunk 1, ...; the group that reaches m is the last and takes all that is left.
+std::vector<std::pair<std::int64_t, std::int64_t>> schedule_table(std::int64_t m, std::int64_t v,
+                                                                  std::int64_t g) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> table;
+  for (std::int64_t first = 0; first < m; first += g) {
+    std::int64_t const end = first + g >= m ? m : first + g;
+    for (std::int64_t c = 0; c < v; ++c)
+      for (std::int64_t mb = first; mb < end; ++mb) table.emplace_back(mb, c);
+  }
+  return table;
+}
+
+/// Replays device `s` of Megatron's schedule for m micro-batches (p devices, v chunks each,
+/// groups of g) as forward_backward_pipelining_{without,with}_interleaving runs it: `warmup`
+/// forward units (get_pp_rank_microbatches), then one forward and one backward unit per step,
+/// then the remaining backward units. Forward unit k runs the table's (micro-batch, chunk) k;
+/// backward unit k runs chunk v - 1 - table chunk k and pops that chunk's oldest saved
+/// micro-batch, which must exist and be the table's micro-batch k. Counts the chunk units alive
+/// (forward done, backward not yet) after every unit.
+replayed replay(std::int64_t p, std::int64_t v, std::int64_t s, std::int64_t m, std::int64_t g,
+                interleaved_rules rules = interleaved_rules::megatron_core) {
+  auto const table = schedule_table(m, v, v == 1 ? 1 : g);
   std::int64_t const total = m * v;
-  std::int64_t const warmup =
-      std::min(v == 1 ? p - s - 1 : (m == p ? total : 2 * (p - s - 1) + (v - 1) * p), total);
+  REQUIRE(static_cast<std::int64_t>(table.size()) == total);
+  std::int64_t warmup = v == 1 ? p - s - 1 : 2 * (p - s - 1) + (v - 1) * g;
+  if (v > 1 && rules == interleaved_rules::megatron_legacy && m == p) warmup = total;
+  warmup = std::min(warmup, total);
+  std::vector<std::deque<std::int64_t>> saved(static_cast<std::size_t>(v));
   std::vector<std::int64_t> alive(static_cast<std::size_t>(v), 0);
   std::set<std::vector<std::int64_t>> moments;
-  auto chunk = [&](std::int64_t k, bool forward) {
-    std::int64_t const c = k % (p * v) / p;
-    return static_cast<std::size_t>(forward ? c : v - 1 - c);
-  };
   auto forward = [&](std::int64_t k) {
-    ++alive[chunk(k, true)];
+    auto const [mb, c] = table[static_cast<std::size_t>(k)];
+    saved[static_cast<std::size_t>(c)].push_back(mb);
+    ++alive[static_cast<std::size_t>(c)];
     moments.insert(alive);
   };
   auto backward = [&](std::int64_t k) {
-    REQUIRE(alive[chunk(k, false)] > 0);  // a backward never runs before its forward
-    --alive[chunk(k, false)];
+    auto const [mb, c] = table[static_cast<std::size_t>(k)];
+    auto const chunk = static_cast<std::size_t>(v - 1 - c);
+    REQUIRE(!saved[chunk].empty());  // a backward never runs before its forward
+    CHECK(saved[chunk].front() == mb);
+    saved[chunk].pop_front();
+    --alive[chunk];
     moments.insert(alive);
   };
   for (std::int64_t k = 0; k < warmup; ++k) forward(k);
@@ -70,6 +97,11 @@ replayed replay(std::int64_t p, std::int64_t v, std::int64_t s, std::int64_t m) 
     if (!covered) r.peaks.push_back(x);  // in sorted order, as the set holds them
   }
   return r;
+}
+
+/// Whether Megatron-Core accepts m micro-batches in groups of g on p devices (v > 1).
+bool core_accepts(std::int64_t p, std::int64_t m, std::int64_t g) {
+  return g >= p && g <= m && (m % g == 0 || m % g >= p);
 }
 
 std::vector<std::vector<std::int64_t>> sorted(std::vector<std::vector<std::int64_t>> x) {
@@ -159,9 +191,21 @@ TEST_CASE("interleaved in-flight counts") {
   CHECK(in_flight_micro_batches(4, 2, 3, 0) == std::vector<std::int64_t>{5, 1});
   CHECK(in_flight_micro_batches(4, 2, 0, 8) == std::vector<std::int64_t>{8, 4});
   CHECK(in_flight_micro_batches(4, 3, 0, 0) == std::vector<std::int64_t>{8, 7, 4});
-  // m == p: every forward runs before any backward.
-  CHECK(in_flight_peaks(4, 2, 2, 4) == counts{{4, 4}});
-  CHECK(peak_in_flight_units(4, 2, 2, 4) == 8);
+  // m == p. Megatron-Core: every forward first only where w = 2 (p - s - 1) + (v - 1) p >= m v,
+  // devices 0 and 1 here; device 2 warms up with 6 units to (4, 2), then its two steady forwards
+  // run chunk 1: (4, 3).
+  CHECK(peak_in_flight_units(4, 2, 1, 4) == 8);
+  CHECK(in_flight_peaks(4, 2, 2, 4) == counts{{4, 3}});
+  CHECK(peak_in_flight_units(4, 2, 2, 4) == 7);
+  CHECK(in_flight_peaks(4, 2, 3, 4) == counts{{4, 1}});
+  // The legacy rules run every forward first on every device.
+  pipeline_schedule const legacy{4, 2, 4, 0, interleaved_rules::megatron_legacy};
+  CHECK(in_flight_peaks(legacy, 2) == counts{{4, 4}});
+  CHECK(peak_in_flight_units(legacy, 3) == 8);
+  // Otherwise the two agree.
+  pipeline_schedule const legacy8{4, 2, 8, 0, interleaved_rules::megatron_legacy};
+  for (std::int64_t s = 0; s < 4; ++s)
+    CHECK(in_flight_peaks(legacy8, s) == in_flight_peaks(4, 2, s, 8));
   CHECK_THROWS_AS(in_flight_micro_batches(4, 2, 0, 6), agoq::invalid_argument);
   CHECK_THROWS_AS(in_flight_peaks(4, 2, 0, 6), agoq::invalid_argument);
   CHECK_THROWS_AS(peak_in_flight_units(4, 2, 4, 8), agoq::invalid_argument);
@@ -184,46 +228,166 @@ TEST_CASE("interleaved schedule, p = 2, v = 2, m = 4, by hand") {
   CHECK(peak_in_flight_units(2, 2, 1, 4) == 3);
   CHECK(in_flight_micro_batches(2, 2, 0, 4) == std::vector<std::int64_t>{4, 2});
   CHECK(in_flight_micro_batches(2, 2, 1, 4) == std::vector<std::int64_t>{3, 1});
-  CHECK(sorted(in_flight_peaks(2, 2, 0, 4)) == replay(2, 2, 0, 4).peaks);
-  CHECK(sorted(in_flight_peaks(2, 2, 1, 4)) == replay(2, 2, 1, 4).peaks);
+  CHECK(sorted(in_flight_peaks(2, 2, 0, 4)) == replay(2, 2, 0, 4, 2).peaks);
+  CHECK(sorted(in_flight_peaks(2, 2, 1, 4)) == replay(2, 2, 1, 4, 2).peaks);
+}
+
+TEST_CASE("interleaved schedule, p = 2, v = 2, m = 5, groups of 3, by hand") {
+  // Megatron-Core's own example (ModelParallelConfig.microbatch_group_size_per_vp_stage): groups
+  // {0 1 2} and {3 4}. Forward units k = 0..9 run (micro-batch, chunk) (0,0) (1,0) (2,0) (0,1)
+  // (1,1) (2,1) (3,0) (4,0) (3,1) (4,1): chunks 0 0 0 1 1 1 0 0 1 1; backward units run chunks 1 1
+  // 1 0 0 0 1 1 0 0. Counts (chunk 0, chunk 1) alive after each unit: device 0, 2 (2 - 0 - 1) + (2
+  // - 1) 3 = 5 warm-up forwards: (1,0) (2,0) (3,0) (3,1) (3,2);
+  //   steady F B pairs: F (3,3) B (3,2) | F (4,2) B (4,1) | F (5,1) B (5,0) | F (5,1) B (4,1) |
+  //                     F (4,2) B (3,2);
+  //   cool-down: (2,2) (2,1) (2,0) (1,0) (0,0). Peak 6 units at (3,3), (4,2) and (5,1); per chunk
+  //   5 and 3.
+  // device 1, 3 warm-up forwards: (1,0) (2,0) (3,0);
+  //   steady: F (3,1) B (3,0) | F (3,1) B (3,0) | F (3,1) B (3,0) | F (4,0) B (3,0) |
+  //           F (4,0) B (3,0) | F (3,1) B (2,1) | F (2,2) B (2,1); cool-down (2,0) (1,0) (0,0).
+  //   Peak 4 units at (3,1), (4,0) and (2,2); per chunk 4 and 2.
+  // With groups of p = 2 Megatron-Core refuses m = 5 (a last group of 1 < p).
+  using counts = std::vector<std::vector<std::int64_t>>;
+  pipeline_schedule const sc{2, 2, 5, 3};
+  CHECK(in_flight_peaks(sc, 0) == counts{{3, 3}, {4, 2}, {5, 1}});
+  CHECK(in_flight_peaks(sc, 1) == counts{{3, 1}, {4, 0}, {2, 2}});
+  CHECK(peak_in_flight_units(sc, 0) == 6);
+  CHECK(peak_in_flight_units(sc, 1) == 4);
+  CHECK(in_flight_micro_batches(sc, 0) == std::vector<std::int64_t>{5, 3});
+  CHECK(in_flight_micro_batches(sc, 1) == std::vector<std::int64_t>{4, 2});
+  CHECK(sorted(in_flight_peaks(sc, 0)) == replay(2, 2, 0, 5, 3).peaks);
+  CHECK(sorted(in_flight_peaks(sc, 1)) == replay(2, 2, 1, 5, 3).peaks);
+  CHECK_THROWS_AS(in_flight_peaks(2, 2, 0, 5), agoq::invalid_argument);
+}
+
+TEST_CASE("schedules Megatron refuses") {
+  auto throws_with = [](pipeline_schedule const& sc, char const* what) {
+    CAPTURE(what);
+    CHECK_THROWS_WITH_AS(in_flight_peaks(sc, 0), doctest::Contains(what), agoq::invalid_argument);
+    CHECK_THROWS_AS(peak_in_flight_units(sc, 0), agoq::invalid_argument);
+    CHECK_THROWS_AS(in_flight_micro_batches(sc, 0), agoq::invalid_argument);
+  };
+  // Megatron-Core: p <= g <= m, and a last group of 0 or >= p micro-batches.
+  throws_with({4, 2, 3}, ">= pp (4, the default group size)");  // m < p
+  throws_with({4, 2, 6, 8}, ">= the group size vp_group (8)");  // g > m
+  throws_with({4, 2, 8, 3}, "of at least pp (4), got 3");       // g < p
+  throws_with({4, 2, 8, -1}, "must be >= 0");                   // g < 0
+  throws_with({4, 2, 9, 4}, "last group of 1 micro-batches");   // 9 = 2 * 4 + 1
+  throws_with({4, 2, 6}, "last group of 2 micro-batches");      // default g = p = 4
+  throws_with({4, 2, 13, 5}, "last group of 3 micro-batches");
+  throws_with({4, 2, -1}, "micro_batches must be >= 0");
+  throws_with({1, 2, 4}, "at least 2 devices");
+  // The legacy rules: m a multiple of p, groups of p.
+  throws_with({4, 2, 6, 6, interleaved_rules::megatron_legacy}, "groups of pp (4)");
+  throws_with({4, 2, 6, 0, interleaved_rules::megatron_legacy}, "a multiple of pp (4)");
+  throws_with({4, 2, 8, 0, static_cast<interleaved_rules>(7)}, "unknown interleaved_rules");
+  // Accepted: the group size is ignored by 1F1B; ragged m with a group that leaves >= p.
+  CHECK(peak_in_flight_units({4, 1, 3, 7}, 0) == 3);
+  CHECK(peak_in_flight_units({4, 2, 6, 6}, 0) == 12);  // w = 2 * 3 + 6 = m v: all forwards first
+  CHECK(peak_in_flight_units({4, 2, 6, 6}, 2) == 2 + 6 + 1);
+  CHECK(peak_in_flight_units({4, 2, 9, 5}, 3) == 5 + 1);
+  CHECK_NOTHROW(in_flight_peaks({4, 2, 4, 4, interleaved_rules::megatron_legacy}, 0));
+  // Through the configuration: a bad group size fails validate; micro-batches the schedule
+  // refuses fail estimate_memory (and make_plan).
+  model_shape const m = llama3_8b();
+  parallel_config p;
+  p.pp = 4;
+  p.virtual_stages = 2;
+  p.vp_group = 3;
+  CHECK_THROWS_WITH_AS(p.validate(m), doctest::Contains("at least pp (4)"), agoq::invalid_argument);
+  p.vp_group = -2;
+  CHECK_THROWS_AS(p.validate(m), agoq::invalid_argument);
+  p.vp_group = 0;
+  step_config st{1, 1024, 6};
+  CHECK_THROWS_WITH_AS(estimate_memory(m, p, st, {}, policy_table{}),
+                       doctest::Contains("last group of 2"), agoq::invalid_argument);
+  p.vp_group = 6;
+  auto const six = estimate_memory(m, p, st, {}, policy_table{});
+  CHECK(six[0].in_flight == in_flight_peaks({4, 2, 6, 6}, 0).front());
+  p.vp_rules = interleaved_rules::megatron_legacy;
+  CHECK_THROWS_AS(p.validate(m), agoq::invalid_argument);
 }
 
 TEST_CASE("the schedule replayed unit by unit agrees with the closed forms") {
+  auto check_device = [](pipeline_schedule const& sc, std::int64_t s) {
+    std::int64_t const p = sc.pp;
+    std::int64_t const v = sc.virtual_stages;
+    std::int64_t const m = sc.micro_batches;
+    std::int64_t const g = v == 1 || sc.group == 0 ? p : sc.group;
+    CAPTURE(p);
+    CAPTURE(v);
+    CAPTURE(m);
+    CAPTURE(g);
+    CAPTURE(s);
+    replayed const r = replay(p, v, s, m, g, sc.rules);
+    auto const peaks = in_flight_peaks(sc, s);
+    CHECK(sorted(peaks) == r.peaks);
+    CHECK(peaks.size() == r.peaks.size());  // no moment twice
+    for (auto const& n : peaks)
+      CHECK(std::accumulate(n.begin(), n.end(), std::int64_t{0}) == r.peak);
+    CHECK(peak_in_flight_units(sc, s) == r.peak);
+    CHECK(in_flight_micro_batches(sc, s) == r.chunk_max);
+    // The formulas of the documentation.
+    if (v == 1) {
+      CHECK(r.peak == std::min(p - s, m));
+    } else if (sc.rules == interleaved_rules::megatron_legacy && m == p) {
+      CHECK(r.peak == m * v);
+    } else {
+      std::int64_t const w = 2 * (p - s - 1) + (v - 1) * g;
+      CHECK(r.peak == (w >= m * v ? m * v : w + 1));
+      if (s == 0 && g == p && m >= 2 * p) CHECK(r.peak == p * v + p - 1);
+    }
+  };
+  std::int64_t replays = 0;
   for (std::int64_t p = 2; p <= 16; ++p)
     for (std::int64_t v = 1; v <= 4; ++v)
-      for (std::int64_t m : {p, 2 * p, 3 * p, 8 * p, std::int64_t{1}, p - 1}) {
-        if (v > 1 && m % p != 0) continue;
-        for (std::int64_t s = 0; s < p; ++s) {
-          CAPTURE(p);
-          CAPTURE(v);
-          CAPTURE(m);
-          CAPTURE(s);
-          replayed const r = replay(p, v, s, m);
-          auto const peaks = in_flight_peaks(p, v, s, m);
-          CHECK(sorted(peaks) == r.peaks);
-          CHECK(peaks.size() == r.peaks.size());  // no moment twice
-          for (auto const& n : peaks)
-            CHECK(std::accumulate(n.begin(), n.end(), std::int64_t{0}) == r.peak);
-          CHECK(peak_in_flight_units(p, v, s, m) == r.peak);
-          CHECK(in_flight_micro_batches(p, v, s, m) == r.chunk_max);
-          // The formulas of the documentation.
-          if (v == 1) {
-            CHECK(r.peak == std::min(p - s, m));
-          } else if (m == p) {
-            CHECK(r.peak == m * v);
-          } else {
-            CHECK(r.peak == 2 * (p - s - 1) + (v - 1) * p + 1);
-            if (s == 0) CHECK(r.peak == p * v + p - 1);
-          }
+      for (std::int64_t m :
+           {std::int64_t{1}, p - 1, p, p + 1, 2 * p - 1, 2 * p, 3 * p, 3 * p + 2, 8 * p}) {
+        if (v == 1) {
+          for (std::int64_t s = 0; s < p; ++s, ++replays) check_device({p, v, m}, s);
+          continue;
         }
+        // Every group size Megatron-Core could be given: refused exactly where its checks
+        // refuse.
+        for (std::int64_t g = 0; g <= m + 1; ++g) {
+          CAPTURE(p);
+          CAPTURE(m);
+          CAPTURE(g);
+          bool const ok = core_accepts(p, m, g == 0 ? p : g);
+          if (ok) CHECK_NOTHROW(peak_in_flight_units({p, v, m, g}, 0));
+          if (!ok) CHECK_THROWS_AS(peak_in_flight_units({p, v, m, g}, 0), agoq::invalid_argument);
+        }
+        // Replayed: every group size accepted (the default p as 0); for m = 8p, whose groups are
+        // many and long, p, 3p, 4p + 1 and 8p.
+        for (std::int64_t g = p; g <= m; ++g) {
+          bool const sampled = m < 8 * p || g == p || g == 3 * p || g == 4 * p + 1 || g == m;
+          if (!core_accepts(p, m, g) || !sampled) continue;
+          for (std::int64_t s = 0; s < p; ++s, ++replays)
+            check_device({p, v, m, g == p ? 0 : g}, s);
+        }
+        if (m % p == 0)
+          for (std::int64_t s = 0; s < p; ++s, ++replays)
+            check_device({p, v, m, 0, interleaved_rules::megatron_legacy}, s);
       }
-  // No cap: the steady state's moments, the same as for any m >= 3p.
+  CHECK(replays > 10000);  // the sweep ran
+  // No cap: the steady state's moments, the same as for any m from 3 groups that is a multiple
+  // of the group size.
   for (std::int64_t p = 2; p <= 8; ++p)
     for (std::int64_t v = 1; v <= 4; ++v)
-      for (std::int64_t s = 0; s < p; ++s) {
-        CHECK(in_flight_peaks(p, v, s, 0) == in_flight_peaks(p, v, s, 8 * p));
-        CHECK(peak_in_flight_units(p, v, s, 0) == peak_in_flight_units(p, v, s, 8 * p));
-      }
+      for (std::int64_t g : {p, p + 1, 2 * p + 1})
+        for (std::int64_t s = 0; s < p; ++s) {
+          if (v == 1 && g != p) continue;
+          CAPTURE(p);
+          CAPTURE(v);
+          CAPTURE(g);
+          CAPTURE(s);
+          pipeline_schedule const no_cap{p, v, 0, g};
+          CHECK(in_flight_peaks(no_cap, s) == in_flight_peaks({p, v, 3 * g, g}, s));
+          CHECK(sorted(in_flight_peaks(no_cap, s)) == sorted(in_flight_peaks({p, v, 8 * g, g}, s)));
+          CHECK(peak_in_flight_units(no_cap, s) == peak_in_flight_units({p, v, 8 * g, g}, s));
+        }
+  // A long ragged step: the jump over the repeating whole groups against the replay.
+  for (std::int64_t s : {0, 3, 7}) check_device({8, 3, 12 * 27 + 10, 12}, s);
 }
 
 TEST_CASE("bf16 activations reconcile with Megatron's formula") {

@@ -257,6 +257,28 @@ class PlanningTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             agoq.make_plan(dict(LLAMA, heads=5), 8, 128, default)
 
+    def test_interleaved_schedule_rules(self):
+        # p = 2, v = 2 (one layer per chunk). m = 3: Megatron-Core refuses groups of p = 2 (a
+        # last group of 1); in one group of 3, device 0 runs every forward first, (3, 3), and
+        # device 1 peaks at (3, 1) (docs/activations.md, 4.1).
+        layout = dict(pp=2, vp=2, gradients="int8")
+        with self.assertRaisesRegex(ValueError, "last group of 1"):
+            agoq.estimate_memory(LLAMA, 8, 128, micro_batches=3, **layout)
+        three = agoq.estimate_memory(LLAMA, 8, 128, micro_batches=3, vp_group=3, **layout)
+        self.assertEqual([s["in_flight"] for s in three], [[3, 3], [3, 1]])
+        plan = agoq.make_plan(LLAMA, 8, 128, 4 * three[0]["total"], micro_batches=3, vp_group=3,
+                              **layout)
+        self.assertEqual([s["in_flight"] for s in plan["stages"]], [[3, 3], [3, 1]])
+        # m == p: Megatron-Core runs every forward first only on device 0; the legacy rules on both.
+        core = agoq.estimate_memory(LLAMA, 8, 128, micro_batches=2, **layout)
+        legacy = agoq.estimate_memory(LLAMA, 8, 128, micro_batches=2, vp_rules="legacy", **layout)
+        self.assertEqual([s["in_flight"] for s in core], [[2, 2], [2, 1]])
+        self.assertEqual([s["in_flight"] for s in legacy], [[2, 2], [2, 2]])
+        with self.assertRaises(ValueError):
+            agoq.estimate_memory(LLAMA, 8, 128, micro_batches=2, vp_rules="megatron", **layout)
+        with self.assertRaisesRegex(ValueError, "at least pp"):
+            agoq.make_plan(LLAMA, 8, 128, 4 * three[0]["total"], vp_group=1, **layout)
+
 
     def test_measure_gives_the_error_model_statistics(self):
         torch.manual_seed(3)

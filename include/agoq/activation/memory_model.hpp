@@ -1,15 +1,17 @@
 /// \file
 /// A per-GPU memory model of one training step: weights (bf16 + fp32 master), gradients (fp32,
 /// bf16 or 8-bit), optimizer states (fp32 or 8-bit Adam), and the saved activations (bf16 or as
-/// planned) at the peak moment of the pipeline schedule (1F1B or interleaved, replayed exactly)
-/// under tensor, pipeline, data (ZeRO 0-3) and sequence parallelism; and Megatron's published
-/// activation formula to check it against. Host only.
+/// planned) at the peak moment of the pipeline schedule (1F1B, or the interleaved schedule under
+/// Megatron-Core's or the legacy rules, followed unit by unit) under tensor, pipeline, data (ZeRO
+/// 0-3) and sequence parallelism; and Megatron's published activation formula to check it against.
+/// Host only.
 /// What is and is not counted is listed in docs/activations.md.
 #pragma once
 
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,25 @@
 
 namespace agoq::activation {
 
+/// Which rules Megatron's interleaved pipeline schedule (v > 1) follows; 1F1B (v = 1) is the same
+/// under both. docs/activations.md §4.1 gives the sources.
+enum class interleaved_rules : std::uint8_t {
+  /// Current Megatron-Core (megatron/core/pipeline_parallel/schedules.py: get_pp_rank_microbatches,
+  /// get_schedule_table, forward_backward_pipelining_with_interleaving): the micro-batches go
+  /// through the chunks in groups of g (microbatch_group_size_per_vp_stage, default p), the last
+  /// group holding what is left; device s runs w = 2 (p - s - 1) + (v - 1) g warm-up forwards, and
+  /// every forward first only where w >= m v. Needs p <= g <= m, and m mod g either 0 or >= p.
+  megatron_core,
+  /// Megatron-LM releases before the group size (and apex's schedules): groups of p, m a multiple
+  /// of p, w = 2 (p - s - 1) + (v - 1) p, and every forward first on all devices when m == p.
+  megatron_legacy,
+};
+
+/// The name of a rule set: "megatron-core" or "megatron-legacy".
+inline std::string name_of(interleaved_rules r) {
+  return r == interleaved_rules::megatron_core ? "megatron-core" : "megatron-legacy";
+}
+
 /// How the pipeline, tensor and data parallel groups are laid out.
 struct parallel_config {
   std::int64_t tp = 1;              ///< tensor-parallel degree
@@ -29,28 +50,64 @@ struct parallel_config {
   int zero_stage = 0;               ///< ZeRO: 1 shards optimizer states and master weights over
                                     ///< dp, 2 also gradients, 3 also the bf16 weights
   bool sp = false;                  ///< sequence parallelism
+  std::int64_t vp_group = 0;        ///< interleaved schedule: micro-batches per group through each
+                                    ///< chunk (Megatron-Core's microbatch_group_size_per_vp_stage,
+                                    ///< g); 0: pp. Unused when virtual_stages == 1.
+  interleaved_rules vp_rules = interleaved_rules::megatron_core;  ///< the interleaved schedule's
+                                                                  ///< rules (unused for v = 1)
 
   /// Layers per model chunk, layers / (pp * virtual_stages).
   std::int64_t layers_per_chunk(model_shape const& m) const noexcept {
     return m.layers / (pp * virtual_stages);
   }
 
-  /// Throws agoq::invalid_argument naming the first field out of range or the layer count that
-  /// does not split evenly.
-  void validate(model_shape const& m) const {
-    m.validate();
-    AGOQ_EXPECTS(tp >= 1 && pp >= 1 && dp >= 1 && virtual_stages >= 1,
-                 "parallel_config: tp, pp, dp and virtual_stages must be positive");
-    AGOQ_EXPECTS(zero_stage >= 0 && zero_stage <= 3,
-                 "parallel_config: zero_stage is 0, 1, 2 or 3, got " + std::to_string(zero_stage));
-    AGOQ_EXPECTS(virtual_stages == 1 || pp >= 2,
-                 "parallel_config: an interleaved schedule needs at least 2 pipeline stages");
-    AGOQ_EXPECTS(m.layers % (pp * virtual_stages) == 0,
-                 "parallel_config: " + std::to_string(m.layers) + " layers do not split into " +
-                     std::to_string(pp) + " stages x " + std::to_string(virtual_stages) +
-                     " chunks");
-  }
+  /// Throws agoq::invalid_argument naming the first field out of range, the group size the
+  /// interleaved schedule refuses, or the layer count that does not split evenly. (Whether the
+  /// step's micro-batches suit the schedule is checked where they meet: estimate_memory,
+  /// in_flight_peaks.)
+  void validate(model_shape const& m) const;
 };
+
+namespace detail {
+
+/// Checks the interleaved schedule's group size `group` (0: pp) for pp devices and v chunks
+/// under `rules`; nothing to check for v = 1.
+inline void check_group(std::int64_t pp, std::int64_t v, std::int64_t group,
+                        interleaved_rules rules) {
+  AGOQ_EXPECTS(
+      rules == interleaved_rules::megatron_core || rules == interleaved_rules::megatron_legacy,
+      "pipeline schedule: unknown interleaved_rules value");
+  AGOQ_EXPECTS(group >= 0,
+               "pipeline schedule: the micro-batch group size (vp_group) must be >= 0 "
+               "(0: pp), got " +
+                   std::to_string(group));
+  if (v == 1 || group == 0) return;
+  if (rules == interleaved_rules::megatron_legacy)
+    AGOQ_EXPECTS(group == pp,
+                 "pipeline schedule: the legacy interleaved schedule runs groups of pp (" +
+                     std::to_string(pp) + ") micro-batches, got vp_group " + std::to_string(group) +
+                     "; use megatron-core rules for others");
+  AGOQ_EXPECTS(group >= pp,
+               "pipeline schedule: Megatron-Core's interleaved schedule needs a "
+               "micro-batch group (vp_group) of at least pp (" +
+                   std::to_string(pp) + "), got " + std::to_string(group));
+}
+
+}  // namespace detail
+
+inline void parallel_config::validate(model_shape const& m) const {
+  m.validate();
+  AGOQ_EXPECTS(tp >= 1 && pp >= 1 && dp >= 1 && virtual_stages >= 1,
+               "parallel_config: tp, pp, dp and virtual_stages must be positive");
+  AGOQ_EXPECTS(zero_stage >= 0 && zero_stage <= 3,
+               "parallel_config: zero_stage is 0, 1, 2 or 3, got " + std::to_string(zero_stage));
+  AGOQ_EXPECTS(virtual_stages == 1 || pp >= 2,
+               "parallel_config: an interleaved schedule needs at least 2 pipeline stages");
+  AGOQ_EXPECTS(m.layers % (pp * virtual_stages) == 0,
+               "parallel_config: " + std::to_string(m.layers) + " layers do not split into " +
+                   std::to_string(pp) + " stages x " + std::to_string(virtual_stages) + " chunks");
+  detail::check_group(pp, virtual_stages, vp_group, vp_rules);
+}
 
 /// The size of one step.
 struct step_config {
@@ -119,44 +176,99 @@ inline layer_place place_of(std::int64_t layer, model_shape const& m, parallel_c
   return {global_chunk % p.pp, global_chunk / p.pp};
 }
 
+/// A pipeline schedule, the same for every device: what the in-flight functions below follow.
+struct pipeline_schedule {
+  std::int64_t pp = 1;              ///< pipeline devices (p)
+  std::int64_t virtual_stages = 1;  ///< model chunks per device (v; > 1: interleaved)
+  std::int64_t micro_batches = 0;   ///< micro-batches of the step (m); 0: no cap (the moments of
+                                    ///< any m that is a multiple of the group size, >= 3 groups)
+  std::int64_t group = 0;           ///< interleaved: micro-batches per group (g); 0: pp
+  interleaved_rules rules = interleaved_rules::megatron_core;  ///< interleaved: whose rules
+};
+
+/// The schedule of a parallel layout running a step.
+inline pipeline_schedule schedule_of(parallel_config const& p, step_config const& st) {
+  return {p.pp, p.virtual_stages, st.micro_batches, p.vp_group, p.vp_rules};
+}
+
 namespace detail {
 
-/// Checks the arguments of the in-flight functions below.
-inline void check_schedule(std::int64_t pp, std::int64_t v, std::int64_t stage,
-                           std::int64_t micro_batches) {
+/// A checked pipeline_schedule with its defaults filled in and its last micro-batch group found.
+struct resolved_schedule {
+  std::int64_t pp = 1;
+  std::int64_t v = 1;
+  std::int64_t m = 0;           ///< micro-batches (no cap resolved to 3 groups)
+  std::int64_t g = 1;           ///< group size
+  std::int64_t last_start = 0;  ///< first micro-batch of the last group
+  std::int64_t last_size = 0;   ///< micro-batches in the last group (1 .. g)
+  std::int64_t total = 0;       ///< forward (and backward) units, m v
+  interleaved_rules rules = interleaved_rules::megatron_core;
+};
+
+/// Checks `sc` and `stage` the way Megatron's schedules would refuse them and fills in the
+/// defaults. Throws agoq::invalid_argument naming the problem.
+inline resolved_schedule resolve(pipeline_schedule const& sc, std::int64_t stage) {
+  std::int64_t const pp = sc.pp;
+  std::int64_t const v = sc.virtual_stages;
   AGOQ_EXPECTS(pp >= 1 && v >= 1, "in_flight: pp and virtual_stages must be positive");
+  AGOQ_EXPECTS(v == 1 || pp >= 2, "in_flight: an interleaved schedule needs at least 2 devices");
   AGOQ_EXPECTS(stage >= 0 && stage < pp, "in_flight: stage " + std::to_string(stage) +
                                              " outside [0, " + std::to_string(pp) + ")");
-  AGOQ_EXPECTS(micro_batches >= 0, "in_flight: micro_batches must be >= 0");
-  AGOQ_EXPECTS(v == 1 || micro_batches % pp == 0,
-               "in_flight: the interleaved schedule needs micro_batches (" +
-                   std::to_string(micro_batches) + ") to be a multiple of pp (" +
-                   std::to_string(pp) + ")");
+  AGOQ_EXPECTS(sc.micro_batches >= 0, "in_flight: micro_batches must be >= 0 (0: no cap), got " +
+                                          std::to_string(sc.micro_batches));
+  check_group(pp, v, sc.group, sc.rules);
+  resolved_schedule r;
+  r.pp = pp;
+  r.v = v;
+  r.rules = sc.rules;
+  r.g = v == 1 || sc.group == 0 ? pp : sc.group;
+  r.m = sc.micro_batches > 0 ? sc.micro_batches : 3 * r.g;
+  std::int64_t const m = r.m;
+  if (v > 1 && sc.rules == interleaved_rules::megatron_legacy) {
+    AGOQ_EXPECTS(m % pp == 0, "in_flight: the legacy interleaved schedule needs micro_batches (" +
+                                  std::to_string(m) + ") to be a multiple of pp (" +
+                                  std::to_string(pp) + ")");
+  } else if (v > 1) {
+    auto const g = [&] {
+      return sc.group == 0 ? "pp (" + std::to_string(pp) + ", the default group size)"
+                           : "the group size vp_group (" + std::to_string(r.g) + ")";
+    };
+    AGOQ_EXPECTS(m >= r.g, "in_flight: Megatron-Core's interleaved schedule needs micro_batches (" +
+                               std::to_string(m) + ") >= " + g());
+    AGOQ_EXPECTS(m % r.g == 0 || m % r.g >= pp,
+                 "in_flight: Megatron-Core's interleaved schedule refuses micro_batches " +
+                     std::to_string(m) + " in groups of " + g() + ": a last group of " +
+                     std::to_string(m % r.g) + " micro-batches, fewer than pp (" +
+                     std::to_string(pp) + "); choose a vp_group that divides micro_batches or " +
+                     "leaves at least pp");
+  }
+  // Megatron-Core's get_schedule_table: groups start at 0, g, 2g, ...; the group that reaches m
+  // is the last and holds the rest.
+  r.last_start = (m - 1) / r.g * r.g;
+  r.last_size = m - r.last_start;
+  r.total = m * v;
+  return r;
 }
 
-/// The micro-batches of the step the in-flight functions follow: `micro_batches`, or for 0 (no
-/// cap) 3 pp, enough that the steady state runs through a whole period of its peak moments
-/// (pp v steps; see in_flight_peaks) on every device.
-inline std::int64_t schedule_micro_batches(std::int64_t pp, std::int64_t micro_batches) {
-  return micro_batches > 0 ? micro_batches : 3 * pp;
+/// The forward units device `stage` runs before its first backward (Megatron's
+/// num_warmup_microbatches): p - s - 1 for 1F1B; 2 (p - s - 1) + (v - 1) g for the interleaved
+/// schedule (g = p under the legacy rules, which also run all m v when m == p); never more than
+/// the m v units of the step.
+inline std::int64_t warmup_units(resolved_schedule const& r, std::int64_t stage) {
+  if (r.v == 1) return std::min(r.pp - stage - 1, r.total);
+  if (r.rules == interleaved_rules::megatron_legacy && r.m == r.pp) return r.total;
+  return std::min(2 * (r.pp - stage - 1) + (r.v - 1) * r.g, r.total);
 }
 
-/// The forward units device `stage` runs before its first backward (Megatron-LM's
-/// num_warmup_microbatches): p - s - 1 for 1F1B; 2 (p - s - 1) + (v - 1) p for the interleaved
-/// schedule, all m v when m == p; never more than the m v units of the step.
-inline std::int64_t warmup_units(std::int64_t pp, std::int64_t v, std::int64_t stage,
-                                 std::int64_t micro_batches) {
-  std::int64_t const total = schedule_micro_batches(pp, micro_batches) * v;
-  if (v > 1 && total == pp * v) return total;
-  return std::min(v == 1 ? pp - stage - 1 : 2 * (pp - stage - 1) + (v - 1) * pp, total);
-}
-
-/// How many of the first `n` units of a device's forward order run on local chunk `chunk`: the
-/// order takes pp micro-batches through chunk 0, the same pp through chunk 1, ..., then the next
-/// pp micro-batches (its backward order is the same with the chunks reversed).
-inline std::int64_t units_on_chunk(std::int64_t n, std::int64_t pp, std::int64_t v,
-                                   std::int64_t chunk) {
-  return n / (pp * v) * pp + std::clamp<std::int64_t>(n % (pp * v) - chunk * pp, 0, pp);
+/// How many of the first `n` units of a device's forward order run on local chunk `chunk`
+/// (Megatron-Core's schedule table): each group of g micro-batches goes through chunk 0, then the
+/// same micro-batches through chunk 1, ..., then the next group; the last group holds
+/// last_size micro-batches. A device's backward order is the same with the chunks reversed.
+inline std::int64_t units_on_chunk(std::int64_t n, resolved_schedule const& r, std::int64_t chunk) {
+  std::int64_t const whole = r.last_start * r.v;  // units of the groups before the last
+  if (n <= whole)
+    return n / (r.g * r.v) * r.g + std::clamp<std::int64_t>(n % (r.g * r.v) - chunk * r.g, 0, r.g);
+  return r.last_start + std::clamp<std::int64_t>(n - whole - chunk * r.last_size, 0, r.last_size);
 }
 
 }  // namespace detail
@@ -169,64 +281,90 @@ inline std::int64_t units_on_chunk(std::int64_t n, std::int64_t pp, std::int64_t
 /// sizes.
 /// - 1F1B (v = 1; Narayanan et al. 2021, PipeDream-Flush): stage s of p runs w = p - s - 1
 ///   warm-up forwards, then alternates one forward and one backward; one moment, min(p - s, m).
-/// - Interleaved (v > 1; Megatron-LM's schedule): device s runs w = 2 (p - s - 1) + (v - 1) p
-///   warm-up forward units (all m v when m == p), then one forward and one backward unit per
-///   step. Forward units go through the chunks in groups of p micro-batches (chunk 0 first),
-///   backward units likewise from chunk v - 1. The peaks are the moments right after each
-///   steady-state forward, when w + 1 units are alive (without a steady state, the end of the
-///   warm-up); after F forwards and B backwards chunk c holds f_c(F) - f_{v-1-c}(B),
-///   f_c(n) = floor(n / (p v)) p + clamp(n mod p v - c p, 0, p).
-///   They repeat every p v steps, so at most p v moments are distinct.
-/// `micro_batches` = 0 means enough micro-batches that the cap never binds. Throws
-/// agoq::invalid_argument for stage outside [0, pp), or an interleaved m that is not a multiple
-/// of pp.
+/// - Interleaved (v > 1; Megatron's forward_backward_pipelining_with_interleaving): device s runs
+///   w warm-up forward units (see interleaved_rules; all m v where w >= m v), then one forward and
+///   one backward unit per step, then the last w backwards. Forward units follow the schedule
+///   table: groups of g micro-batches through chunk 0, then chunk 1, ...; backward units likewise
+///   from chunk v - 1. The peaks are the moments right after each steady-state forward, when
+///   w + 1 units are alive (without a steady state, the end of the warm-up); after F forwards and
+///   B backwards chunk c holds f_c(F) - f_{v-1-c}(B), f_c(n) the first n forward units on chunk
+///   c (detail::units_on_chunk). Within the whole groups they repeat every g v steps, so this
+///   visits at most g v steps there and every step of the last group: O((g + r) v^2 log) for a
+///   last group of r micro-batches, whatever m.
+/// Throws agoq::invalid_argument for stage outside [0, pp) and for a schedule Megatron refuses
+/// (detail::resolve: under Megatron-Core rules g < p, m < g, or a last group shorter than p;
+/// under the legacy rules m not a multiple of p).
+inline std::vector<std::vector<std::int64_t>> in_flight_peaks(pipeline_schedule const& sc,
+                                                              std::int64_t stage) {
+  detail::resolved_schedule const r = detail::resolve(sc, stage);
+  std::int64_t const warmup = detail::warmup_units(r, stage);
+  auto alive = [&](std::int64_t forwards, std::int64_t backwards) {
+    std::vector<std::int64_t> n(static_cast<std::size_t>(r.v));
+    for (std::int64_t c = 0; c < r.v; ++c)
+      n[static_cast<std::size_t>(c)] = detail::units_on_chunk(forwards, r, c) -
+                                       detail::units_on_chunk(backwards, r, r.v - 1 - c);
+    return n;
+  };
+  if (warmup == r.total) return {alive(r.total, 0)};
+  std::vector<std::vector<std::int64_t>> peaks;
+  std::set<std::vector<std::int64_t>> seen;
+  std::int64_t const period = r.g * r.v;
+  std::int64_t const whole = r.last_start * r.v;
+  for (std::int64_t i = 0; i < r.total - warmup; ++i) {
+    // While both counts stay in the whole groups, f_c(n + g v) = f_c(n) + g: step i repeats
+    // step i - g v. Jump to the first step whose forward enters the last group.
+    if (i >= period && warmup + i + 1 <= whole) {
+      i = whole - warmup - 1;
+      continue;
+    }
+    auto n = alive(warmup + i + 1, i);
+    if (seen.insert(n).second) peaks.push_back(std::move(n));
+  }
+  return peaks;
+}
+
+/// in_flight_peaks of {pp, v, micro_batches} (Megatron-Core rules, groups of pp).
 inline std::vector<std::vector<std::int64_t>> in_flight_peaks(std::int64_t pp, std::int64_t v,
                                                               std::int64_t stage,
                                                               std::int64_t micro_batches) {
-  detail::check_schedule(pp, v, stage, micro_batches);
-  std::int64_t const total = detail::schedule_micro_batches(pp, micro_batches) * v;
-  std::int64_t const warmup = detail::warmup_units(pp, v, stage, micro_batches);
-  auto alive = [&](std::int64_t forwards, std::int64_t backwards) {
-    std::vector<std::int64_t> n(static_cast<std::size_t>(v));
-    for (std::int64_t c = 0; c < v; ++c)
-      n[static_cast<std::size_t>(c)] = detail::units_on_chunk(forwards, pp, v, c) -
-                                       detail::units_on_chunk(backwards, pp, v, v - 1 - c);
-    return n;
-  };
-  if (warmup == total) return {alive(total, 0)};
-  std::vector<std::vector<std::int64_t>> peaks;
-  for (std::int64_t i = 0; i < std::min(pp * v, total - warmup); ++i) {
-    auto n = alive(warmup + i + 1, i);
-    if (std::find(peaks.begin(), peaks.end(), n) == peaks.end()) peaks.push_back(std::move(n));
-  }
-  return peaks;
+  return in_flight_peaks(pipeline_schedule{pp, v, micro_batches}, stage);
 }
 
 /// The most micro-batches each local model chunk of device `stage` holds at once: per chunk, the
 /// largest count of in_flight_peaks. For v > 1 the chunks reach these at different moments, so
 /// their sum exceeds the device's peak (p = 4, v = 2, device 0: 8 + 4 = 12 against 11); the
 /// memory model uses in_flight_peaks. Throws as in_flight_peaks.
-inline std::vector<std::int64_t> in_flight_micro_batches(std::int64_t pp, std::int64_t v,
-                                                         std::int64_t stage,
-                                                         std::int64_t micro_batches) {
-  auto const peaks = in_flight_peaks(pp, v, stage, micro_batches);
+inline std::vector<std::int64_t> in_flight_micro_batches(pipeline_schedule const& sc,
+                                                         std::int64_t stage) {
+  auto const peaks = in_flight_peaks(sc, stage);
   std::vector<std::int64_t> most = peaks.front();
   for (auto const& n : peaks)
     for (std::size_t c = 0; c < most.size(); ++c) most[c] = std::max(most[c], n[c]);
   return most;
 }
 
+/// in_flight_micro_batches of {pp, v, micro_batches} (Megatron-Core rules, groups of pp).
+inline std::vector<std::int64_t> in_flight_micro_batches(std::int64_t pp, std::int64_t v,
+                                                         std::int64_t stage,
+                                                         std::int64_t micro_batches) {
+  return in_flight_micro_batches(pipeline_schedule{pp, v, micro_batches}, stage);
+}
+
 /// The most model-chunk micro-batches device `stage` holds at one moment (the sum of any of
 /// in_flight_peaks), in closed form: min(w + 1, m v) with w the warm-up units, i.e.
-/// min(p - s, m) for 1F1B and, for the interleaved schedule, min(2 (p - s - 1) + (v - 1) p + 1,
-/// m v) (m v when m == p). For the first device and m >= 2p that is p v + p - 1 chunk units =
-/// L (1 + (p - 1) / (p v)) layers' worth, Korthikanti et al. 2022, §4.2.3. Throws as
-/// in_flight_peaks.
+/// min(p - s, m) for 1F1B and, for the interleaved schedule, min(2 (p - s - 1) + (v - 1) g + 1,
+/// m v) (m v on every device when m == p under the legacy rules). For the first device, g = p
+/// and m >= 2p that is p v + p - 1 chunk units = L (1 + (p - 1) / (p v)) layers' worth,
+/// Korthikanti et al. 2022, §4.2.3. Throws as in_flight_peaks.
+inline std::int64_t peak_in_flight_units(pipeline_schedule const& sc, std::int64_t stage) {
+  detail::resolved_schedule const r = detail::resolve(sc, stage);
+  return std::min(detail::warmup_units(r, stage) + 1, r.total);
+}
+
+/// peak_in_flight_units of {pp, v, micro_batches} (Megatron-Core rules, groups of pp).
 inline std::int64_t peak_in_flight_units(std::int64_t pp, std::int64_t v, std::int64_t stage,
                                          std::int64_t micro_batches) {
-  detail::check_schedule(pp, v, stage, micro_batches);
-  return std::min(detail::warmup_units(pp, v, stage, micro_batches) + 1,
-                  detail::schedule_micro_batches(pp, micro_batches) * v);
+  return peak_in_flight_units(pipeline_schedule{pp, v, micro_batches}, stage);
 }
 
 /// Bytes of `n` parameters' gradients in format `g` (the 8-bit buffer as one flat
@@ -383,8 +521,8 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
         chunk_bytes[static_cast<std::size_t>(c)] +=
             layer_activation_bytes(m, sh, [&](tensor_kind k) { return choose(l, k); });
     }
-    detail::set_activation_peak(s, in_flight_peaks(p.pp, p.virtual_stages, r, st.micro_batches),
-                                chunk_bytes, last ? head_activation_bytes(m, sh) : 0);
+    detail::set_activation_peak(s, in_flight_peaks(schedule_of(p, st), r), chunk_bytes,
+                                last ? head_activation_bytes(m, sh) : 0);
     out.push_back(std::move(s));
   }
   return out;

@@ -192,7 +192,7 @@ inline activation_plan make_plan(planner_input const& in) {
     stage_plan sp;
     sp.memory = fixed[static_cast<std::size_t>(r)];
     std::int64_t const head_bytes = r == p.pp - 1 ? head : 0;
-    auto const peaks = in_flight_peaks(p.pp, p.virtual_stages, r, in.step.micro_batches);
+    auto const peaks = in_flight_peaks(schedule_of(p, in.step), r);
     // w_c: the copies of chunk c summed over the peak moments (n_c under 1F1B).
     std::vector<std::int64_t> weight(static_cast<std::size_t>(p.virtual_stages), 0);
     for (auto const& n : peaks)

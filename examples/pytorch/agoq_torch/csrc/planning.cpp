@@ -118,11 +118,17 @@ struct layout_args {
   act::step_config step;
 };
 
+act::interleaved_rules rules_of(std::string const& name) {
+  if (name == "core") return act::interleaved_rules::megatron_core;
+  if (name == "legacy") return act::interleaved_rules::megatron_legacy;
+  throw agoq::invalid_argument("vp_rules: 'core' or 'legacy', got '" + name + "'");
+}
+
 layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t micro_batches,
                       std::int64_t tp, std::int64_t pp, std::int64_t vp, std::int64_t dp, int zero,
-                      bool sp) {
+                      bool sp, std::int64_t vp_group, std::string const& vp_rules) {
   layout_args a;
-  a.parallel = {tp, pp, dp, vp, zero, sp};
+  a.parallel = {tp, pp, dp, vp, zero, sp, vp_group, rules_of(vp_rules)};
   a.step = {micro_batch, seq, micro_batches};
   return a;
 }
@@ -242,7 +248,8 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
                    std::int64_t budget_bytes, py::object const& policy, std::int64_t dp,
                    std::int64_t pp, std::int64_t tp, std::int64_t vp, int zero, bool sp,
                    std::int64_t micro_batches, std::string const& gradients,
-                   std::string const& optimizer, py::object const& statistics) {
+                   std::string const& optimizer, py::object const& statistics,
+                   std::int64_t vp_group, std::string const& vp_rules) {
   act::planner_input in;
   if (!statistics.is_none()) {
     for (auto const& [key, value] : statistics.cast<py::dict>()) {
@@ -253,7 +260,8 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
     }
   }
   in.model = model_of(model);
-  auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp);
+  auto const l =
+      layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group, vp_rules);
   in.parallel = l.parallel;
   in.step = l.step;
   in.states = {gradient_format_of(gradients), optimizer_format_of(optimizer)};
@@ -288,9 +296,11 @@ py::list estimate_memory(py::dict const& model, std::int64_t micro_batch, std::i
                          std::string const& gradients, std::string const& optimizer,
                          py::object const& policy, std::int64_t dp, std::int64_t pp,
                          std::int64_t tp, std::int64_t vp, int zero, bool sp,
-                         std::int64_t micro_batches) {
+                         std::int64_t micro_batches, std::int64_t vp_group,
+                         std::string const& vp_rules) {
   act::model_shape const m = model_of(model);
-  auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp);
+  auto const l =
+      layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group, vp_rules);
   py::list out;
   for (act::stage_memory const& s : act::estimate_memory(
            m, l.parallel, l.step, {gradient_format_of(gradients), optimizer_format_of(optimizer)},
@@ -318,11 +328,14 @@ void register_planning(py::module_& m) {
         py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
         py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
         py::arg("sp") = false, py::arg("micro_batches") = 0, py::arg("gradients") = "int8",
-        py::arg("optimizer") = "fp32", py::arg("statistics") = py::none(),
+        py::arg("optimizer") = "fp32", py::arg("statistics") = py::none(), py::arg("vp_group") = 0,
+        py::arg("vp_rules") = "core",
         "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], 'stages': "
         "[memory], 'error': float}. `statistics` maps (layer, kind) to a dict from measure(), "
-        "which replaces the Gaussian prior of that tensor's error. Raises ValueError with the "
-        "shortfall when nothing fits.");
+        "which replaces the Gaussian prior of that tensor's error. With vp > 1, Megatron's "
+        "interleaved schedule: Megatron-Core's ('core') in groups of vp_group micro-batches "
+        "(0: pp), or older Megatron-LM's ('legacy'). Raises ValueError with the shortfall when "
+        "nothing fits, and for a schedule Megatron refuses.");
   m.def("measure", &measure, py::arg("x"), py::arg("spec"),
         "Statistics of a 2-D tensor for the error model under the groups of `spec`: {'tile', "
         "'elements', 'sum_squares', 'sum_group_absmax_sq', 'sum_group_range_sq'} (finite "
@@ -331,7 +344,9 @@ void register_planning(py::module_& m) {
         py::arg("seq"), py::arg("gradients") = "fp32", py::arg("optimizer") = "fp32",
         py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,
         py::arg("vp") = 1, py::arg("zero") = 0, py::arg("sp") = false, py::arg("micro_batches") = 0,
-        "Per-pipeline-device memory of one step with every tensor at its policy default.");
+        py::arg("vp_group") = 0, py::arg("vp_rules") = "core",
+        "Per-pipeline-device memory of one step with every tensor at its policy default "
+        "(vp_group, vp_rules: the interleaved schedule, as make_plan).");
 }
 
 }  // namespace agoq_torch
