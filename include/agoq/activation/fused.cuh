@@ -565,6 +565,18 @@ inline void end_row_launch(row_launch const& rl, cudaStream_t stream) {
   if (rl.scratch != nullptr) AGOQ_CUDA_TRY(cudaFreeAsync(rl.scratch, stream));
 }
 
+/// The launch shape of an elementwise kernel over a [rows, cols] tensor (one unit per run of 8,
+/// grid-stride): grid and block threads under the current device's launch policy.
+struct elementwise_launch {
+  unsigned grid = 1;
+  int threads = 0;
+};
+
+inline elementwise_launch make_elementwise_launch(std::int64_t rows, std::int64_t cols) {
+  device::launch_policy const pol = agoq::detail::gpu::current_policy();
+  return {agoq::detail::gpu::grid_for(device::unit_count(rows, cols), pol), pol.block_threads};
+}
+
 template <class X, class W, class Y>
 void rmsnorm_forward(cuda_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
                      matrix_view<Y> y, std::span<float> rstd, quantized_view const* saved,
@@ -600,10 +612,7 @@ void gelu_forward(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y, quantize
   std::int64_t const rows = x.extent(0);
   std::int64_t const cols = x.extent(1);
   char const* what = "gelu_forward_async";
-  check_matrix(x, rows, cols, what, "x");
-  check_matrix(y, rows, cols, what, "y");
-  check_overlap(bytes_of(y.data_handle(), y.size()), bytes_of(x.data_handle(), x.size()), true,
-                what);
+  check_unary(x, y, what);
   cudaStream_t const stream = ex.stream.get();
   unsigned long long* count = saved ? start_count(nonfinite, stream) : nullptr;
   if (x.size() == 0) return;
@@ -612,11 +621,10 @@ void gelu_forward(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y, quantize
   using XT = std::remove_const_t<X>;
   using YT = std::remove_const_t<Y>;
   save_second_pass(static_cast<XT const*>(x.data_handle()), saved, opt, count, stream);
-  device::launch_policy const pol = agoq::detail::gpu::current_policy();
+  elementwise_launch const el = make_elementwise_launch(rows, cols);
   with_lane_save(saved, opt, [&](auto save) {
-    gelu_forward_kernel<XT, YT>
-        <<<agoq::detail::gpu::grid_for(device::unit_count(rows, cols), pol), pol.block_threads, 0,
-           stream>>>(x.data_handle(), y.data_handle(), rows, cols, save, count);
+    gelu_forward_kernel<XT, YT><<<el.grid, el.threads, 0, stream>>>(
+        x.data_handle(), y.data_handle(), rows, cols, save, count);
   });
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
@@ -638,8 +646,7 @@ void swiglu_forward(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, ma
   using UT = std::remove_const_t<U>;
   using OT = std::remove_const_t<O>;
   quantize_options const up_opt{opt.seed, opt.offset + static_cast<std::uint64_t>(rows * cols)};
-  device::launch_policy const pol = agoq::detail::gpu::current_policy();
-  unsigned const grid = agoq::detail::gpu::grid_for(device::unit_count(rows, cols), pol);
+  elementwise_launch const el = make_elementwise_launch(rows, cols);
   // In-kernel saving of both needs one code, rounding and group size (the usual case: one
   // scheme from the policy); otherwise the op runs plain after second-pass saves.
   bool const together = saved_gate != nullptr && save_lanes(saved_gate->spec) != 0 &&
@@ -656,7 +663,7 @@ void swiglu_forward(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, ma
       launch_save(static_cast<GT const*>(gate.data_handle()), *saved_gate, opt, count, stream);
       launch_save(static_cast<UT const*>(up.data_handle()), *saved_up, up_opt, count, stream);
     }
-    swiglu_forward_kernel<GT, UT, OT><<<grid, pol.block_threads, 0, stream>>>(
+    swiglu_forward_kernel<GT, UT, OT><<<el.grid, el.threads, 0, stream>>>(
         gate.data_handle(), up.data_handle(), out.data_handle(), rows, cols, no_save{}, no_save{},
         count);
   } else {
@@ -665,7 +672,7 @@ void swiglu_forward(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, ma
         auto su = sg;
         su.out = *saved_up;
         su.offset = up_opt.offset;
-        swiglu_forward_kernel<GT, UT, OT><<<grid, pol.block_threads, 0, stream>>>(
+        swiglu_forward_kernel<GT, UT, OT><<<el.grid, el.threads, 0, stream>>>(
             gate.data_handle(), up.data_handle(), out.data_handle(), rows, cols, sg, su, count);
       }
     });
@@ -688,11 +695,10 @@ void residual_add(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_v
   if (saved) agoq::detail::gpu::check_device_view(*saved, what);
   using AT = std::remove_const_t<A>;
   using BT = std::remove_const_t<B>;
-  device::launch_policy const pol = agoq::detail::gpu::current_policy();
+  elementwise_launch const el = make_elementwise_launch(rows, cols);
   with_lane_save(saved, opt, [&](auto save) {
-    residual_add_kernel<AT, BT, S>
-        <<<agoq::detail::gpu::grid_for(device::unit_count(rows, cols), pol), pol.block_threads, 0,
-           stream>>>(a.data_handle(), b.data_handle(), sum.data_handle(), rows, cols, save, count);
+    residual_add_kernel<AT, BT, S><<<el.grid, el.threads, 0, stream>>>(
+        a.data_handle(), b.data_handle(), sum.data_handle(), rows, cols, save, count);
   });
   AGOQ_CUDA_TRY(cudaGetLastError());
   // A spanning grouping is quantized from the stored sum, after it.
@@ -743,21 +749,9 @@ void rmsnorm_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantize
                             std::span<float> dweight, std::int64_t* nonfinite = nullptr) {
   using namespace fused_detail;
   char const* what = "rmsnorm_backward_async";
+  check_rmsnorm_backward_args(dy, saved_x, rstd, weight, dx, dweight, what);
   std::int64_t const rows = dy.extent(0);
   std::int64_t const cols = dy.extent(1);
-  check_matrix(dy, rows, cols, what, "dy");
-  check_matrix(dx, rows, cols, what, "dx");
-  check_saved(saved_x, rows, cols, what, "saved_x");
-  check_vector(rstd, rows, what, "rstd");
-  check_vector(weight, cols, what, "weight");
-  check_vector(dweight, cols, what, "dweight");
-  auto const out = bytes_of(dx.data_handle(), dx.size());
-  auto const dw = bytes_of(dweight.data(), cols);
-  check_overlap(out, bytes_of(dy.data_handle(), dy.size()), true, what);
-  check_overlap(out, dw, false, what);
-  check_overlap(out, bytes_of(weight.data(), cols), false, what);
-  check_overlap(out, bytes_of(rstd.data(), rows), false, what);
-  check_overlap(dw, bytes_of(dy.data_handle(), dy.size()), false, what);
   cudaStream_t const stream = ex.stream.get();
   unsigned long long* count = fused_gpu::start_count(nonfinite, stream);
   if (dy.size() == 0) return;
@@ -828,19 +822,9 @@ void swiglu_backward_async(cuda_executor ex, matrix_view<D> dout, const_quantize
                            matrix_view<DU> dup, std::int64_t* nonfinite = nullptr) {
   using namespace fused_detail;
   char const* what = "swiglu_backward_async";
+  check_swiglu_backward_args(dout, saved_gate, saved_up, dgate, dup, what);
   std::int64_t const rows = dout.extent(0);
   std::int64_t const cols = dout.extent(1);
-  check_matrix(dout, rows, cols, what, "dout");
-  check_matrix(dgate, rows, cols, what, "dgate");
-  check_matrix(dup, rows, cols, what, "dup");
-  check_saved(saved_gate, rows, cols, what, "saved_gate");
-  check_saved(saved_up, rows, cols, what, "saved_up");
-  auto const in = bytes_of(dout.data_handle(), dout.size());
-  auto const og = bytes_of(dgate.data_handle(), dgate.size());
-  auto const ou = bytes_of(dup.data_handle(), dup.size());
-  check_overlap(og, in, true, what);
-  check_overlap(ou, in, true, what);
-  check_overlap(og, ou, false, what);
   cudaStream_t const stream = ex.stream.get();
   unsigned long long* count = fused_gpu::start_count(nonfinite, stream);
   if (dout.size() == 0) return;
@@ -849,11 +833,10 @@ void swiglu_backward_async(cuda_executor ex, matrix_view<D> dout, const_quantize
   agoq::detail::gpu::check_device_view(saved_gate, what);
   agoq::detail::gpu::check_device_view(saved_up, what);
   using DT = std::remove_const_t<D>;
-  device::launch_policy const pol = agoq::detail::gpu::current_policy();
-  fused_gpu::swiglu_backward_kernel<DT, DG, DU>
-      <<<agoq::detail::gpu::grid_for(device::unit_count(rows, cols), pol), pol.block_threads, 0,
-         stream>>>(static_cast<DT const*>(dout.data_handle()), saved_gate, saved_gate.layout(),
-                   saved_up, saved_up.layout(), dgate.data_handle(), dup.data_handle(), count);
+  fused_gpu::elementwise_launch const el = fused_gpu::make_elementwise_launch(rows, cols);
+  fused_gpu::swiglu_backward_kernel<DT, DG, DU><<<el.grid, el.threads, 0, stream>>>(
+      static_cast<DT const*>(dout.data_handle()), saved_gate, saved_gate.layout(), saved_up,
+      saved_up.layout(), dgate.data_handle(), dup.data_handle(), count);
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
 
@@ -885,24 +868,19 @@ void gelu_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantized_v
                          matrix_view<DX> dx, std::int64_t* nonfinite = nullptr) {
   using namespace fused_detail;
   char const* what = "gelu_backward_async";
+  check_gelu_backward_args(dy, saved_x, dx, what);
   std::int64_t const rows = dy.extent(0);
   std::int64_t const cols = dy.extent(1);
-  check_matrix(dy, rows, cols, what, "dy");
-  check_matrix(dx, rows, cols, what, "dx");
-  check_saved(saved_x, rows, cols, what, "saved_x");
-  check_overlap(bytes_of(dx.data_handle(), dx.size()), bytes_of(dy.data_handle(), dy.size()), true,
-                what);
   cudaStream_t const stream = ex.stream.get();
   unsigned long long* count = fused_gpu::start_count(nonfinite, stream);
   if (dy.size() == 0) return;
   fused_gpu::check_device_pointers(what, {dy.data_handle(), dx.data_handle()});
   agoq::detail::gpu::check_device_view(saved_x, what);
   using DYT = std::remove_const_t<DY>;
-  device::launch_policy const pol = agoq::detail::gpu::current_policy();
+  fused_gpu::elementwise_launch const el = fused_gpu::make_elementwise_launch(rows, cols);
   fused_gpu::gelu_backward_kernel<DYT, DX>
-      <<<agoq::detail::gpu::grid_for(device::unit_count(rows, cols), pol), pol.block_threads, 0,
-         stream>>>(static_cast<DYT const*>(dy.data_handle()), saved_x, saved_x.layout(),
-                   dx.data_handle(), count);
+      <<<el.grid, el.threads, 0, stream>>>(static_cast<DYT const*>(dy.data_handle()), saved_x,
+                                           saved_x.layout(), dx.data_handle(), count);
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
 

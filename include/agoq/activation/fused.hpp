@@ -520,6 +520,83 @@ void check_rmsnorm_outputs(matrix_view<X> x, std::span<W> weight, matrix_view<Y>
   check_overlap(yb, bytes_of(weight.data(), x.extent(1)), false, what);
 }
 
+/// The argument checks of an op with one [rows, cols] input x and an output y of that shape (y
+/// may be x itself; no other overlap). Both executors call it.
+template <class X, class Y>
+void check_unary(matrix_view<X> x, matrix_view<Y> y, char const* what) {
+  std::int64_t const rows = x.extent(0);
+  std::int64_t const cols = x.extent(1);
+  check_matrix(x, rows, cols, what, "x");
+  check_matrix(y, rows, cols, what, "y");
+  check_overlap(bytes_of(y.data_handle(), y.size()), bytes_of(x.data_handle(), x.size()), true,
+                what);
+}
+
+/// The shape checks of a backward op with one saved input: dy, dx and saved_x all [rows, cols]
+/// (dy's extents), with data for them (overlaps are the caller's).
+template <class DY, class DX>
+void check_backward_tensors(matrix_view<DY> dy, const_quantized_view const& saved_x,
+                            matrix_view<DX> dx, char const* what) {
+  std::int64_t const rows = dy.extent(0);
+  std::int64_t const cols = dy.extent(1);
+  check_matrix(dy, rows, cols, what, "dy");
+  check_matrix(dx, rows, cols, what, "dx");
+  check_saved(saved_x, rows, cols, what, "saved_x");
+}
+
+/// RMSNorm backward's argument checks: dy, dx and saved_x [rows, cols], rstd [rows], weight and
+/// dweight [cols]; dx may be dy itself, and no output overlaps another operand otherwise. Both
+/// executors call it.
+template <class DY, class W, class DX>
+void check_rmsnorm_backward_args(matrix_view<DY> dy, const_quantized_view const& saved_x,
+                                 std::span<float const> rstd, std::span<W> weight,
+                                 matrix_view<DX> dx, std::span<float> dweight, char const* what) {
+  check_backward_tensors(dy, saved_x, dx, what);
+  std::int64_t const rows = dy.extent(0);
+  std::int64_t const cols = dy.extent(1);
+  check_vector(rstd, rows, what, "rstd");
+  check_vector(weight, cols, what, "weight");
+  check_vector(dweight, cols, what, "dweight");
+  auto const out = bytes_of(dx.data_handle(), dx.size());
+  auto const dw = bytes_of(dweight.data(), cols);
+  check_overlap(out, bytes_of(dy.data_handle(), dy.size()), true, what);
+  check_overlap(out, dw, false, what);
+  check_overlap(out, bytes_of(weight.data(), cols), false, what);
+  check_overlap(out, bytes_of(rstd.data(), rows), false, what);
+  check_overlap(dw, bytes_of(dy.data_handle(), dy.size()), false, what);
+}
+
+/// SwiGLU backward's argument checks: dout, dgate, dup, saved_gate and saved_up [rows, cols];
+/// dgate or dup may be dout itself, not each other. Both executors call it.
+template <class D, class DG, class DU>
+void check_swiglu_backward_args(matrix_view<D> dout, const_quantized_view const& saved_gate,
+                                const_quantized_view const& saved_up, matrix_view<DG> dgate,
+                                matrix_view<DU> dup, char const* what) {
+  std::int64_t const rows = dout.extent(0);
+  std::int64_t const cols = dout.extent(1);
+  check_matrix(dout, rows, cols, what, "dout");
+  check_matrix(dgate, rows, cols, what, "dgate");
+  check_matrix(dup, rows, cols, what, "dup");
+  check_saved(saved_gate, rows, cols, what, "saved_gate");
+  check_saved(saved_up, rows, cols, what, "saved_up");
+  auto const in = bytes_of(dout.data_handle(), dout.size());
+  auto const og = bytes_of(dgate.data_handle(), dgate.size());
+  auto const ou = bytes_of(dup.data_handle(), dup.size());
+  check_overlap(og, in, true, what);
+  check_overlap(ou, in, true, what);
+  check_overlap(og, ou, false, what);
+}
+
+/// GeLU backward's argument checks: dy, dx and saved_x [rows, cols]; dx may be dy itself. Both
+/// executors call it.
+template <class DY, class DX>
+void check_gelu_backward_args(matrix_view<DY> dy, const_quantized_view const& saved_x,
+                              matrix_view<DX> dx, char const* what) {
+  check_backward_tensors(dy, saved_x, dx, what);
+  check_overlap(bytes_of(dx.data_handle(), dx.size()), bytes_of(dy.data_handle(), dy.size()), true,
+                what);
+}
+
 /// Sum of a_i b_i for i in [0, n) in fp32 over 16 independent lanes (vectorizable): lane j folds
 /// i = j, j + 16, ... in order with fma(a_i, b_i, acc), term(i, a, b) giving a_i and b_i; then a
 /// fixed pairwise reduction of the lanes. The CUDA executor's lane_sum (fused.cuh) is its twin.
@@ -898,11 +975,7 @@ std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y,
                           quantized_view const* saved, quantize_options opt) {
   std::int64_t const rows = x.extent(0);
   std::int64_t const cols = x.extent(1);
-  char const* what = "gelu_forward";
-  check_matrix(x, rows, cols, what, "x");
-  check_matrix(y, rows, cols, what, "y");
-  check_overlap(bytes_of(y.data_handle(), y.size()), bytes_of(x.data_handle(), x.size()), true,
-                what);
+  check_unary(x, y, "gelu_forward");
   if (x.size() == 0) return 0;
   return with_saver<std::remove_const_t<X>>(ex, saved, opt, [&](auto& save) {
     return gelu_rows(x.data_handle(), y.data_handle(), rows, cols, save);
@@ -987,22 +1060,10 @@ template <fused_input DY, fused_input W, fused_output DX>
 std::int64_t rmsnorm_backward(host_executor ex, matrix_view<DY> dy, const_quantized_view saved_x,
                               std::span<float const> rstd, std::span<W> weight, matrix_view<DX> dx,
                               std::span<float> dweight) {
-  char const* what = "rmsnorm_backward";
+  fused_detail::check_rmsnorm_backward_args(dy, saved_x, rstd, weight, dx, dweight,
+                                            "rmsnorm_backward");
   std::int64_t const rows = dy.extent(0);
   std::int64_t const cols = dy.extent(1);
-  fused_detail::check_matrix(dy, rows, cols, what, "dy");
-  fused_detail::check_matrix(dx, rows, cols, what, "dx");
-  fused_detail::check_saved(saved_x, rows, cols, what, "saved_x");
-  fused_detail::check_vector(rstd, rows, what, "rstd");
-  fused_detail::check_vector(weight, cols, what, "weight");
-  fused_detail::check_vector(dweight, cols, what, "dweight");
-  auto const out = fused_detail::bytes_of(dx.data_handle(), dx.size());
-  auto const dw = fused_detail::bytes_of(dweight.data(), cols);
-  fused_detail::check_overlap(out, fused_detail::bytes_of(dy.data_handle(), dy.size()), true, what);
-  fused_detail::check_overlap(out, dw, false, what);
-  fused_detail::check_overlap(out, fused_detail::bytes_of(weight.data(), cols), false, what);
-  fused_detail::check_overlap(out, fused_detail::bytes_of(rstd.data(), rows), false, what);
-  fused_detail::check_overlap(dw, fused_detail::bytes_of(dy.data_handle(), dy.size()), false, what);
   if (dy.size() == 0) return 0;
   using DT = std::remove_const_t<DX>;
   fused_detail::row_loader loader(ex, saved_x);
@@ -1085,20 +1146,10 @@ template <fused_input D, fused_output DG, fused_output DU>
 std::int64_t swiglu_backward(host_executor ex, matrix_view<D> dout, const_quantized_view saved_gate,
                              const_quantized_view saved_up, matrix_view<DG> dgate,
                              matrix_view<DU> dup) {
-  char const* what = "swiglu_backward";
+  fused_detail::check_swiglu_backward_args(dout, saved_gate, saved_up, dgate, dup,
+                                           "swiglu_backward");
   std::int64_t const rows = dout.extent(0);
   std::int64_t const cols = dout.extent(1);
-  fused_detail::check_matrix(dout, rows, cols, what, "dout");
-  fused_detail::check_matrix(dgate, rows, cols, what, "dgate");
-  fused_detail::check_matrix(dup, rows, cols, what, "dup");
-  fused_detail::check_saved(saved_gate, rows, cols, what, "saved_gate");
-  fused_detail::check_saved(saved_up, rows, cols, what, "saved_up");
-  auto const in = fused_detail::bytes_of(dout.data_handle(), dout.size());
-  auto const og = fused_detail::bytes_of(dgate.data_handle(), dgate.size());
-  auto const ou = fused_detail::bytes_of(dup.data_handle(), dup.size());
-  fused_detail::check_overlap(og, in, true, what);
-  fused_detail::check_overlap(ou, in, true, what);
-  fused_detail::check_overlap(og, ou, false, what);
   if (dout.size() == 0) return 0;
   using GT = std::remove_const_t<DG>;
   using UT = std::remove_const_t<DU>;
@@ -1154,14 +1205,9 @@ std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y) 
 template <fused_input DY, fused_output DX>
 std::int64_t gelu_backward(host_executor ex, matrix_view<DY> dy, const_quantized_view saved_x,
                            matrix_view<DX> dx) {
-  char const* what = "gelu_backward";
+  fused_detail::check_gelu_backward_args(dy, saved_x, dx, "gelu_backward");
   std::int64_t const rows = dy.extent(0);
   std::int64_t const cols = dy.extent(1);
-  fused_detail::check_matrix(dy, rows, cols, what, "dy");
-  fused_detail::check_matrix(dx, rows, cols, what, "dx");
-  fused_detail::check_saved(saved_x, rows, cols, what, "saved_x");
-  fused_detail::check_overlap(fused_detail::bytes_of(dx.data_handle(), dx.size()),
-                              fused_detail::bytes_of(dy.data_handle(), dy.size()), true, what);
   if (dy.size() == 0) return 0;
   using DT = std::remove_const_t<DX>;
   fused_detail::row_loader loader(ex, saved_x);

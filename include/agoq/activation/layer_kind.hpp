@@ -48,6 +48,8 @@ enum class tensor_kind : std::uint8_t {
 
 /// Number of tensor kinds.
 inline constexpr int tensor_kind_count = 18;
+static_assert(static_cast<int>(tensor_kind::fc2_input) == tensor_kind_count - 1,
+              "tensor_kind_count counts the enumerators of tensor_kind");
 
 /// What a saved tensor is, which decides its default precision and its sensitivity.
 enum class tensor_category : std::uint8_t {
@@ -57,17 +59,14 @@ enum class tensor_category : std::uint8_t {
   residual_stream,   ///< the residual stream entering a normalization
 };
 
-/// Every tensor kind, in declaration order.
-inline constexpr std::array<tensor_kind, tensor_kind_count> all_tensor_kinds = {
-    tensor_kind::attn_norm_input, tensor_kind::qkv_input,
-    tensor_kind::query,           tensor_kind::key,
-    tensor_kind::value,           tensor_kind::attention_output,
-    tensor_kind::softmax_lse,     tensor_kind::o_proj_input,
-    tensor_kind::mlp_norm_input,  tensor_kind::mlp_input,
-    tensor_kind::gate_output,     tensor_kind::up_output,
-    tensor_kind::swiglu_output,   tensor_kind::ln1_input,
-    tensor_kind::ln2_input,       tensor_kind::fc1_input,
-    tensor_kind::gelu_input,      tensor_kind::fc2_input};
+/// Every tensor kind, in declaration order (enumerator values 0, 1, ..., tensor_kind_count - 1).
+inline constexpr std::array<tensor_kind, tensor_kind_count> all_tensor_kinds = [] {
+  std::array<tensor_kind, tensor_kind_count> kinds{};
+  for (int i = 0; i < tensor_kind_count; ++i) {
+    kinds[static_cast<std::size_t>(i)] = static_cast<tensor_kind>(i);
+  }
+  return kinds;
+}();
 
 /// The tensors a LLaMA-style block saves, in forward order.
 inline constexpr std::array<tensor_kind, 13> llama_block_tensors = {
