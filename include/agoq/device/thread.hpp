@@ -14,24 +14,30 @@ namespace agoq::device {
 
 /// Folds the finite values of v[0, count) into `st` (absmax, min, max) and returns how many were
 /// not finite. `any` tracks whether a finite value was seen (min/max are meaningless before).
-/// Host and device.
+/// Host and device. Branch-free: every element is tested and selected (no early exit), and the
+/// absolute maximum is an integer maximum of magnitude bits, which orders finite non-negative
+/// floats as the float comparison does (|-0| is +0, which never raises it).
 template <int N>
 AGOQ_HOST_DEVICE inline int fragment_stats(float const (&v)[N], int count, group_stats& st,
                                            bool& any) noexcept {
   int nonfinite = 0;
+  std::uint32_t absmax = numeric::float_bits(st.absmax);
   AGOQ_UNROLL
   for (int i = 0; i < N; ++i) {
-    if (i >= count) break;
-    if (!numeric::is_finite(v[i])) {
-      ++nonfinite;
-      continue;
-    }
-    float const a = v[i] < 0.0f ? -v[i] : v[i];
-    st.absmax = a > st.absmax ? a : st.absmax;
-    st.min = any ? (v[i] < st.min ? v[i] : st.min) : v[i];
-    st.max = any ? (v[i] > st.max ? v[i] : st.max) : v[i];
-    any = true;
+    std::uint32_t const magnitude = numeric::float_bits(v[i]) & 0x7fffffffu;
+    bool const in = i < count;
+    bool const finite = magnitude < 0x7f800000u;
+    nonfinite += in && !finite ? 1 : 0;
+    bool const ok = in && finite;
+    std::uint32_t const a = ok ? magnitude : 0u;
+    absmax = a > absmax ? a : absmax;
+    float const lo = any ? (v[i] < st.min ? v[i] : st.min) : v[i];
+    float const hi = any ? (v[i] > st.max ? v[i] : st.max) : v[i];
+    st.min = ok ? lo : st.min;
+    st.max = ok ? hi : st.max;
+    any = any || ok;
   }
+  st.absmax = numeric::bits_float(absmax);
   return nonfinite;
 }
 
@@ -55,19 +61,28 @@ AGOQ_HOST_DEVICE inline void fragment_draws(std::uint64_t seed, std::uint64_t fi
 
 /// Quantizes v[0, N) of one group into one code per byte. Stochastic rounding draws stream
 /// positions `first_position + i` under `seed` (the element's row-major index plus the caller's
-/// offset); nearest rounding ignores both. Host and device.
+/// offset); nearest rounding ignores both. The group's divisor (numeric::scale_divisor) is made
+/// once and the zero-scale test made once for the fragment, so the per-element work is the
+/// quotient's two multiplies and two fused multiply-adds, the rounding and the clamp, without a
+/// branch. The codes are encode_nearest's / encode_stochastic's. Host and device.
 template <code_format Code, rounding_mode Rounding, int N>
 AGOQ_HOST_DEVICE inline void quantize_fragment(float const (&v)[N], group_params p,
                                                std::uint64_t seed, std::uint64_t first_position,
                                                std::uint8_t (&q)[N]) noexcept {
+  if (p.scale == 0.0f) {
+    AGOQ_UNROLL
+    for (int i = 0; i < N; ++i) q[i] = numeric::zero_scale_code<Code>(p);
+    return;
+  }
+  numeric::scale_divisor const divide(p.scale);
   if constexpr (Rounding::kind == rounding_kind::stochastic) {
     float u[N];
     fragment_draws(seed, first_position, u);
     AGOQ_UNROLL
-    for (int i = 0; i < N; ++i) q[i] = encode_stochastic<Code>(v[i], p, u[i]);
+    for (int i = 0; i < N; ++i) q[i] = numeric::stochastic_code<Code>(divide(v[i]), p, u[i]);
   } else {
     AGOQ_UNROLL
-    for (int i = 0; i < N; ++i) q[i] = encode_nearest<Code>(v[i], p);
+    for (int i = 0; i < N; ++i) q[i] = numeric::nearest_code<Code>(divide(v[i]), p);
   }
 }
 
