@@ -14,12 +14,27 @@
 using namespace agoq;
 using namespace agoq::device;
 
-TEST_CASE("fragment_draws equals uniform_at at every starting phase") {
-  for (std::uint64_t first : {0ull, 1ull, 2ull, 3ull, 4ull, 1021ull, (1ull << 33) + 3}) {
-    float u[8];
+namespace {
+
+template <int N>
+void check_draws() {
+  for (std::uint64_t first :
+       {0ull, 1ull, 2ull, 3ull, 4ull, 5ull, 1021ull, (1ull << 33) + 3, ~std::uint64_t{0} - 40}) {
+    float u[N];
     fragment_draws(99, first, u);
-    for (int i = 0; i < 8; ++i) REQUIRE(u[i] == numeric::uniform_at(99, first + i));
+    for (int i = 0; i < N; ++i) REQUIRE(u[i] == numeric::uniform_at(99, first + i));
   }
+}
+
+}  // namespace
+
+TEST_CASE("fragment_draws equals uniform_at at every starting phase, for any fragment size") {
+  check_draws<8>();
+  check_draws<1>();
+  check_draws<3>();
+  check_draws<4>();
+  check_draws<5>();
+  check_draws<16>();
 }
 
 TEST_CASE("fragment_stats skips non-finite values and past-the-end lanes") {

@@ -41,21 +41,52 @@ AGOQ_HOST_DEVICE inline int fragment_stats(float const (&v)[N], int count, group
   return nonfinite;
 }
 
-/// The uniform draws of stream positions first, first + 1, ..., first + N - 1 under `seed`,
-/// computing each Philox block once (at most N / 4 + 1 blocks). Host and device.
+namespace fragment_detail {
+
+/// u[i] = the draw of word (Phase + i) of the Philox blocks `b` (block j holding words 4j to
+/// 4j + 3), every index a constant, so the blocks stay in registers.
+template <int Phase, int N, int B>
+AGOQ_HOST_DEVICE inline void draws_from(numeric::philox_block const (&b)[B],
+                                        float (&u)[N]) noexcept {
+  AGOQ_UNROLL
+  for (int i = 0; i < N; ++i) u[i] = numeric::uniform24(b[(Phase + i) / 4][(Phase + i) % 4]);
+}
+
+}  // namespace fragment_detail
+
+/// The uniform draws of stream positions first, first + 1, ..., first + N - 1 under `seed`: the
+/// Philox blocks that hold them are computed once each (at most N / 4 + 1; the last only when the
+/// positions reach it), and each draw is picked from them by a constant index under a switch on
+/// first mod 4 (uniform across a warp whose lanes' first positions share it), so that no block is
+/// indexed at run time (which would put it in local memory on the GPU). Host and device.
 template <int N>
 AGOQ_HOST_DEVICE inline void fragment_draws(std::uint64_t seed, std::uint64_t first,
                                             float (&u)[N]) noexcept {
-  std::uint64_t block = first >> 2;
-  numeric::philox_block b = numeric::philox_block_at(seed, first);
+  constexpr int blocks = (N + 3) / 4 + 1;
+  auto const phase = static_cast<int>(first & 3u);
+  std::uint64_t const base = first & ~std::uint64_t{3};
+  numeric::philox_block b[blocks];
   AGOQ_UNROLL
-  for (int i = 0; i < N; ++i) {
-    std::uint64_t const pos = first + static_cast<std::uint64_t>(i);
-    if ((pos >> 2) != block) {
-      block = pos >> 2;
-      b = numeric::philox_block_at(seed, pos);
-    }
-    u[i] = numeric::uniform24(b[pos & 3u]);
+  for (int j = 0; j + 1 < blocks; ++j) b[j] = numeric::philox_block_at(seed, base + 4u * j);
+  // The last block only when the positions reach it (never for N % 4 == 0 at phase 0).
+  if (phase + N > 4 * (blocks - 1)) {
+    b[blocks - 1] = numeric::philox_block_at(seed, base + 4u * (blocks - 1));
+  } else {
+    b[blocks - 1] = {};
+  }
+  switch (phase) {
+    case 0:
+      fragment_detail::draws_from<0>(b, u);
+      break;
+    case 1:
+      fragment_detail::draws_from<1>(b, u);
+      break;
+    case 2:
+      fragment_detail::draws_from<2>(b, u);
+      break;
+    default:
+      fragment_detail::draws_from<3>(b, u);
+      break;
   }
 }
 
