@@ -18,8 +18,9 @@ namespace {
 
 template <int N>
 void check_draws() {
-  for (std::uint64_t first :
-       {0ull, 1ull, 2ull, 3ull, 4ull, 5ull, 1021ull, (1ull << 33) + 3, ~std::uint64_t{0} - 40}) {
+  std::uint64_t const firsts[] = {
+      0, 1, 2, 3, 4, 5, 1021, (std::uint64_t{1} << 33) + 3, ~std::uint64_t{0} - 40};
+  for (std::uint64_t const first : firsts) {
     float u[N];
     fragment_draws(99, first, u);
     for (int i = 0; i < N; ++i) REQUIRE(u[i] == numeric::uniform_at(99, first + i));
