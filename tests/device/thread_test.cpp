@@ -14,12 +14,28 @@
 using namespace agoq;
 using namespace agoq::device;
 
-TEST_CASE("fragment_draws equals uniform_at at every starting phase") {
-  for (std::uint64_t first : {0ull, 1ull, 2ull, 3ull, 4ull, 1021ull, (1ull << 33) + 3}) {
-    float u[8];
+namespace {
+
+template <int N>
+void check_draws() {
+  std::uint64_t const firsts[] = {
+      0, 1, 2, 3, 4, 5, 1021, (std::uint64_t{1} << 33) + 3, ~std::uint64_t{0} - 40};
+  for (std::uint64_t const first : firsts) {
+    float u[N];
     fragment_draws(99, first, u);
-    for (int i = 0; i < 8; ++i) REQUIRE(u[i] == numeric::uniform_at(99, first + i));
+    for (int i = 0; i < N; ++i) REQUIRE(u[i] == numeric::uniform_at(99, first + i));
   }
+}
+
+}  // namespace
+
+TEST_CASE("fragment_draws equals uniform_at at every starting phase, for any fragment size") {
+  check_draws<8>();
+  check_draws<1>();
+  check_draws<3>();
+  check_draws<4>();
+  check_draws<5>();
+  check_draws<16>();
 }
 
 TEST_CASE("fragment_stats skips non-finite values and past-the-end lanes") {
@@ -81,6 +97,118 @@ TEST_CASE("quantize_fragment and pack_fragment equal the CPU executor's segment 
   check(int_sym<4>{});
   check(int_sym<8>{});
   check(uint_asym<2>{});
+  check(uint_asym<4>{});
+  check(uint_asym<8>{});
+  check(fp8_e4m3{});
+  check(fp8_e5m2{});
+}
+
+namespace {
+
+/// fragment_stats as first written (a branch per element, a float comparison for the absmax): the
+/// reference of the branch-free form.
+template <int N>
+int fragment_stats_reference(float const (&v)[N], int count, group_stats& st, bool& any) {
+  int nonfinite = 0;
+  for (int i = 0; i < N && i < count; ++i) {
+    if (!std::isfinite(v[i])) {
+      ++nonfinite;
+      continue;
+    }
+    float const a = v[i] < 0.0f ? -v[i] : v[i];
+    st.absmax = a > st.absmax ? a : st.absmax;
+    st.min = any ? (v[i] < st.min ? v[i] : st.min) : v[i];
+    st.max = any ? (v[i] > st.max ? v[i] : st.max) : v[i];
+    any = true;
+  }
+  return nonfinite;
+}
+
+/// A value for the adversarial fragments: normal, zeros of both signs, subnormals, NaN, ±Inf,
+/// huge and tiny magnitudes.
+float adversarial(std::mt19937& gen) {
+  float const inf = std::numeric_limits<float>::infinity();
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  switch (gen() % 12) {
+    case 0:
+      return 0.0f;
+    case 1:
+      return -0.0f;
+    case 2:
+      return std::nanf("");
+    case 3:
+      return (gen() & 1) ? inf : -inf;
+    case 4:
+      return std::numeric_limits<float>::denorm_min() * static_cast<float>(gen() % 100);
+    case 5:
+      return std::numeric_limits<float>::max() * ((gen() & 1) ? 0.5f : -1.0f);
+    default:
+      return normal(gen);
+  }
+}
+
+bool same_bits(float a, float b) { return numeric::float_bits(a) == numeric::float_bits(b); }
+
+}  // namespace
+
+TEST_CASE("fragment_stats equals the branch-per-element fold, bit for bit, with state carried") {
+  std::mt19937 gen(11);
+  for (int trial = 0; trial < 20000; ++trial) {
+    group_stats st, ref;
+    bool any = false, any_ref = false;
+    for (int part = 0; part < 2; ++part) {  // two fragments into one state, as a group's lanes do
+      float v[8];
+      for (float& f : v) f = adversarial(gen);
+      int const count = static_cast<int>(gen() % 9);
+      CAPTURE(count);
+      REQUIRE(fragment_stats(v, count, st, any) ==
+              fragment_stats_reference(v, count, ref, any_ref));
+      REQUIRE(any == any_ref);
+      REQUIRE(same_bits(st.absmax, ref.absmax));
+      if (any) {
+        REQUIRE(same_bits(st.min, ref.min));
+        REQUIRE(same_bits(st.max, ref.max));
+      }
+    }
+  }
+}
+
+TEST_CASE("quantize_fragment's divisor gives encode_nearest's and encode_stochastic's codes") {
+  // The division-free quotient (numeric::scale_divisor) against the IEEE division of the host
+  // loops, on adversarial values, exact ties of the scale, zero and extreme scales.
+  std::mt19937 gen(12);
+  auto check = [&](auto code) {
+    using Code = decltype(code);
+    for (int trial = 0; trial < 3000; ++trial) {
+      float v[8];
+      for (float& f : v) f = adversarial(gen);
+      group_stats st;
+      bool any = false;
+      fragment_stats(v, 8, st, any);
+      group_params p = trial % 3 == 0   ? make_group_params<Code, scale_f32>(st)
+                       : trial % 3 == 1 ? make_group_params<Code, scale_bf16>(st)
+                                        : make_group_params<Code, scale_e8m0>(st);
+      if (trial % 50 == 0) p.scale = 0.0f;
+      if (trial % 7 == 0 &&
+          p.scale != 0.0f) {  // ties: (k + 1/2) scale, exactly where representable
+        for (int i = 0; i < 8; ++i) v[i] = (static_cast<float>(i) - 3.5f) * p.scale;
+      }
+      std::uint8_t q[8], qs[8];
+      quantize_fragment<Code, round_nearest>(v, p, 0, 0, q);
+      quantize_fragment<Code, round_stochastic>(v, p, 3, 1000 + trial, qs);
+      float u[8];
+      fragment_draws(3, 1000 + trial, u);
+      for (int i = 0; i < 8; ++i) {
+        CAPTURE(v[i]);
+        CAPTURE(p.scale);
+        REQUIRE(q[i] == encode_nearest<Code>(v[i], p));
+        REQUIRE(qs[i] == encode_stochastic<Code>(v[i], p, u[i]));
+      }
+    }
+  };
+  check(int_sym<2>{});
+  check(int_sym<4>{});
+  check(int_sym<8>{});
   check(uint_asym<4>{});
   check(uint_asym<8>{});
   check(fp8_e4m3{});

@@ -14,60 +14,106 @@ namespace agoq::device {
 
 /// Folds the finite values of v[0, count) into `st` (absmax, min, max) and returns how many were
 /// not finite. `any` tracks whether a finite value was seen (min/max are meaningless before).
-/// Host and device.
+/// Host and device. Branch-free: every element is tested and selected (no early exit), and the
+/// absolute maximum is an integer maximum of magnitude bits, which orders finite non-negative
+/// floats as the float comparison does (|-0| is +0, which never raises it).
 template <int N>
 AGOQ_HOST_DEVICE inline int fragment_stats(float const (&v)[N], int count, group_stats& st,
                                            bool& any) noexcept {
   int nonfinite = 0;
+  std::uint32_t absmax = numeric::float_bits(st.absmax);
   AGOQ_UNROLL
   for (int i = 0; i < N; ++i) {
-    if (i >= count) break;
-    if (!numeric::is_finite(v[i])) {
-      ++nonfinite;
-      continue;
-    }
-    float const a = v[i] < 0.0f ? -v[i] : v[i];
-    st.absmax = a > st.absmax ? a : st.absmax;
-    st.min = any ? (v[i] < st.min ? v[i] : st.min) : v[i];
-    st.max = any ? (v[i] > st.max ? v[i] : st.max) : v[i];
-    any = true;
+    std::uint32_t const magnitude = numeric::float_bits(v[i]) & 0x7fffffffu;
+    bool const in = i < count;
+    bool const finite = magnitude < 0x7f800000u;
+    nonfinite += in && !finite ? 1 : 0;
+    bool const ok = in && finite;
+    std::uint32_t const a = ok ? magnitude : 0u;
+    absmax = a > absmax ? a : absmax;
+    float const lo = any ? (v[i] < st.min ? v[i] : st.min) : v[i];
+    float const hi = any ? (v[i] > st.max ? v[i] : st.max) : v[i];
+    st.min = ok ? lo : st.min;
+    st.max = ok ? hi : st.max;
+    any = any || ok;
   }
+  st.absmax = numeric::bits_float(absmax);
   return nonfinite;
 }
 
-/// The uniform draws of stream positions first, first + 1, ..., first + N - 1 under `seed`,
-/// computing each Philox block once (at most N / 4 + 1 blocks). Host and device.
+namespace fragment_detail {
+
+/// u[i] = the draw of word (Phase + i) of the Philox blocks `b` (block j holding words 4j to
+/// 4j + 3), every index a constant, so the blocks stay in registers.
+template <int Phase, int N, int B>
+AGOQ_HOST_DEVICE inline void draws_from(numeric::philox_block const (&b)[B],
+                                        float (&u)[N]) noexcept {
+  AGOQ_UNROLL
+  for (int i = 0; i < N; ++i) u[i] = numeric::uniform24(b[(Phase + i) / 4][(Phase + i) % 4]);
+}
+
+}  // namespace fragment_detail
+
+/// The uniform draws of stream positions first, first + 1, ..., first + N - 1 under `seed`: the
+/// Philox blocks that hold them are computed once each (at most N / 4 + 1; the last only when the
+/// positions reach it), and each draw is picked from them by a constant index under a switch on
+/// first mod 4 (uniform across a warp whose lanes' first positions share it), so that no block is
+/// indexed at run time (which would put it in local memory on the GPU). Host and device.
 template <int N>
 AGOQ_HOST_DEVICE inline void fragment_draws(std::uint64_t seed, std::uint64_t first,
                                             float (&u)[N]) noexcept {
-  std::uint64_t block = first >> 2;
-  numeric::philox_block b = numeric::philox_block_at(seed, first);
+  constexpr int blocks = (N + 3) / 4 + 1;
+  auto const phase = static_cast<int>(first & 3u);
+  std::uint64_t const base = first & ~std::uint64_t{3};
+  numeric::philox_block b[blocks];
   AGOQ_UNROLL
-  for (int i = 0; i < N; ++i) {
-    std::uint64_t const pos = first + static_cast<std::uint64_t>(i);
-    if ((pos >> 2) != block) {
-      block = pos >> 2;
-      b = numeric::philox_block_at(seed, pos);
-    }
-    u[i] = numeric::uniform24(b[pos & 3u]);
+  for (int j = 0; j + 1 < blocks; ++j) b[j] = numeric::philox_block_at(seed, base + 4u * j);
+  // The last block only when the positions reach it (never for N % 4 == 0 at phase 0).
+  if (phase + N > 4 * (blocks - 1)) {
+    b[blocks - 1] = numeric::philox_block_at(seed, base + 4u * (blocks - 1));
+  } else {
+    b[blocks - 1] = {};
+  }
+  switch (phase) {
+    case 0:
+      fragment_detail::draws_from<0>(b, u);
+      break;
+    case 1:
+      fragment_detail::draws_from<1>(b, u);
+      break;
+    case 2:
+      fragment_detail::draws_from<2>(b, u);
+      break;
+    default:
+      fragment_detail::draws_from<3>(b, u);
+      break;
   }
 }
 
 /// Quantizes v[0, N) of one group into one code per byte. Stochastic rounding draws stream
 /// positions `first_position + i` under `seed` (the element's row-major index plus the caller's
-/// offset); nearest rounding ignores both. Host and device.
+/// offset); nearest rounding ignores both. The group's divisor (numeric::scale_divisor) is made
+/// once and the zero-scale test made once for the fragment, so the per-element work is the
+/// quotient's two multiplies and two fused multiply-adds, the rounding and the clamp, without a
+/// branch. The codes are encode_nearest's / encode_stochastic's. Host and device.
 template <code_format Code, rounding_mode Rounding, int N>
 AGOQ_HOST_DEVICE inline void quantize_fragment(float const (&v)[N], group_params p,
                                                std::uint64_t seed, std::uint64_t first_position,
                                                std::uint8_t (&q)[N]) noexcept {
+  if (p.scale == 0.0f) {
+    AGOQ_UNROLL
+    for (int i = 0; i < N; ++i) q[i] = numeric::zero_scale_code<Code>(p);
+    return;
+  }
+  numeric::scale_divisor const divide(p.scale);
   if constexpr (Rounding::kind == rounding_kind::stochastic) {
     float u[N];
     fragment_draws(seed, first_position, u);
     AGOQ_UNROLL
-    for (int i = 0; i < N; ++i) q[i] = encode_stochastic<Code>(v[i], p, u[i]);
+    for (int i = 0; i < N; ++i) q[i] = numeric::stochastic_code<Code>(divide(v[i]), p, u[i]);
   } else {
     AGOQ_UNROLL
-    for (int i = 0; i < N; ++i) q[i] = encode_nearest<Code>(v[i], p);
+    for (int i = 0; i < N; ++i) q[i] = numeric::nearest_code<Code>(divide(v[i]), p);
   }
 }
 

@@ -3,9 +3,12 @@
 /// and the encoding and decoding of one value. The CPU executor and the CUDA kernels both call
 /// these functions, which is what makes their codes identical bit for bit.
 ///
-/// Every formula is one operation per step (one division to encode, one multiply to decode,
-/// integer zero points), so no compiler can contract it into a fused multiply-add differently
-/// on the two sides.
+/// Every formula is one rounded operation per step, the fused multiply-adds written as explicit fma
+/// calls (one multiply to decode; integer zero points), so no compiler can contract anything
+/// differently on the two sides. The encoders' quotient x / scale is the IEEE division in the host
+/// executor's loops and, in the device kernels, numeric::scale_divisor (one reciprocal per group
+/// and Markstein's correction per element), which gives the same codes for every input
+/// (tests/numeric/quotient_test.cpp) without a division per element.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +38,45 @@ struct group_params {
 
 namespace numeric {
 
+/// The quotient x / scale of a group's encoder without a division per element: one division per
+/// group, then per element two multiplies and two fused multiply-adds that give the same codes as
+/// the IEEE division x / scale for every x (docs/formats.md, "The quotient"; proven by
+/// tests/numeric/quotient_test.cpp). The scale is first moved by an exact power of two 2^k into
+/// [2, 2^65) (into [2^64, 2^65) unless it is below 2^-63), where 1 / scale is a normal float and
+/// every remainder that matters is exact; x is moved by the same 2^k. Then, with r = RN(1 / scale),
+/// q = RN(x r) is within 1.5 ulp of x / scale, the remainder e = fma(q, scale, -x) is exact (or
+/// rounds harmlessly), and v = fma(-e, r, q) = RN(x / scale) wherever the codes depend on v's bits
+/// (Markstein's correction). Where q is not a finite non-zero float the result is q itself: ±Inf
+/// where x * 2^k or x r overflows (v would be NaN), which clamps to the extreme code as the
+/// division's huge or infinite quotient does; NaN for NaN; and a zero whose sign is that of x,
+/// which no rewriting of the negations into the fma calls (which move a zero's sign) can change.
+/// Host and device.
+struct scale_divisor {
+  float factor = 1.0f;      ///< 2^k
+  float scale = 0.0f;       ///< scale * 2^k
+  float reciprocal = 0.0f;  ///< RN(1 / (scale * 2^k))
+
+  scale_divisor() = default;
+
+  /// The divisor of a scale that is 0 (never divided by) or a normal float. Host and device.
+  AGOQ_HOST_DEVICE explicit scale_divisor(float s) noexcept {
+    // 2^k = 2^(191 - e) for the scale's biased exponent e, at most 2^127.
+    std::uint32_t const biased = 318u - ((float_bits(s) >> 23) & 0xffu);
+    factor = bits_float((biased < 254u ? biased : 254u) << 23);
+    scale = s * factor;
+    reciprocal = 1.0f / scale;
+  }
+
+  /// x / scale as the codes see it (see above). Host and device.
+  AGOQ_HOST_DEVICE float operator()(float x) const noexcept {
+    float const xs = x * factor;
+    float const q = xs * reciprocal;
+    float const e = cuda::std::fma(q, scale, -xs);
+    float const v = cuda::std::fma(-e, reciprocal, q);
+    return v != v || q == 0.0f ? q : v;
+  }
+};
+
 /// Mask of the low `bits` bits.
 AGOQ_HOST_DEVICE constexpr std::uint32_t code_mask(int bits) noexcept {
   return bits == 8 ? 0xffu : (1u << bits) - 1u;
@@ -59,6 +101,16 @@ AGOQ_HOST_DEVICE constexpr std::int32_t sign_extend(std::uint32_t q, int bits) n
 }
 
 }  // namespace numeric
+
+/// A group's parameters with the divisor of its scale, made once per group: what the device
+/// kernels encode with (encode_nearest / encode_stochastic overloads). Host and device.
+struct group_encoding {
+  group_params params;
+  numeric::scale_divisor divisor;
+
+  group_encoding() = default;
+  AGOQ_HOST_DEVICE explicit group_encoding(group_params p) noexcept : params(p), divisor(p.scale) {}
+};
 
 /// A group's parameters from its statistics (DESIGN §4). The scale is computed in fp32, rounded up
 /// to the storage type, and set to 0 when it is zero or below 2^-126 (an all-zero, constant-zero
@@ -87,11 +139,11 @@ AGOQ_HOST_DEVICE constexpr group_params make_group_params(group_stats const& st)
 
 namespace numeric {
 
-/// x / scale of an integer code with NaN replaced by 0, clamped to the code's range in units of
-/// the scale: [-qmax, qmax] (symmetric) or [-z, 2^b - 1 - z] (asymmetric). The bounds are
-/// integers, so clamping before rounding equals clamping the rounded code.
+/// The quotient v = x / scale of an integer code with NaN replaced by 0, clamped to the code's
+/// range in units of the scale: [-qmax, qmax] (symmetric) or [-z, 2^b - 1 - z] (asymmetric). The
+/// bounds are integers, so clamping before rounding equals clamping the rounded code.
 template <code_format Code>
-AGOQ_HOST_DEVICE inline float clamped_quotient(float x, group_params p) noexcept {
+AGOQ_HOST_DEVICE inline float clamped_quotient(float v, group_params p) noexcept {
   float lo, hi;
   if constexpr (Code::has_zero_point) {
     lo = static_cast<float>(-p.zero_point);
@@ -100,7 +152,6 @@ AGOQ_HOST_DEVICE inline float clamped_quotient(float x, group_params p) noexcept
     hi = static_cast<float>(Code::qmax);
     lo = -hi;
   }
-  float v = x / p.scale;
   v = v != v ? 0.0f : v;
   v = v < lo ? lo : v;
   return v > hi ? hi : v;
@@ -118,21 +169,68 @@ AGOQ_HOST_DEVICE inline std::uint8_t integer_code(float q, group_params p) noexc
   }
 }
 
+/// The code of every value of a group whose scale is 0: that of real zero (+0 for FP8). Host and
+/// device.
+template <code_format Code>
+AGOQ_HOST_DEVICE inline std::uint8_t zero_scale_code(group_params p) noexcept {
+  if constexpr (is_fp8_code<Code>) {
+    return 0;
+  } else {
+    return integer_code<Code>(0.0f, p);
+  }
+}
+
+/// The code of round-half-to-even of the quotient v = x / scale of a group whose scale is not 0.
+/// Host and device.
+template <code_format Code>
+AGOQ_HOST_DEVICE inline std::uint8_t nearest_code(float v, group_params p) noexcept {
+  if constexpr (is_fp8_code<Code>) {
+    return float_to_fp8_rne_sat(v, Code::format);
+  } else {
+    return integer_code<Code>(rne_small(clamped_quotient<Code>(v, p)), p);
+  }
+}
+
+/// The code of stochastic rounding of the quotient v = x / scale of a group whose scale is not 0,
+/// under the draw u (see encode_stochastic). Host and device.
+template <code_format Code>
+AGOQ_HOST_DEVICE inline std::uint8_t stochastic_code(float v, group_params p, float u) noexcept {
+  if constexpr (is_fp8_code<Code>) {
+    std::uint32_t const u32 = float_bits(v);
+    if ((u32 & 0x7fffffffu) > 0x7f800000u) return 0;
+    float const a = bits_float(u32 & 0x7fffffffu);
+    std::uint32_t mag = fp8_magnitude_truncate(a, Code::format);
+    if (mag < Code::format.max_code) {
+      float const lo = fp8_magnitude_to_float(mag, Code::format);
+      float const hi = fp8_magnitude_to_float(mag + 1u, Code::format);
+      // Both sides are exact: 1 - u has 24 bits, hi - lo is a power of two, and a - lo is a
+      // Sterbenz difference.
+      if ((1.0f - u) * (hi - lo) <= a - lo) ++mag;
+    }
+    return static_cast<std::uint8_t>(((u32 >> 24) & 0x80u) | mag);
+  } else {
+    return integer_code<Code>(floor_stochastic(clamped_quotient<Code>(v, p), u), p);
+  }
+}
+
 }  // namespace numeric
 
 /// Encodes one value with round-half-to-even (DESIGN §4). NaN encodes to the code of real zero,
 /// +Inf / -Inf to the largest / smallest code; a zero-scale group encodes everything to the code
-/// of zero. The code is returned in the low `Code::bits` bits. Host and device.
+/// of zero. The code is returned in the low `Code::bits` bits. The quotient is the IEEE division
+/// x / scale (what the host executor's loops compute). Host and device.
 template <code_format Code>
 AGOQ_HOST_DEVICE inline std::uint8_t encode_nearest(float x, group_params p) noexcept {
-  if constexpr (is_fp8_code<Code>) {
-    if (p.scale == 0.0f) return 0;
-    return numeric::float_to_fp8_rne_sat(x / p.scale, Code::format);
-  } else {
-    if (p.scale == 0.0f) return numeric::integer_code<Code>(0.0f, p);
-    return numeric::integer_code<Code>(numeric::rne_small(numeric::clamped_quotient<Code>(x, p)),
-                                       p);
-  }
+  if (p.scale == 0.0f) return numeric::zero_scale_code<Code>(p);
+  return numeric::nearest_code<Code>(x / p.scale, p);
+}
+
+/// encode_nearest with the quotient by the group's divisor (numeric::scale_divisor: the same
+/// codes without a division per element; the device kernels' form). Host and device.
+template <code_format Code>
+AGOQ_HOST_DEVICE inline std::uint8_t encode_nearest(float x, group_encoding const& g) noexcept {
+  if (g.params.scale == 0.0f) return numeric::zero_scale_code<Code>(g.params);
+  return numeric::nearest_code<Code>(g.divisor(x), g.params);
 }
 
 /// Encodes one value with stochastic rounding: `u` is the element's uniform draw in [0, 1)
@@ -140,29 +238,20 @@ AGOQ_HOST_DEVICE inline std::uint8_t encode_nearest(float x, group_params p) noe
 /// E[decode] = x inside the range; FP8 codes round the magnitude up to the next FP8 value when
 /// (1 - u) * gap <= distance from the value below, i.e. with probability distance / gap, and
 /// like floor(v + u) never round up at u = 0. Non-finite values and zero-scale groups encode as
-/// in encode_nearest. Host and device.
+/// in encode_nearest. The quotient is the IEEE division x / scale. Host and device.
 template <code_format Code>
 AGOQ_HOST_DEVICE inline std::uint8_t encode_stochastic(float x, group_params p, float u) noexcept {
-  if constexpr (is_fp8_code<Code>) {
-    if (p.scale == 0.0f) return 0;
-    float const v = x / p.scale;
-    std::uint32_t const u32 = numeric::float_bits(v);
-    if ((u32 & 0x7fffffffu) > 0x7f800000u) return 0;
-    float const a = numeric::bits_float(u32 & 0x7fffffffu);
-    std::uint32_t mag = numeric::fp8_magnitude_truncate(a, Code::format);
-    if (mag < Code::format.max_code) {
-      float const lo = numeric::fp8_magnitude_to_float(mag, Code::format);
-      float const hi = numeric::fp8_magnitude_to_float(mag + 1u, Code::format);
-      // Both sides are exact: 1 - u has 24 bits, hi - lo is a power of two, and a - lo is a
-      // Sterbenz difference.
-      if ((1.0f - u) * (hi - lo) <= a - lo) ++mag;
-    }
-    return static_cast<std::uint8_t>(((u32 >> 24) & 0x80u) | mag);
-  } else {
-    if (p.scale == 0.0f) return numeric::integer_code<Code>(0.0f, p);
-    return numeric::integer_code<Code>(
-        numeric::floor_stochastic(numeric::clamped_quotient<Code>(x, p), u), p);
-  }
+  if (p.scale == 0.0f) return numeric::zero_scale_code<Code>(p);
+  return numeric::stochastic_code<Code>(x / p.scale, p, u);
+}
+
+/// encode_stochastic with the quotient by the group's divisor (the same codes; the device
+/// kernels' form). Host and device.
+template <code_format Code>
+AGOQ_HOST_DEVICE inline std::uint8_t encode_stochastic(float x, group_encoding const& g,
+                                                       float u) noexcept {
+  if (g.params.scale == 0.0f) return numeric::zero_scale_code<Code>(g.params);
+  return numeric::stochastic_code<Code>(g.divisor(x), g.params, u);
 }
 
 /// Decodes one code (in its low `Code::bits` bits) to a float: q * scale, (q - z) * scale, or

@@ -148,23 +148,24 @@ AGOQ_KERNEL void params_kernel(group_accumulator const* acc, quantized_view out,
   }
 }
 
-/// A thread's walk over the groups of its run, loading each group's stored parameters once.
-template <class View>
+/// A thread's walk over the groups of its run, loading each group's stored parameters once (as
+/// `Params`: group_params, or group_encoding to encode).
+template <class View, class Params = group_params>
 struct params_cursor {
   View const& view;
   device::group_cursor cursor;
   std::int64_t current = -1;
-  group_params params;
+  Params params;
 
   __device__ params_cursor(View const& v, quantized_layout const& l, device::element_run const& r)
       : view(v), cursor(r.row, r.col, l.tile, l.group_grid_cols) {}
 
   /// The parameters of column `col` of the run's row (columns visited in increasing order).
-  __device__ group_params const& at(std::int64_t col) {
+  __device__ Params const& at(std::int64_t col) {
     cursor.advance(col);
     if (cursor.group != current) {
       current = cursor.group;
-      params = load_group_params(view, current);
+      params = Params(load_group_params(view, current));
     }
     return params;
   }
@@ -181,7 +182,7 @@ AGOQ_KERNEL void encode_kernel(T const* x, quantized_view out, quantized_layout 
     float v[run];
     load_run(x + r.row * l.cols + r.col, r.count, v);
     std::uint8_t q[run] = {};
-    params_cursor<quantized_view> groups(out, l, r);
+    params_cursor<quantized_view, group_encoding> groups(out, l, r);
     float draws[run];
     if constexpr (Rounding::kind == rounding_kind::stochastic) {
       device::fragment_draws(seed, offset + static_cast<std::uint64_t>(r.row * l.cols + r.col),
@@ -190,11 +191,11 @@ AGOQ_KERNEL void encode_kernel(T const* x, quantized_view out, quantized_layout 
 #pragma unroll
     for (int i = 0; i < run; ++i) {
       if (i >= r.count) break;
-      group_params const& p = groups.at(r.col + i);
+      group_encoding const& g = groups.at(r.col + i);
       if constexpr (Rounding::kind == rounding_kind::stochastic) {
-        q[i] = encode_stochastic<Code>(v[i], p, draws[i]);
+        q[i] = encode_stochastic<Code>(v[i], g, draws[i]);
       } else {
-        q[i] = encode_nearest<Code>(v[i], p);
+        q[i] = encode_nearest<Code>(v[i], g);
       }
     }
     device::store_packed<Code::bits, run>(
