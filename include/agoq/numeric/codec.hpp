@@ -103,12 +103,13 @@ AGOQ_HOST_DEVICE constexpr std::int32_t sign_extend(std::uint32_t q, int bits) n
 }  // namespace numeric
 
 /// A group's parameters with the divisor of its scale, made once per group: what the device
-/// kernels encode with (encode_nearest / encode_stochastic overloads). Host and device.
+/// kernels encode with (encode_nearest / encode_stochastic overloads). Made only from a
+/// group_params (no default constructor), so that `encode_nearest<Code>(x, {})` still means
+/// group_params. Host and device.
 struct group_encoding {
   group_params params;
   numeric::scale_divisor divisor;
 
-  group_encoding() = default;
   AGOQ_HOST_DEVICE explicit group_encoding(group_params p) noexcept : params(p), divisor(p.scale) {}
 };
 

@@ -155,7 +155,7 @@ struct params_cursor {
   View const& view;
   device::group_cursor cursor;
   std::int64_t current = -1;
-  Params params;
+  Params params{group_params{}};
 
   __device__ params_cursor(View const& v, quantized_layout const& l, device::element_run const& r)
       : view(v), cursor(r.row, r.col, l.tile, l.group_grid_cols) {}
