@@ -314,6 +314,15 @@ class PlanningTest(unittest.TestCase):
                 live += float(((f & ~under).sum(1).double() * a.squeeze(1) ** 2).sum())
             self.assertAlmostEqual(st["dead_energy"][1], dead, delta=1e-12 * dead)
             self.assertAlmostEqual(st["live_absmax_sq"][1], live, delta=1e-12 * live)
+            # Per-row groups (300 columns, two slices each) get theirs from a second pass: 8 bits,
+            # half a step absmax / 254.
+            row = agoq.measure(xt, "int8_row_sym_rne_f32")
+            a = xf.abs().amax(1, keepdim=True)
+            under = (xf.abs() < (a.float() / 254.0).double()) & finite
+            dead = float((xf * xf * under).sum())
+            live = float(((finite & ~under).sum(1).double() * a.squeeze(1) ** 2).sum())
+            self.assertAlmostEqual(row["dead_energy"][2], dead, delta=1e-12 * dead)
+            self.assertAlmostEqual(row["live_absmax_sq"][2], live, delta=1e-12 * live)
         with self.assertRaises(ValueError):
             agoq.measure(x, "int3_g128_sym_rne_f32")
         with self.assertRaises((RuntimeError, ValueError)):
