@@ -325,6 +325,27 @@ inline slice_partial measure_slice_simd(T const* x, std::int64_t n, bool dead_zo
 }
 #endif
 
+/// measure_slice, with the AVX-512 loop where `simd` and it is compiled (the same bits). Host only.
+template <class T>
+inline slice_partial slice_statistics([[maybe_unused]] bool simd, T const* x, std::int64_t n,
+                                      bool dead_zones) noexcept {
+#if defined(AGOQ_HOST_AVX512)
+  if (simd) return measure_slice_simd(x, n, dead_zones);
+#endif
+  return measure_slice(x, n, dead_zones);
+}
+
+/// measure_dead_zones, with the AVX-512 loop where `simd` and it is compiled (the same bits).
+/// Host only.
+template <class T>
+inline void slice_dead_zones([[maybe_unused]] bool simd, T const* x, std::int64_t n,
+                             slice_partial& p) noexcept {
+#if defined(AGOQ_HOST_AVX512)
+  if (simd) return measure_dead_zones_simd(x, n, p);
+#endif
+  measure_dead_zones(x, n, p);
+}
+
 /// Folds slice partials, given in slot order in any number of pieces, into tensor_stats: each
 /// group adds its slices in slot order (row by row), and when its last row ends the groups of
 /// that band are added to the result in column order (sum_squares += the group's sum, then
@@ -460,7 +481,7 @@ class slice_folder {
 /// \throws agoq::invalid_argument for a tile with an extent below 1 or a null pointer.
 template <agoq::detail::readable_elements In>
 tensor_stats measure(host_executor ex, matrix_view<In> x, tile_shape tile) {
-  [[maybe_unused]] bool const simd = ex.simd && agoq::detail::host::simd_available;
+  bool const simd = ex.simd && agoq::detail::host::simd_available;
   stats_detail::slice_grid const g = stats_detail::make_slice_grid(x.extent(0), x.extent(1), tile);
   agoq::detail::check_data(x.data_handle(), x.size(), "measure");
   stats_detail::slice_folder fold(g);
@@ -468,9 +489,9 @@ tensor_stats measure(host_executor ex, matrix_view<In> x, tile_shape tile) {
   // tensor can hold millions).
   std::int64_t const piece = std::min(g.per_row(), stats_detail::host_piece_slots);
   std::vector<stats_detail::slice_partial> parts(static_cast<std::size_t>(piece));
-  // Measures every slot of rows [r0, r1) with slice(row data, first column, count, slot of the
-  // row, partial) and folds them with fold_piece.
-  auto const sweep = [&](std::int64_t r0, std::int64_t r1, auto slice, auto fold_piece) {
+  // Measures and folds every slot of rows [r0, r1): their statistics, or with `zones` (the
+  // second pass) their dead zones under their groups' pending absmax.
+  auto const sweep = [&](std::int64_t r0, std::int64_t r1, bool zones) {
     for (std::int64_t r = r0; r < r1; ++r) {
       auto const* xr = x.data_handle() + r * g.cols;
       for (std::int64_t s0 = 0; s0 < g.per_row(); s0 += piece) {
@@ -478,45 +499,27 @@ tensor_stats measure(host_executor ex, matrix_view<In> x, tile_shape tile) {
         for (std::int64_t s = s0; s < s0 + n; ++s) {
           std::int64_t first = 0, count = 0;
           g.columns(s, first, count);
-          slice(xr + first, count, r - r0, s, parts[static_cast<std::size_t>(s - s0)]);
+          auto& out = parts[static_cast<std::size_t>(s - s0)];
+          if (zones) {
+            out = stats_detail::slice_partial{};
+            out.absmax = fold.pending_absmax()[g.group_of(r - r0, s)];
+            stats_detail::slice_dead_zones(simd, xr + first, count, out);
+          } else {
+            out = stats_detail::slice_statistics(simd, xr + first, count, g.one_pass());
+          }
         }
-        fold_piece(parts.data(), r * g.per_row() + s0, n);
+        if (zones) {
+          fold.add_dead_zones(parts.data(), r * g.per_row() + s0, n);
+        } else {
+          fold.add(parts.data(), r * g.per_row() + s0, n);
+        }
       }
     }
   };
-  auto const stats = [&](auto const* xs, std::int64_t count, std::int64_t, std::int64_t,
-                         stats_detail::slice_partial& out) {
-#if defined(AGOQ_HOST_AVX512)
-    if (simd) {
-      out = stats_detail::measure_slice_simd(xs, count, g.one_pass());
-      return;
-    }
-#endif
-    out = stats_detail::measure_slice(xs, count, g.one_pass());
-  };
-  // The second pass: slot s of the band's row `band_row` under its group's pending absmax.
-  auto const zones = [&](auto const* xs, std::int64_t count, std::int64_t band_row, std::int64_t s,
-                         stats_detail::slice_partial& out) {
-    out = stats_detail::slice_partial{};
-    out.absmax = fold.pending_absmax()[g.group_of(band_row, s)];
-#if defined(AGOQ_HOST_AVX512)
-    if (simd) {
-      stats_detail::measure_dead_zones_simd(xs, count, out);
-      return;
-    }
-#endif
-    stats_detail::measure_dead_zones(xs, count, out);
-  };
-  auto const fold_stats = [&](auto const* p, std::int64_t first, std::int64_t n) {
-    fold.add(p, first, n);
-  };
-  auto const fold_zones = [&](auto const* p, std::int64_t first, std::int64_t n) {
-    fold.add_dead_zones(p, first, n);
-  };
   for (std::int64_t r0 = 0; r0 < g.rows;) {
     std::int64_t const r1 = g.rows - r0 <= tile.rows ? g.rows : r0 + tile.rows;
-    sweep(r0, r1, stats, fold_stats);
-    if (!g.one_pass()) sweep(r0, r1, zones, fold_zones);
+    sweep(r0, r1, false);
+    if (!g.one_pass()) sweep(r0, r1, true);
     r0 = r1;
   }
   return fold.result();

@@ -52,19 +52,18 @@ namespace numeric {
 /// which no rewriting of the negations into the fma calls (which move a zero's sign) can change.
 /// Host and device.
 struct scale_divisor {
-  float factor = 1.0f;      ///< 2^k
-  float scale = 0.0f;       ///< scale * 2^k
-  float reciprocal = 0.0f;  ///< RN(1 / (scale * 2^k))
-
-  scale_divisor() = default;
+  float factor;      ///< 2^k
+  float scale;       ///< scale * 2^k
+  float reciprocal;  ///< RN(1 / (scale * 2^k))
 
   /// The divisor of a scale that is 0 (never divided by) or a normal float. Host and device.
-  AGOQ_HOST_DEVICE explicit scale_divisor(float s) noexcept {
-    // 2^k = 2^(191 - e) for the scale's biased exponent e, at most 2^127.
+  AGOQ_HOST_DEVICE explicit scale_divisor(float s) noexcept
+      : factor(power_for(s)), scale(s * factor), reciprocal(1.0f / scale) {}
+
+  /// 2^k = 2^(191 - e) for the scale's biased exponent e, at most 2^127. Host and device.
+  AGOQ_HOST_DEVICE static float power_for(float s) noexcept {
     std::uint32_t const biased = 318u - ((float_bits(s) >> 23) & 0xffu);
-    factor = bits_float((biased < 254u ? biased : 254u) << 23);
-    scale = s * factor;
-    reciprocal = 1.0f / scale;
+    return bits_float((biased < 254u ? biased : 254u) << 23);
   }
 
   /// x / scale as the codes see it (see above). Host and device.
