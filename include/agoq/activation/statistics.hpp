@@ -4,9 +4,8 @@
 /// group's dead zones under symmetric 2-, 4- and 8-bit codes with the 2-bit live gaps), gathered on
 /// the host here and on a device by statistics.cuh. Both executors run the same per-lane arithmetic
 /// (`stats_detail::lane_stats`, `lane_dead_zone`, `lane_live_gap`: 16 lanes per slice, added
-/// pairwise) over the
-/// same slices and fold the slices in the same order on the host (`stats_detail::slice_folder`),
-/// so they return the same bits.
+/// pairwise) over the same slices and fold the slices in the same order on the host
+/// (`stats_detail::slice_folder`), so they return the same bits.
 #pragma once
 
 #include <algorithm>
