@@ -284,7 +284,7 @@ inline void measure_dead_zones_simd(T const* x, std::int64_t n, slice_partial& p
   width w4{.t = _mm512_set1_ps(half_step(p.absmax, 1))};
   width w8{.t = _mm512_set1_ps(half_step(p.absmax, 2))};
   __m512d gap0 = _mm512_setzero_pd(), gap1 = _mm512_setzero_pd();
-  __m512 const absmax = _mm512_set1_ps(p.absmax);
+  __m512d const absmax = _mm512_set1_pd(p.absmax);
   __m512i const magnitude = _mm512_set1_epi32(0x7fffffff);
   __m512i const inf = _mm512_set1_epi32(0x7f800000);
   for (std::int64_t i = 0; i < n; i += slice_lanes) {
@@ -311,11 +311,12 @@ inline void measure_dead_zones_simd(T const* x, std::int64_t n, slice_partial& p
     __mmask16 const live2 = add(w2);
     add(w4);
     add(w8);
-    // absmax - |x| is exact where live at 2 bits (lane_live_gap), and so is its fp64 square.
-    __m512d e0, e1;
-    widen_pd(_mm512_sub_ps(absmax, a), e0, e1);
-    gap0 = _mm512_mask_add_pd(gap0, static_cast<__mmask8>(live2), gap0, _mm512_mul_pd(e0, e0));
-    gap1 = _mm512_mask_add_pd(gap1, static_cast<__mmask8>(live2 >> 8), gap1, _mm512_mul_pd(e1, e1));
+    // absmax - |x| is exact where live at 2 bits (lane_live_gap: in fp32, so in fp64 too); other
+    // lanes keep their sum.
+    __m512d const e0 = _mm512_sub_pd(absmax, _mm512_abs_pd(d0));
+    __m512d const e1 = _mm512_sub_pd(absmax, _mm512_abs_pd(d1));
+    gap0 = _mm512_mask3_fmadd_pd(e0, e0, gap0, static_cast<__mmask8>(live2));
+    gap1 = _mm512_mask3_fmadd_pd(e1, e1, gap1, static_cast<__mmask8>(live2 >> 8));
   }
   auto const put = [&](int k, width const& w) {
     p.dead_energy[k] = pairwise_sum_simd(w.s0, w.s1);
