@@ -56,6 +56,47 @@ TEST_CASE("relative error from group statistics, by hand") {
   CHECK(relative_error(int4_g128, zero, 1, 128) == 0.0);
 }
 
+TEST_CASE("relative error at 2 bits from the live elements' gaps, by hand") {
+  // One group [1, -2, 3, 0.125] (absmax 3): under half a step, 1.5, 1 and 0.125 round to 0; -2 and
+  // 3 round to -scale and scale. With f32 (and bf16: 3 is a bfloat16) scales, 3: errors 1 and 0.
+  std::vector<float> const x = {1, -2, 3, 0.125f};
+  tensor_stats st;
+  st.tile = {1, 4};
+  st.elements = 4;
+  st.sum_squares = 14.015625;
+  st.add_group(4, 3.0);
+  st.has_dead_zones = true;
+  st.add_dead_zone(0, 1.015625, 2, 3.0);
+  st.add_live_gap((3.0 - 2.0) * (3.0 - 2.0), 2, 3.0f);
+  auto const real = [&](spec const& s) {
+    std::vector<float> y(x.size());
+    agoq::fake_quantize(agoq::host, s, agoq::matrix_view<float const>(x.data(), 1, 4),
+                        agoq::matrix_view<float>(y.data(), 1, 4));
+    double noise = 0;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      noise += (double(y[i]) - x[i]) * (double(y[i]) - x[i]);
+    return noise / st.sum_squares;
+  };
+  spec const f32 = spec::parse("int2_g4_sym_rne_f32");
+  spec const bf16 = spec::parse("int2_g4_sym_rne_bf16");
+  spec const e8m0 = spec::parse("int2_g4_sym_rne_e8m0");
+  CHECK(relative_error(f32, st, 1, 4) == 2.015625 / 14.015625);
+  CHECK(real(f32) == 2.015625 / 14.015625);
+  CHECK(relative_error(bf16, st, 1, 4) == relative_error(f32, st, 1, 4));
+  CHECK(real(bf16) == real(f32));
+  // An e8m0 scale is 4: -2 / 4 = -0.5 rounds to 0 (error 4) and 3 / 4 to 1 (error 1), 6.015625 in
+  // all; the model bounds the live elements' error by (1 + (4 - 3) sqrt(2))^2.
+  CHECK(real(e8m0) == 6.015625 / 14.015625);
+  CHECK(relative_error(e8m0, st, 1, 4) ==
+        doctest::Approx((1.015625 + 3 + 2 * std::sqrt(2.0)) / 14.015625));
+  CHECK(relative_error(e8m0, st, 1, 4) > real(e8m0));
+  // Stochastic rounding and statistics without dead zones keep the uniform model.
+  CHECK(relative_error(spec::parse("int2_g4_sym_sr_f32"), st, 1, 4) ==
+        doctest::Approx(0.25 * 4 * 9 / 14.015625));
+  st.has_dead_zones = false;
+  CHECK(relative_error(f32, st, 1, 4) == doctest::Approx(4 * 9 / 12.0 / 14.015625));
+}
+
 TEST_CASE("the Gaussian model") {
   double const k1 = relative_error_gaussian(int4_g128, 64, 4096, 1.0);
   CHECK(k1 == doctest::Approx(2.0 * std::log(256.0) / 49.0 / 12.0));

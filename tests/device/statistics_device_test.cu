@@ -28,6 +28,7 @@ void check_same(tensor_stats const& dev, tensor_stats const& host) {
   CHECK(dev.has_dead_zones == host.has_dead_zones);
   CHECK(dev.dead_energy == host.dead_energy);
   CHECK(dev.live_absmax_sq == host.live_absmax_sq);
+  CHECK(dev.live_error_2bit == host.live_error_2bit);
 }
 
 }  // namespace

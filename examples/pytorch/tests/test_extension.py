@@ -314,6 +314,17 @@ class PlanningTest(unittest.TestCase):
                 live += float(((f & ~under).sum(1).double() * a.squeeze(1) ** 2).sum())
             self.assertAlmostEqual(st["dead_energy"][1], dead, delta=1e-12 * dead)
             self.assertAlmostEqual(st["live_absmax_sq"][1], live, delta=1e-12 * live)
+            # The 2-bit live elements (not under absmax / 2) round to +-scale: with f32 scales
+            # (scale = absmax) their error is the sum of (absmax - |x|)^2; rounded-up bf16 and
+            # e8m0 scales give upper bounds.
+            gap = 0.0
+            for g, f in zip(torch.split(xf, 128, dim=1), torch.split(finite, 128, dim=1)):
+                a = g.abs().amax(1, keepdim=True)
+                live = (g.abs() >= (a.float() / 2.0).double()) & f
+                gap += float(((a - g.abs()) ** 2 * live).sum())
+            self.assertAlmostEqual(st["live_error_2bit"][0], gap, delta=1e-12 * gap)
+            self.assertGreaterEqual(st["live_error_2bit"][1], st["live_error_2bit"][0])
+            self.assertGreaterEqual(st["live_error_2bit"][2], st["live_error_2bit"][1])
             # Per-row groups (300 columns, two slices each) get theirs from a second pass: 8 bits,
             # half a step absmax / 254.
             row = agoq.measure(xt, "int8_row_sym_rne_f32")
@@ -353,6 +364,10 @@ class PlanningTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             agoq.make_plan(LLAMA, 8, 128, budget, policy=policy,
                            statistics={(0, "qkv_input"): {"tile": (1, 128)}})
+        partial = {k: v for k, v in stats[(0, "qkv_input")].items() if k != "live_error_2bit"}
+        with self.assertRaisesRegex(ValueError, "come together"):
+            agoq.make_plan(LLAMA, 8, 128, budget, policy=policy,
+                           statistics={(0, "qkv_input"): partial})
 
 
 def _free_port():

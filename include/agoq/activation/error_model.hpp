@@ -17,6 +17,7 @@
 #include "../config.hpp"
 #include "../error.hpp"
 #include "../numeric/fp8.hpp"
+#include "../numeric/scale.hpp"
 #include "../scheme/spec.hpp"
 #include "layer_kind.hpp"
 #include "policy.hpp"
@@ -59,14 +60,20 @@ struct tensor_stats {
   static constexpr int dead_zone_widths = 3;
   /// The bit width of dead-zone index w (2 << w). Host and device.
   AGOQ_HOST_DEVICE static constexpr int dead_zone_bits(int w) noexcept { return 2 << w; }
-  /// True when dead_energy and live_absmax_sq hold every group's (measure() gathers them for any
-  /// grouping).
+  /// True when dead_energy, live_absmax_sq and live_error_2bit hold every group's (measure()
+  /// gathers them for any grouping).
   bool has_dead_zones = false;
   /// Per width: sum of x^2 over the finite elements under half a step, |x| < absmax_g / (2 qmax),
   /// which nearest rounding sends to 0 (error -x).
   std::array<double, dead_zone_widths> dead_energy{};
   /// Per width: sum over groups of (finite elements not under half a step) * absmax_g^2.
   std::array<double, dead_zone_widths> live_absmax_sq{};
+  /// At 2 bits, per scale format (indexed by scale_format: f32, bf16, e8m0), the squared error of
+  /// the finite elements not under half a step, |x| >= absmax_g / 2, which nearest rounding sends
+  /// to ±scale_g (add_live_gap): with f32 scales (scale_g = absmax_g) exactly
+  /// sum_g sum (absmax_g - |x|)^2 (a tie at half a step rounds to 0 with the same error);
+  /// with bf16 and e8m0 scales, rounded up from absmax_g, an upper bound.
+  std::array<double, 3> live_error_2bit{};
 
   /// Adds one group of `n` finite elements with absolute maximum `absmax` and widened range
   /// `range` (pass 0 when unknown): each sum += (n absmax) absmax as one fused multiply-add, so
@@ -84,6 +91,26 @@ struct tensor_stats {
     dead_energy[i] += energy;
     live_absmax_sq[i] = std::fma(static_cast<double>(live) * absmax, absmax, live_absmax_sq[i]);
   }
+
+  /// Adds one group's 2-bit live elements to live_error_2bit: `live` finite elements not under
+  /// half a step of absolute maximum `absmax`, and `gap_sq`, the sum of their (absmax - |x|)^2. Per
+  /// scale format, the group's scale is absmax rounded up by e = scale - absmax (0 for f32), and
+  /// each |scale - |x|| <= (absmax - |x|) + e, so by Minkowski's inequality the group's error is
+  /// at most (sqrt(gap_sq) + e sqrt(live))^2 = gap_sq + e (2 sqrt(gap_sq live) + e live), which
+  /// is added (fused multiply-adds, so no compiler setting changes the result). Elements that a
+  /// scale's wider dead zone, |x| < scale / 2, sends to 0 have the smaller error
+  /// x^2 < (scale - |x|)^2. Host only.
+  void add_live_gap(double gap_sq, std::int64_t live, float absmax) noexcept {
+    double const n = static_cast<double>(live);
+    auto const add = [&](scale_format f, float scale) {
+      double const e = static_cast<double>(scale) - absmax;
+      double const cross = std::fma(e, n, 2.0 * std::sqrt(gap_sq * n));
+      live_error_2bit[static_cast<std::size_t>(f)] += std::fma(e, cross, gap_sq);
+    };
+    add(scale_f32::format, scale_f32::round_up(absmax));
+    add(scale_bf16::format, scale_bf16::round_up(absmax));
+    add(scale_e8m0::format, scale_e8m0::round_up(absmax));
+  }
 };
 
 /// Relative mean squared quantization error (noise power / signal power) of storing a tensor
@@ -91,7 +118,9 @@ struct tensor_stats {
 /// - symmetric integer: c_r * f_s * sum_g n_g (absmax_g / qmax)^2 / sum x^2; for nearest
 ///   rounding of 2, 4 or 8 bits with dead-zone statistics (has_dead_zones), the elements under
 ///   half a step count their own x^2 (they round to 0) and only the others the uniform noise:
-///   (dead_energy + c_r f_s live_absmax_sq / qmax^2) / sum x^2;
+///   (dead_energy + c_r f_s live_absmax_sq / qmax^2) / sum x^2; at 2 bits the others round to
+///   ±scale, and their error is tensor_stats::live_error_2bit of the scale format (exact for f32,
+///   an upper bound for bf16 and e8m0): (dead_energy + live_error_2bit) / sum x^2;
 /// - asymmetric integer: the same with range_g / (2^b - 1) (range_g <= 2 absmax_g when unknown);
 /// - fp8 with m mantissa bits: c_r * (2^-2m + f_s * sum_g n_g (absmax_g * sub)^2 / sum x^2), the
 ///   relative ulp of normal numbers plus the absolute step of the subnormals, sub = (smallest
@@ -114,7 +143,9 @@ inline double relative_error(spec const& s, tensor_stats const& st, std::int64_t
       if (st.has_dead_zones && s.rounding == rounding_kind::nearest &&
           w < tensor_stats::dead_zone_widths) {
         auto const i = static_cast<std::size_t>(w);
-        return (st.dead_energy[i] + c * st.live_absmax_sq[i] / (qmax * qmax)) / st.sum_squares;
+        double const live = s.bits == 2 ? st.live_error_2bit[static_cast<std::size_t>(s.scale)]
+                                        : c * st.live_absmax_sq[i] / (qmax * qmax);
+        return (st.dead_energy[i] + live) / st.sum_squares;
       }
       return c * st.sum_group_absmax_sq / (qmax * qmax) / st.sum_squares;
     }

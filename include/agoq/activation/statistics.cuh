@@ -19,7 +19,7 @@ namespace agoq::activation {
 
 namespace stats_detail {
 
-/// Slots measured per device pass (their partials are 64 MiB, on the device and on the host).
+/// Slots measured per device pass (their partials are 72 MiB, on the device and on the host).
 inline constexpr std::int64_t device_chunk_slots = std::int64_t{1} << 20;
 
 /// The pairwise sum of the 16 lanes of a half warp (pairwise_sum's order: after the shift by
@@ -30,26 +30,33 @@ __device__ inline double half_warp_pairwise_sum(double v, unsigned mask) noexcep
 }
 
 /// The dead zones of the `count` elements at `xs` (a slice) under group absmax `absmax` into
-/// p.dead_energy and p.live: thread `lane` of the half warp `mask` adds its lane's elements
-/// (lane_dead_zone), the lanes combine in pairwise_sum's order; lane 0 ends with the sums.
+/// p.dead_energy, p.live and p.live_gap_sq: thread `lane` of the half warp `mask` adds its lane's
+/// elements (lane_dead_zone; at 2 bits lane_live_gap too), the lanes combine in pairwise_sum's
+/// order; lane 0 ends with the sums.
 template <class T>
 __device__ void slice_dead_zones(T const* xs, std::int64_t count, float absmax, int lane,
                                  unsigned mask, slice_partial& p) {
+  lane_live_gap gap;
   for (int w = 0; w < dead_zone_widths; ++w) {
     float const t = half_step(absmax, w);
     lane_dead_zone dz;
-    for (std::int64_t k = lane; k < count; k += slice_lanes) dz.add(numeric::to_float(xs[k]), t);
+    for (std::int64_t k = lane; k < count; k += slice_lanes) {
+      float const v = numeric::to_float(xs[k]);
+      bool const live = dz.add(v, t);
+      if (w == 0) gap.add(v, live, absmax);  // 2 bits
+    }
     p.dead_energy[w] = half_warp_pairwise_sum(dz.sum, mask);
     for (int off = 1; off < slice_lanes; off *= 2)
       dz.live += __shfl_xor_sync(mask, dz.live, off, slice_lanes);
     p.live[w] = dz.live;
   }
+  p.live_gap_sq = half_warp_pairwise_sum(gap.sum, mask);
 }
 
 /// out[i] = the statistics of slot first + i, for i in [0, n): 16 threads (a half warp) per slice,
-/// thread j its lane j (lane_stats, lane_dead_zone), so its loads of 16 consecutive elements
-/// coalesce; the lanes combine by shuffles in pairwise_sum's order. With `group_absmax` (the
-/// second pass of a grid that is not one_pass; indexed by slice_grid::group_of) only the dead
+/// thread j its lane j (lane_stats, lane_dead_zone, lane_live_gap), so its loads of 16 consecutive
+/// elements coalesce; the lanes combine by shuffles in pairwise_sum's order. With `group_absmax`
+/// (the second pass of a grid that is not one_pass; indexed by slice_grid::group_of) only the dead
 /// zones, under the slice's group's absmax.
 template <class T>
 __global__ void measure_slices_kernel(T const* x, slice_grid g, std::int64_t first, std::int64_t n,
@@ -143,8 +150,8 @@ tensor_stats measure_in_chunks(cuda_executor ex, matrix_view<In> x, tile_shape t
 /// `ex.stream` (after the work enqueued on it before); where every group is one row of at most
 /// 256 columns it reads `x` once (each slice twice, the second time for its dead zones, mostly
 /// from the caches), else twice (a second pass for the dead zones under the absmax of each group
-/// the first found, copied to the device: 4 bytes per group); it copies 64 bytes per slice and
-/// pass (a slice is up to 256 elements of one group's row: 0.5 byte per element at G = 128) back
+/// the first found, copied to the device: 4 bytes per group); it copies 72 bytes per slice and
+/// pass (a slice is up to 256 elements of one group's row: 0.56 byte per element at G = 128) back
 /// to the host, 2^20 slices at a time. A half warp per slice.
 /// \throws agoq::invalid_argument for a tile with an extent below 1, a null or pageable host
 /// pointer; agoq::cuda_error on a CUDA failure.

@@ -1,11 +1,11 @@
 /// \file
 /// Measured statistics for the error model: the tensor_stats of a tensor for the group grid of a
 /// scheme (sum of squares, each group's absmax and widened range, finite elements, and every
-/// group's dead zones under symmetric 2-, 4- and 8-bit codes), gathered on the host here and on a
-/// device by statistics.cuh. Both executors run the same per-lane arithmetic
-/// (`stats_detail::lane_stats`, `lane_dead_zone`: 16 lanes per slice, added pairwise) over the
-/// same slices and fold the slices in the same order on the host (`stats_detail::slice_folder`),
-/// so they return the same bits.
+/// group's dead zones under symmetric 2-, 4- and 8-bit codes with the 2-bit live gaps), gathered on
+/// the host here and on a device by statistics.cuh. Both executors run the same per-lane arithmetic
+/// (`stats_detail::lane_stats`, `lane_dead_zone`, `lane_live_gap`: 16 lanes per slice, added
+/// pairwise) over the same slices and fold the slices in the same order on the host
+/// (`stats_detail::slice_folder`), so they return the same bits.
 #pragma once
 
 #include <algorithm>
@@ -33,7 +33,7 @@ namespace stats_detail {
 /// thread (device) or one loop (host) sums.
 inline constexpr std::int64_t slice_cols = 256;
 
-/// Slices the host measures before folding them (64 bytes each).
+/// Slices the host measures before folding them (72 bytes each).
 inline constexpr std::int64_t host_piece_slots = 4096;
 
 /// The symmetric bit widths whose dead zones are measured (tensor_stats::dead_energy).
@@ -41,13 +41,15 @@ inline constexpr int dead_zone_widths = tensor_stats::dead_zone_widths;
 
 /// The statistics of a set of elements: its finite elements' sum of squares in fp64, absolute
 /// maximum, the minimum and maximum widened to include 0, and their count; and their dead zones
-/// under their group's absmax (tensor_stats::dead_energy, live_absmax_sq): per symmetric bit width
-/// tensor_stats::dead_zone_bits(w), the sum of squares of the finite elements under half a step
-/// (|x| < absmax / (2 qmax), those nearest rounding sends to 0) and the count of the others.
+/// under their group's absmax (tensor_stats::dead_energy, live_absmax_sq, live_error_2bit): per
+/// symmetric bit width tensor_stats::dead_zone_bits(w), the sum of squares of the finite elements
+/// under half a step (|x| < absmax / (2 qmax), those nearest rounding sends to 0) and the count of
+/// the others; at 2 bits the others' sum of (absmax - |x|)^2 (tensor_stats::add_live_gap).
 template <class Count>
 struct partial_stats {
   double sum_squares = 0;
   double dead_energy[dead_zone_widths] = {};
+  double live_gap_sq = 0;
   float absmax = 0;
   float lo = 0;
   float hi = 0;
@@ -55,9 +57,9 @@ struct partial_stats {
   Count live[dead_zone_widths] = {};
 };
 
-/// The statistics of one slice (64 bytes, copied back from the device).
+/// The statistics of one slice (72 bytes, copied back from the device).
 using slice_partial = partial_stats<std::int32_t>;
-static_assert(sizeof(slice_partial) == 64);
+static_assert(sizeof(slice_partial) == 72);
 
 /// Half a step of symmetric b-bit codes (b = tensor_stats::dead_zone_bits(w)) in a group of
 /// absolute maximum `absmax`: absmax / (2 qmax), rounded once. Host and device.
@@ -171,26 +173,48 @@ struct lane_dead_zone {
   double sum = 0;
   std::int32_t live = 0;
 
-  AGOQ_HOST_DEVICE void add(float raw, float t) noexcept {
+  /// Adds element value `raw`; returns whether it is live.
+  AGOQ_HOST_DEVICE bool add(float raw, float t) noexcept {
     bool const ok = numeric::is_finite(raw);
     float const a = raw < 0 ? -raw : raw;
     bool const dead = ok && a < t;
     double const d = dead ? static_cast<double>(raw) : 0.0;
     sum = cuda::std::fma(d, d, sum);
     live += ok && !dead ? 1 : 0;
+    return ok && !dead;
+  }
+};
+
+/// One lane of a slice's 2-bit live gaps (partial_stats::live_gap_sq): an element that
+/// lane_dead_zone found live under half a 2-bit step (absmax / 2 <= |x| <= absmax) adds
+/// fma(d, d, sum) in fp64 with d = absmax - |x|, exact in fp32 (Sterbenz), so its square is exact
+/// in fp64. Host and device.
+struct lane_live_gap {
+  double sum = 0;
+
+  AGOQ_HOST_DEVICE void add(float raw, bool live, float absmax) noexcept {
+    float const a = raw < 0 ? -raw : raw;
+    double const d = live ? static_cast<double>(absmax - a) : 0.0;
+    sum = cuda::std::fma(d, d, sum);
   }
 };
 
 /// Adds the dead zones of the `n` elements at `x` to `p`, whose absmax is their group's: for each
-/// width, element i goes to lane i % 16 (lane_dead_zone), the lanes' sums added pairwise into
-/// p.dead_energy, their live counts into p.live. Host only (the device runs the lanes as threads).
+/// width, element i goes to lane i % 16 (lane_dead_zone; at 2 bits lane_live_gap too), the lanes'
+/// sums added pairwise into p.dead_energy and p.live_gap_sq, their live counts into p.live. Host
+/// only (the device runs the lanes as threads).
 template <class T>
 inline void measure_dead_zones(T const* x, std::int64_t n, slice_partial& p) noexcept {
+  lane_live_gap gaps[slice_lanes];
+  double sum[slice_lanes];
   for (int w = 0; w < dead_zone_widths; ++w) {
     float const t = half_step(p.absmax, w);
     lane_dead_zone lanes[slice_lanes];
-    for (std::int64_t i = 0; i < n; ++i) lanes[i % slice_lanes].add(numeric::to_float(x[i]), t);
-    double sum[slice_lanes];
+    for (std::int64_t i = 0; i < n; ++i) {
+      float const v = numeric::to_float(x[i]);
+      bool const live = lanes[i % slice_lanes].add(v, t);
+      if (w == 0) gaps[i % slice_lanes].add(v, live, p.absmax);  // 2 bits
+    }
     p.live[w] = 0;
     for (int j = 0; j < slice_lanes; ++j) {
       sum[j] = lanes[j].sum;
@@ -198,6 +222,8 @@ inline void measure_dead_zones(T const* x, std::int64_t n, slice_partial& p) noe
     }
     p.dead_energy[w] = pairwise_sum(sum);
   }
+  for (int j = 0; j < slice_lanes; ++j) sum[j] = gaps[j].sum;
+  p.live_gap_sq = pairwise_sum(sum);
 }
 
 /// Statistics of the `n` elements at `x`: element i goes to lane i % 16 (lane_stats), the lanes'
@@ -237,8 +263,14 @@ inline double pairwise_sum_simd(__m512d lo, __m512d hi) noexcept {
   return _mm512_cvtsd_f64(level(lo)) + _mm512_cvtsd_f64(level(hi));
 }
 
+/// The 16 floats of `v` in fp64 (exact): lanes 0-7 in `lo`, 8-15 in `hi`. Host only.
+inline void widen_pd(__m512 v, __m512d& lo, __m512d& hi) noexcept {
+  lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+  hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
 /// measure_dead_zones with AVX-512: lane j of a vector is lane j of the sums (two vectors of 8
-/// fp64 per width), so the same bits. Host only.
+/// fp64 per width, and for the 2-bit live gaps), so the same bits. Host only.
 template <class T>
 inline void measure_dead_zones_simd(T const* x, std::int64_t n, slice_partial& p) noexcept {
   namespace h = agoq::detail::host;
@@ -251,6 +283,8 @@ inline void measure_dead_zones_simd(T const* x, std::int64_t n, slice_partial& p
   width w2{.t = _mm512_set1_ps(half_step(p.absmax, 0))};
   width w4{.t = _mm512_set1_ps(half_step(p.absmax, 1))};
   width w8{.t = _mm512_set1_ps(half_step(p.absmax, 2))};
+  __m512d gap0 = _mm512_setzero_pd(), gap1 = _mm512_setzero_pd();
+  __m512d const absmax = _mm512_set1_pd(p.absmax);
   __m512i const magnitude = _mm512_set1_epi32(0x7fffffff);
   __m512i const inf = _mm512_set1_epi32(0x7f800000);
   for (std::int64_t i = 0; i < n; i += slice_lanes) {
@@ -259,22 +293,30 @@ inline void measure_dead_zones_simd(T const* x, std::int64_t n, slice_partial& p
     __m512i const mag = _mm512_and_si512(_mm512_castps_si512(raw), magnitude);
     __mmask16 const ok = _mm512_cmplt_epu32_mask(mag, inf) & present;
     __m512 const a = _mm512_castsi512_ps(mag);
-    __m512d const d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(raw));
-    __m512d const d1 =
-        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(raw), 1)));
+    __m512d d0, d1;
+    widen_pd(raw, d0, d1);
     // The square of a float is exact in fp64, so sum + v * v rounds as fma(v, v, sum) does.
     __m512d const q0 = _mm512_mul_pd(d0, d0);
     __m512d const q1 = _mm512_mul_pd(d1, d1);
+    // Adds the dead elements' squares to w, counts the live ones and returns them.
     auto const add = [&](width& w) {
       __mmask16 const dead = _mm512_mask_cmp_ps_mask(ok, a, w.t, _CMP_LT_OQ);
       // Other lanes keep their sum, as the portable loop's fma(0, 0, sum) does.
       w.s0 = _mm512_mask_add_pd(w.s0, static_cast<__mmask8>(dead), w.s0, q0);
       w.s1 = _mm512_mask_add_pd(w.s1, static_cast<__mmask8>(dead >> 8), w.s1, q1);
-      w.live += std::popcount(static_cast<unsigned>(ok & static_cast<__mmask16>(~dead)));
+      __mmask16 const live = ok & static_cast<__mmask16>(~dead);
+      w.live += std::popcount(static_cast<unsigned>(live));
+      return live;
     };
-    add(w2);
+    __mmask16 const live2 = add(w2);
     add(w4);
     add(w8);
+    // absmax - |x| is exact where live at 2 bits (lane_live_gap: in fp32, so in fp64 too); other
+    // lanes keep their sum.
+    __m512d const e0 = _mm512_sub_pd(absmax, _mm512_abs_pd(d0));
+    __m512d const e1 = _mm512_sub_pd(absmax, _mm512_abs_pd(d1));
+    gap0 = _mm512_mask3_fmadd_pd(e0, e0, gap0, static_cast<__mmask8>(live2));
+    gap1 = _mm512_mask3_fmadd_pd(e1, e1, gap1, static_cast<__mmask8>(live2 >> 8));
   }
   auto const put = [&](int k, width const& w) {
     p.dead_energy[k] = pairwise_sum_simd(w.s0, w.s1);
@@ -283,6 +325,7 @@ inline void measure_dead_zones_simd(T const* x, std::int64_t n, slice_partial& p
   put(0, w2);
   put(1, w4);
   put(2, w8);
+  p.live_gap_sq = pairwise_sum_simd(gap0, gap1);
 }
 
 /// measure_slice with AVX-512: the 16 lanes are a vector's (the sums in two vectors of 8 fp64),
@@ -302,9 +345,8 @@ inline slice_partial measure_slice_simd(T const* x, std::int64_t n, bool dead_zo
     __m512i const mag = _mm512_and_si512(_mm512_castps_si512(raw), magnitude);
     __mmask16 const ok = _mm512_cmplt_epu32_mask(mag, inf);
     __m512 const v = _mm512_maskz_mov_ps(ok, raw);
-    __m512d const d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-    __m512d const d1 =
-        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m512d d0, d1;
+    widen_pd(v, d0, d1);
     s0 = _mm512_fmadd_pd(d0, d0, s0);
     s1 = _mm512_fmadd_pd(d1, d1, s1);
     absmax = _mm512_max_ps(_mm512_castsi512_ps(_mm512_maskz_mov_epi32(ok, mag)), absmax);
@@ -350,11 +392,11 @@ inline void slice_dead_zones([[maybe_unused]] bool simd, T const* x, std::int64_
 /// group adds its slices in slot order (row by row), and when its last row ends the groups of
 /// that band are added to the result in column order (sum_squares += the group's sum, then
 /// tensor_stats::add_group(finite, absmax, hi - lo), then its dead zones,
-/// tensor_stats::add_dead_zone). Where groups span several slices (not slice_grid::one_pass), the
-/// first pass (add) records each closed group's absmax (pending_absmax) and a second pass
-/// (add_dead_zones) folds the same slots' dead zones, measured under those absmaxes, in the same
-/// order; a band's second pass may follow its first at once (the host) or all first passes may
-/// come before (the device). Host only.
+/// tensor_stats::add_dead_zone and add_live_gap). Where groups span several slices (not
+/// slice_grid::one_pass), the first pass (add) records each closed group's absmax (pending_absmax)
+/// and a second pass (add_dead_zones) folds the same slots' dead zones, measured under those
+/// absmaxes, in the same order; a band's second pass may follow its first at once (the host) or all
+/// first passes may come before (the device). Host only.
 class slice_folder {
  public:
   explicit slice_folder(slice_grid const& g)
@@ -378,9 +420,9 @@ class slice_folder {
         [&] { close_band(); });
   }
 
-  /// Second pass (only where !grid.one_pass()): adds the dead zones (dead_energy, live; the other
-  /// fields are ignored) of slots [first, first + n), measured under pending_absmax(); pieces must
-  /// come in slot order, and no band's before its first pass.
+  /// Second pass (only where !grid.one_pass()): adds the dead zones (dead_energy, live,
+  /// live_gap_sq; the other fields are ignored) of slots [first, first + n), measured under
+  /// pending_absmax(); pieces must come in slot order, and no band's before its first pass.
   void add_dead_zones(slice_partial const* p, std::int64_t first, std::int64_t n) {
     walk(
         first, n, [&](group& acc, std::int64_t i) { add_zones(acc, p[i]); },
@@ -406,6 +448,14 @@ class slice_folder {
       acc.dead_energy[w] += p.dead_energy[w];
       acc.live[w] += p.live[w];
     }
+    acc.live_gap_sq += p.live_gap_sq;
+  }
+
+  /// Adds the dead zones of closed group `g`, measured under `absmax`, to the result.
+  void close_zones(group const& g, float absmax) noexcept {
+    for (int w = 0; w < dead_zone_widths; ++w)
+      stats_.add_dead_zone(w, g.dead_energy[w], g.live[w], absmax);
+    stats_.add_live_gap(g.live_gap_sq, g.live[0], absmax);
   }
 
   /// Calls add(group, i) for slot first + i, i in [0, n), and close() after each band's last slot.
@@ -437,8 +487,7 @@ class slice_folder {
       stats_.sum_squares += g.sum_squares;
       stats_.add_group(g.finite, g.absmax, static_cast<double>(g.hi) - static_cast<double>(g.lo));
       if (grid_.one_pass()) {
-        for (int w = 0; w < dead_zone_widths; ++w)
-          stats_.add_dead_zone(w, g.dead_energy[w], g.live[w], g.absmax);
+        close_zones(g, g.absmax);
       } else {
         absmax_.push_back(g.absmax);
       }
@@ -448,9 +497,7 @@ class slice_folder {
 
   void close_dead_band() {
     for (group& g : open_) {
-      float const absmax = absmax_[next_++];
-      for (int w = 0; w < dead_zone_widths; ++w)
-        stats_.add_dead_zone(w, g.dead_energy[w], g.live[w], absmax);
+      close_zones(g, absmax_[next_++]);
       g = group{};
     }
     if (next_ == absmax_.size()) {  // every recorded band done: keep the table small
@@ -472,8 +519,8 @@ class slice_folder {
 /// `tile` (use `s.tile(rows, cols)` for a scheme `s`, or the overload below): the sum of squares,
 /// per group the absmax and the widened range (min(min, 0) to max(max, 0)) over its finite
 /// elements, and their count; and every group's dead zones under symmetric 2-, 4- and 8-bit codes
-/// (tensor_stats::dead_energy, live_absmax_sq). NaN and ±Inf are left out (as quantize leaves
-/// them out of a group's scale). Sums are fp64 in a fixed order, so the CUDA form
+/// (tensor_stats::dead_energy, live_absmax_sq, live_error_2bit). NaN and ±Inf are left out (as
+/// quantize leaves them out of a group's scale). Sums are fp64 in a fixed order, so the CUDA form
 /// (statistics.cuh) returns the same bits. Host only; reads `x` once where each group is one row
 /// of at most 256 columns (e.g. per_group<G <= 256>), else each band of tile.rows rows twice in a
 /// row (the second time for the dead zones, under the absmax the first found; from the caches

@@ -196,16 +196,19 @@ py::dict stats_dict(act::tensor_stats const& st) {
     d["dead_energy"] = py::make_tuple(st.dead_energy[0], st.dead_energy[1], st.dead_energy[2]);
     d["live_absmax_sq"] =
         py::make_tuple(st.live_absmax_sq[0], st.live_absmax_sq[1], st.live_absmax_sq[2]);
+    d["live_error_2bit"] =
+        py::make_tuple(st.live_error_2bit[0], st.live_error_2bit[1], st.live_error_2bit[2]);
   }
   return d;
 }
 
-/// A (2-, 4-, 8-bit) triple of a statistics dict.
-std::array<double, 3> widths_of(py::handle const& v, char const* key) {
+/// A triple of a statistics dict: per bit width (2, 4, 8) or per scale format (f32, bf16, e8m0),
+/// as `what` says.
+std::array<double, 3> triple_of(py::handle const& v, char const* key, char const* what) {
   auto const t = v.cast<py::tuple>();
   if (t.size() != 3)
-    throw agoq::invalid_argument(std::string("statistics: '") + key +
-                                 "' has 3 values (2, 4, 8 bits)");
+    throw agoq::invalid_argument(std::string("statistics: '") + key + "' has 3 values (" + what +
+                                 ")");
   return {t[0].cast<double>(), t[1].cast<double>(), t[2].cast<double>()};
 }
 
@@ -222,12 +225,15 @@ act::tensor_stats stats_of(py::dict const& d) {
   st.sum_squares = d["sum_squares"].cast<double>();
   st.sum_group_absmax_sq = d["sum_group_absmax_sq"].cast<double>();
   st.sum_group_range_sq = d["sum_group_range_sq"].cast<double>();
-  if (d.contains("dead_energy") != d.contains("live_absmax_sq"))
-    throw agoq::invalid_argument("statistics: 'dead_energy' and 'live_absmax_sq' come together");
+  if (d.contains("dead_energy") != d.contains("live_absmax_sq") ||
+      d.contains("dead_energy") != d.contains("live_error_2bit"))
+    throw agoq::invalid_argument(
+        "statistics: 'dead_energy', 'live_absmax_sq' and 'live_error_2bit' come together");
   if (d.contains("dead_energy")) {
     st.has_dead_zones = true;
-    st.dead_energy = widths_of(d["dead_energy"], "dead_energy");
-    st.live_absmax_sq = widths_of(d["live_absmax_sq"], "live_absmax_sq");
+    st.dead_energy = triple_of(d["dead_energy"], "dead_energy", "2, 4, 8 bits");
+    st.live_absmax_sq = triple_of(d["live_absmax_sq"], "live_absmax_sq", "2, 4, 8 bits");
+    st.live_error_2bit = triple_of(d["live_error_2bit"], "live_error_2bit", "f32, bf16, e8m0");
   }
   return st;
 }
