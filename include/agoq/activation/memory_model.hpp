@@ -618,7 +618,8 @@ inline void set_activation_peak(stage_memory& s,
 
 /// The working set of pipeline device `stage` (stage_memory::working): the largest
 /// layer_working_bytes of its layers, with `quantized(l, k)` telling whether layer l stores kind k
-/// quantized, and on the last device also the output head's (head_working_bytes).
+/// quantized, and on the last device also the output head's (head_working_bytes, with the head
+/// weight's gradient staged when `staged`).
 template <class Quantized>
 std::int64_t device_working_bytes(model_shape const& m, parallel_config const& p,
                                   shard_shape const& sh, std::int64_t stage, bool staged,
