@@ -40,13 +40,17 @@ void usage() {
       "  [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N] [--head-dim N]\n"
       "  [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N] [--vp-rules core|legacy]\n"
       "  [--dp N] [--zero 0-3] [--sp] [--no-sp] [--micro-batch N] [--seq N]\n"
-      "  [--micro-batches N] [--grad fp32|bf16|int8] [--optim fp32|int8] [--budget-gib X]\n"
-      "  [--verbose]\n"
+      "  [--micro-batches N] [--grad fp32|bf16|int8] [--optim fp32|int8] [--bucket N]\n"
+      "  [--reserved-gib X] [--budget-gib X] [--verbose]\n"
       "--vp N > 1 runs Megatron's interleaved schedule: by default Megatron-Core's, in groups of\n"
       "--vp-group micro-batches (its microbatch_group_size_per_vp_stage; default pp), which\n"
       "needs pp <= group <= micro-batches and micro-batches mod group either 0 or >= pp;\n"
       "--vp-rules legacy follows older Megatron-LM (micro-batches a multiple of pp, every\n"
       "forward first when they equal pp). --micro-batches 0 (default) fills the pipeline.\n"
+      "The transient column is the working memory at the peak: the largest layer (or output\n"
+      "head) backward phase, gradient staging and 8-bit reduction buffers of one --bucket of\n"
+      "parameters (default 0: Megatron-Core's max(40M, 1M dp)), and --reserved-gib (default 1)\n"
+      "for the CUDA context, GEMM workspaces and NCCL; --verbose splits it.\n"
       "A config file holds the same keys as key=value lines (sp=1, verbose=1; # comments).");
 }
 
@@ -123,6 +127,10 @@ void apply(options& o, std::string const& key, std::string const& v) {
     o.agoq_states.optimizer = v == "fp32"   ? act::optimizer_format::fp32
                               : v == "int8" ? act::optimizer_format::int8_g128
                                             : throw std::invalid_argument("optim: fp32|int8");
+  } else if (key == "bucket") {
+    o.step.bucket_parameters = to_int(key, v);
+  } else if (key == "reserved-gib") {
+    o.step.reserved_bytes = static_cast<std::int64_t>(std::stod(v) * gib);
   } else if (key == "budget-gib") {
     o.budget_gib = std::stod(v);
   } else if (key == "verbose") {
@@ -153,31 +161,37 @@ void read_config(options& o, std::string const& path) {
 
 double g(std::int64_t bytes) { return static_cast<double>(bytes) / gib; }
 
-void print_table(char const* title, std::vector<act::stage_memory> const& stages) {
+void print_table(options const& o, char const* title,
+                 std::vector<act::stage_memory> const& stages) {
   std::printf("\n%s (GiB per GPU)\n", title);
-  std::printf("%6s %9s %8s %8s %8s %8s %8s %11s %8s %8s\n", "stage", "in-flight", "weights",
-              "master", "grads", "optim", "gathered", "activations", "head", "total");
+  std::printf("%6s %9s %8s %8s %8s %8s %8s %11s %8s %9s %8s\n", "stage", "in-flight", "weights",
+              "master", "grads", "optim", "gathered", "activations", "head", "transient", "total");
   for (auto const& s : stages) {
     std::string flight;
     for (std::size_t i = 0; i < s.in_flight.size(); ++i)
       flight += (i ? "," : "") + std::to_string(s.in_flight[i]);
-    std::printf("%6lld %9s %8.2f %8.2f %8.2f %8.2f %8.2f %11.2f %8.2f %8.2f\n",
+    std::printf("%6lld %9s %8.2f %8.2f %8.2f %8.2f %8.2f %11.2f %8.2f %9.2f %8.2f\n",
                 static_cast<long long>(s.stage), flight.c_str(), g(s.weights), g(s.master_weights),
                 g(s.gradients), g(s.optimizer), g(s.gathered_weights), g(s.activations),
-                g(s.head_activations), g(s.total()));
+                g(s.head_activations), g(s.transient()), g(s.total()));
   }
-  std::printf("%6s %9s %8s %8s %8s %8s %8s %11s %8s %8.2f\n", "peak", "", "", "", "", "", "", "",
-              "", g(act::peak_total(stages)));
+  std::printf("%6s %9s %8s %8s %8s %8s %8s %11s %8s %9s %8.2f\n", "peak", "", "", "", "", "", "",
+              "", "", "", g(act::peak_total(stages)));
+  if (!o.verbose) return;
+  std::printf("transient: working (layer or head backward) + gradient buffers + reserved\n");
+  for (auto const& s : stages)
+    std::printf("%6lld %8.3f + %8.3f + %8.3f\n", static_cast<long long>(s.stage), g(s.working),
+                g(s.gradient_buffers), g(s.reserved));
 }
 
 void print_plan(options const& o, act::activation_plan const& plan) {
   std::printf("\nplan for a budget of %.2f GiB per GPU\n", g(plan.budget_bytes()));
   for (auto const& s : plan.stages()) {
     std::printf(
-        "stage %lld: total %.2f GiB (activations %.2f), unused %.2f GiB, error %.4g "
-        "(optimum >= %.4g)\n",
+        "stage %lld: total %.2f GiB (activations %.2f, transient %.2f), unused %.2f GiB, "
+        "error %.4g (optimum >= %.4g)\n",
         static_cast<long long>(s.memory.stage), g(s.memory.total()), g(s.memory.activations),
-        g(s.unused_bytes), s.error, s.error_lower_bound);
+        g(s.memory.transient()), g(s.unused_bytes), s.error, s.error_lower_bound);
     // Per kind: the layers holding each choice, as runs.
     for (act::tensor_kind const k : act::block_tensors(o.model.style)) {
       if (act::is_alias(k)) continue;
@@ -268,12 +282,12 @@ int run(int argc, char** argv) {
   auto const baseline =
       act::estimate_memory(m, p, o.step, act::state_formats{}, act::policy_table::all_precise());
   auto const agoq = act::estimate_memory(m, p, o.step, o.agoq_states, act::policy_table{});
-  print_table("baseline: bf16 activations, fp32 gradients, fp32 Adam", baseline);
+  print_table(o, "baseline: bf16 activations, fp32 gradients, fp32 Adam", baseline);
   std::printf(
       "\nagoq default policy: residual int8_g128, linear/activation inputs int4_g128, "
       "attention bf16; gradients %s, Adam %s\n",
       act::name_of(o.agoq_states.gradients).c_str(), act::name_of(o.agoq_states.optimizer).c_str());
-  print_table("agoq", agoq);
+  print_table(o, "agoq", agoq);
   double const saving = 1.0 - static_cast<double>(act::peak_total(agoq)) /
                                   static_cast<double>(act::peak_total(baseline));
   std::printf("\npeak per-GPU memory: %.2f GiB -> %.2f GiB, saving %.1f%%\n",

@@ -465,6 +465,11 @@ TEST_CASE("activations of an interleaved pipeline, by hand") {
   std::int64_t const states0 = 18 * (4 * per_layer + 1000 * 256);
   std::int64_t const states1 = 18 * (4 * per_layer + 1000 * 256 + 256);
 
+  // The transient memory: the flash-attention phase of a layer's backward, the largest here
+  // whatever the storage (see "transient working memory of a layer, by hand"), 526,336 bytes, and
+  // the 1 GiB allowance; fp32 gradients need no buffers.
+  std::int64_t const transient = 526336 + (std::int64_t{1} << 30);
+
   // bf16: equal chunks (2 layer bytes each); both of device 0's moments hold 5 chunks; on device
   // 1 the moment (2,1) also holds the head. The per-chunk maxima (4,2) and (3,1) would have
   // counted 12 and 8 layers (+ 1 head).
@@ -472,11 +477,13 @@ TEST_CASE("activations of an interleaved pipeline, by hand") {
   REQUIRE(b.size() == 2);
   CHECK(b[0].in_flight == std::vector<std::int64_t>{3, 2});
   CHECK(b[0].activations == 10 * layer);
-  CHECK(b[0].total() == states0 + 10 * layer);
+  CHECK(b[0].transient() == transient);
+  CHECK(b[0].total() == states0 + 10 * layer + transient);
   CHECK(b[1].in_flight == std::vector<std::int64_t>{2, 1});
   CHECK(b[1].activations == 6 * layer);
   CHECK(b[1].head_activations == head);
-  CHECK(b[1].total() == states1 + 6 * layer + head);
+  CHECK(b[1].transient() == transient);
+  CHECK(b[1].total() == states1 + 6 * layer + head + transient);
 
   // Layers 0-3 in bf16, 4-7 as the default policy: chunk 0 is the larger on both devices.
   // Device 0: (3,2) holds 6 layer + 4 q, (4,1) 8 layer + 2 q: the peak is (4,1).
@@ -490,13 +497,154 @@ TEST_CASE("activations of an interleaved pipeline, by hand") {
   CHECK(6 * layer == 5124096);
   CHECK(x[0].in_flight == std::vector<std::int64_t>{4, 1});
   CHECK(x[0].activations == 8 * layer + 2 * q);
-  CHECK(x[0].total() == states0 + 8 * layer + 2 * q);
-  CHECK(x[0].total() == 54755328);
+  CHECK(x[0].total() == states0 + 8 * layer + 2 * q + transient);
+  CHECK(x[0].total() == 54755328 + transient);
   CHECK(x[1].in_flight == std::vector<std::int64_t>{3, 0});
   CHECK(x[1].activations == 6 * layer);
   CHECK(x[1].head_activations == 0);
-  CHECK(x[1].total() == states1 + 6 * layer);
-  CHECK(x[1].total() == 52240896);
+  CHECK(x[1].total() == states1 + 6 * layer + transient);
+  CHECK(x[1].total() == 52240896 + transient);
+}
+
+TEST_CASE("transient working memory of a layer, by hand") {
+  auto const precise = [](tensor_kind) { return false; };
+  auto const all = [](tensor_kind) { return true; };
+  SUBCASE("grouped-query attention dominates: h 256, f 512, 4 heads of 64, 2 kv heads") {
+    // T0 = T = 128 tokens, q = 256, k = 128, f = 512, no SP (G = 0), L = 4 * 4 * 128 = 2048.
+    // R = 2 T h = 65,536. Phases: down 2 T0 f = 131,072; SwiGLU 6 T0 f = 393,216; gate/up
+    // 4 T0 f + 2 T0 h = 327,680; output projection 2 T0 q = 65,536; attention 2 T0 q (65,536) +
+    // 2 T0 (q + 2k) (131,072) + 4 T0 q (131,072) + L (2,048) + 4 T0 q (k < q: 131,072) = 460,800;
+    // QKV 2 T0 (q + 2k) + 2 T0 h = 196,608.
+    model_shape const m{block_style::llama, 8, 256, 512, 4, 2, 0, 1000, false};
+    shard_shape const sh{1, 128, 1, false};
+    CHECK(layer_working_bytes(m, sh, precise) == 65536 + 460800);
+    // Everything quantized adds the bf16 copies of Q (65,536), K and V (32,768 each), O (65,536)
+    // and the logsumexp (2,048) to the attention phase: 659,456.
+    CHECK(layer_working_bytes(m, sh, all) == 65536 + 659456);
+    // The head: logits 2 T0 V = 256,000, input gradient 2 T0 h = 65,536; staged, the head
+    // weight's bf16 gradient 2 V h = 512,000 more.
+    CHECK(head_working_bytes(m, sh, false) == 321536);
+    CHECK(head_working_bytes(m, sh, true) == 321536 + 512000);
+  }
+  SUBCASE("the MLP dominates: h 128, f 448, 4 heads of 32, 2 kv heads") {
+    model_shape const m{block_style::llama, 4, 128, 448, 4, 2, 32, 1000, false};
+    // TP 2 with SP: T0 = 64, T = 32, q = 64, k = 32, f = 224, G = 2 T0 h = 16,384, R = 2 T h =
+    // 8,192. down G + 2 T0 f = 45,056 (+ 28,672 quantized); SwiGLU 6 T0 f = 86,016; gate/up
+    // 4 T0 f + 2 T0 h + G = 90,112 (+ D(mlp_input) = 2 T h = 8,192 quantized); attention 2 T0 q
+    // (8,192) + 2 T0 (q + 2k) (16,384) + 4 T0 q (16,384) + L (4 * 2 * 64 = 512) + 4 T0 q
+    // (16,384) = 57,856 (+ 25,088 quantized); QKV 2 T0 (q + 2k) + 2 T0 h + G = 49,152.
+    shard_shape const sp{1, 64, 2, true};
+    CHECK(layer_working_bytes(m, sp, precise) == 8192 + 90112);
+    CHECK(layer_working_bytes(m, sp, all) == 8192 + 90112 + 8192);
+    // Only mlp_input's copy counts there: the others' phases stay below.
+    CHECK(layer_working_bytes(m, sp, [](tensor_kind k) { return k == tensor_kind::mlp_input; }) ==
+          8192 + 90112 + 8192);
+    CHECK(layer_working_bytes(m, sp, [](tensor_kind k) { return k != tensor_kind::mlp_input; }) ==
+          8192 + 90112);
+    // Head, TP 2: logits 2 T0 V/2 = 64,000, input gradient 2 T0 h = 16,384, G = 16,384.
+    CHECK(head_working_bytes(m, sp, false) == 96768);
+    // TP 2 without SP: T = 64, G = 0, R = 16,384. SwiGLU 86,016 is the largest bf16 phase; with
+    // D(mlp_input) = 2 T h = 16,384 gate/up reaches 57,344 + 16,384 + 16,384 = 90,112.
+    shard_shape const tp{1, 64, 2, false};
+    CHECK(layer_working_bytes(m, tp, precise) == 16384 + 86016);
+    CHECK(layer_working_bytes(m, tp, all) == 16384 + 90112);
+  }
+  SUBCASE("GPT block: h 128, f 512, 4 heads (multi-head, no expansion)") {
+    // T0 = T = 64, q = k = 128, f = 512, L = 4 * 4 * 64 = 1,024, R = 16,384. FC2 2 T0 f = 65,536
+    // (+ 65,536 quantized); GeLU 4 T0 f = 131,072; FC1 2 T0 f + 2 T0 h = 81,920 (+ 16,384);
+    // attention 16,384 + 49,152 + 32,768 + 1,024 = 99,328 (+ 4 x 16,384 + 1,024 quantized);
+    // QKV 49,152 + 16,384 = 65,536 (+ 16,384).
+    model_shape const m{block_style::gpt, 4, 128, 512, 4, 4, 0, 1000, false};
+    shard_shape const sh{1, 64, 1, false};
+    CHECK(layer_working_bytes(m, sh, precise) == 16384 + 131072);
+    // The default policy keeps the attention core precise: FC2 then ties GeLU at 131,072.
+    CHECK(layer_working_bytes(m, sh, [](tensor_kind k) {
+            return category_of(k) != tensor_category::attention_core;
+          }) == 16384 + 131072);
+    CHECK(layer_working_bytes(m, sh, all) == 16384 + 99328 + 66560);
+  }
+}
+
+TEST_CASE("gradient buffers, by hand") {
+  model_shape const m = llama3_8b();
+  parallel_config p;
+  p.tp = 2;
+  p.dp = 4;
+  p.zero_stage = 1;
+  step_config st;
+  std::int64_t const held = 2'000'000'000;  // parameters on the device: more than any bucket
+  // The largest matrix of a layer on a TP-2 rank: gate and up together, 2 x 7168 x 4096, more than
+  // Megatron-Core's default bucket of max(40,000,000, 4 x 1,000,000) parameters.
+  CHECK(largest_layer_matrix(m, 2) == 58720256);
+  CHECK(bucket_parameters(m, p, st, held) == 58720256);
+  // fp32 and bf16 gradients accumulate in place and reduce in place.
+  CHECK(gradient_buffer_bytes(m, p, st, gradient_format::fp32, held) == 0);
+  CHECK(gradient_buffer_bytes(m, p, st, gradient_format::bf16, held) == 0);
+  // 8-bit, ZeRO-1 (reduce-scatter): bf16 staging 2 n = 117,440,512; the workspace: 458,752 groups
+  // of 128, 114,688 per rank, blocks of 16 + 114,688 x 132 = 15,138,832 bytes; 4 of them,
+  // 60,555,328, padded to 60,555,520, sent and received; 8 x (4 + 3) bytes of counters.
+  std::int64_t const rs = 2 * 60555520 + 56;
+  CHECK(gradient_buffer_bytes(m, p, st, gradient_format::int8_g128, held) == 117440512 + rs);
+  // ZeRO-0 (all-reduce) also holds the fp32 sums of one chunk, 4 x 114,688 x 128 bytes.
+  p.zero_stage = 0;
+  CHECK(gradient_buffer_bytes(m, p, st, gradient_format::int8_g128, held) ==
+        117440512 + rs + 58720256);
+  // Sharded fp32 gradients (ZeRO-2) are staged but reduced in place by NCCL.
+  p.zero_stage = 2;
+  CHECK(gradient_buffer_bytes(m, p, st, gradient_format::fp32, held) == 117440512);
+  // A larger bucket of the user's; one rank: no collective, the 8-bit buffer still stages.
+  st.bucket_parameters = 100'000'000;
+  CHECK(gradient_buffer_bytes(m, p, st, gradient_format::fp32, held) == 200000000);
+  p.dp = 1;
+  p.zero_stage = 0;
+  CHECK(gradient_buffer_bytes(m, p, st, gradient_format::fp32, held) == 0);
+  CHECK(gradient_buffer_bytes(m, p, st, gradient_format::int8_g128, held) == 200000000);
+  // A bucket never holds more than the device: stage 0 of the small model below, 4 layers of
+  // 590,336 parameters and the 256,000 of the embedding, 2,617,344 in all.
+  model_shape const small{block_style::llama, 8, 256, 512, 4, 2, 0, 1000, false};
+  parallel_config q;
+  q.pp = 2;
+  auto const stages = estimate_memory(
+      small, q, {1, 128, 0}, {gradient_format::int8_g128, optimizer_format::fp32}, policy_table{});
+  CHECK(stages[0].parameters == 2617344);
+  CHECK(stages[0].gradient_buffers == 2 * 2617344);
+}
+
+TEST_CASE("transient memory of a whole pipeline, by hand") {
+  // LLaMA-3-8B, TP 2, PP 4, DP 4, ZeRO-1, SP, 1 x 8192 tokens: T0 = 8192, T = 4096, q = 2048,
+  // k = 512, f = 7168, V/2 = 64,128. R = 2 T h = 33,554,432; gate/up 4 T0 f + 2 T0 h + G =
+  // 234,881,024 + 67,108,864 + 67,108,864 = 369,098,752 is the largest phase; agoq's default
+  // policy quantizes mlp_input, whose bf16 copy adds 2 T h = 33,554,432. Last stage: the head,
+  // 2 T0 V/2 + 2 T0 h + G = 1,050,673,152 + 134,217,728 = 1,184,890,880, and with 8-bit gradients
+  // the head weight's bf16 gradient 2 x 64,128 x 4096 = 525,336,576.
+  model_shape const m = llama3_8b();
+  parallel_config const p{2, 4, 4, 1, 1, true};
+  step_config const st{1, 8192, 0};
+  auto const base = estimate_memory(m, p, st, {}, policy_table::all_precise());
+  auto const agoq = estimate_memory(m, p, st, {gradient_format::int8_g128, optimizer_format::fp32},
+                                    policy_table{});
+  std::int64_t const gib = std::int64_t{1} << 30;
+  for (std::size_t s = 0; s < 3; ++s) {
+    CHECK(base[s].working == 33554432 + 369098752);
+    CHECK(agoq[s].working == 33554432 + 369098752 + 33554432);
+  }
+  CHECK(base[3].working == 1184890880);
+  CHECK(agoq[3].working == 1184890880 + 525336576);
+  for (std::size_t s = 0; s < 4; ++s) {
+    CHECK(base[s].gradient_buffers == 0);
+    CHECK(agoq[s].gradient_buffers == 117440512 + 2 * 60555520 + 56);
+    CHECK(base[s].reserved == gib);
+    CHECK(agoq[s].transient() == agoq[s].working + agoq[s].gradient_buffers + gib);
+    CHECK(agoq[s].total() ==
+          agoq[s].states() + agoq[s].activations + agoq[s].head_activations + agoq[s].transient());
+  }
+  // The allowance is the user's: none at all leaves the working memory and the buffers.
+  step_config bare = st;
+  bare.reserved_bytes = 0;
+  CHECK(estimate_memory(m, p, bare, {}, policy_table::all_precise())[0].transient() ==
+        33554432 + 369098752);
+  bare.reserved_bytes = -1;
+  CHECK_THROWS_AS(estimate_memory(m, p, bare, {}, policy_table{}), agoq::invalid_argument);
 }
 
 TEST_CASE("configuration errors") {

@@ -170,8 +170,12 @@ TEST_CASE("interleaved: the planner fits every peak moment and matches brute for
 }
 
 TEST_CASE("more memory never lowers a bit width, and stages with fewer micro-batches get more") {
+  // A vocabulary of 8000: with 32000 the last stage's output head, whose backward holds the bf16
+  // logits, its input gradient and (8-bit gradients) the head weight's bf16 gradient, 99 MB at
+  // seq 512, needs more than its fewer micro-batches spare it, and the last stage gets fewer bits
+  // than the first.
   planner_input in;
-  in.model = {block_style::llama, 16, 1024, 3584, 8, 2, 0, 32000, false};
+  in.model = {block_style::llama, 16, 1024, 3584, 8, 2, 0, 8000, false};
   in.parallel.pp = 4;
   SUBCASE("1F1B") { in.parallel.virtual_stages = 1; }
   SUBCASE("interleaved, v = 2") { in.parallel.virtual_stages = 2; }
@@ -234,6 +238,8 @@ TEST_CASE("plan memory equals the memory model, and in-flight counts come from t
     auto const& st = plan.stages()[s];
     CHECK(st.memory.total() == check[s].total());
     CHECK(st.memory.activations == check[s].activations);
+    CHECK(st.memory.working == check[s].working);
+    CHECK(st.memory.transient() == check[s].transient());
     CHECK(st.memory.in_flight == check[s].in_flight);
     auto const peaks = in_flight_peaks(2, 2, static_cast<std::int64_t>(s), 8);
     CHECK(std::find(peaks.begin(), peaks.end(), st.memory.in_flight) != peaks.end());
@@ -309,6 +315,77 @@ TEST_CASE("an infeasible budget says by how much it falls short") {
   CHECK_NOTHROW(make_plan(in));
   in.budget_bytes = 0;
   CHECK_THROWS_AS(make_plan(in), agoq::invalid_argument);
+}
+
+TEST_CASE("a budget that holds the activations but not the transient memory is refused") {
+  // small_input's layers: the flash-attention phase of the backward is their largest working set,
+  // 526,336 bytes on both stages whatever the storage (memory_model_test, "transient working
+  // memory of a layer, by hand"); the head's, 321,536, is smaller. fp32 gradients need no
+  // buffers, and no allowance is reserved here.
+  planner_input in = small_input();
+  in.policy = policy_table{};
+  in.step.reserved_bytes = 0;
+  auto const need = minimum(in);
+  std::int64_t const stage = need[0] >= need[1] ? 0 : 1;
+  std::int64_t const worst = need[static_cast<std::size_t>(stage)];
+  std::int64_t const transient = 526336;
+  auto const m = estimate_memory(in.model, in.parallel, in.step, in.states, in.policy);
+  CHECK(m[static_cast<std::size_t>(stage)].transient() == transient);
+  std::int64_t const states = m[static_cast<std::size_t>(stage)].states();
+  // Room for the states and the smallest activations, none for the working memory.
+  in.budget_bytes = worst - transient;
+  std::string const expected = "falls short by " + std::to_string(transient) +
+                               " bytes on pipeline stage " + std::to_string(stage) + " (it needs " +
+                               std::to_string(worst) + " bytes: " + std::to_string(states) +
+                               " of weights, gradients and optimizer states, " +
+                               std::to_string(transient) + " of transient working memory and " +
+                               std::to_string(worst - states - transient) + " of activations";
+  CHECK_THROWS_WITH_AS(make_plan(in), doctest::Contains(expected.c_str()), agoq::invalid_argument);
+  in.budget_bytes = worst;
+  auto const plan = make_plan(in);
+  CHECK(plan.stages()[static_cast<std::size_t>(stage)].memory.transient() == transient);
+  CHECK(plan.stages()[static_cast<std::size_t>(stage)].unused_bytes == 0);
+  // The allowance counts against the budget like the rest.
+  in.step.reserved_bytes = 1000;
+  CHECK_THROWS_WITH_AS(make_plan(in), doctest::Contains("falls short by 1000 bytes"),
+                       agoq::invalid_argument);
+}
+
+TEST_CASE("the planner reserves the dequantized buffers its candidates may need") {
+  // One stage, four layers; TP 2 with SP, where the gate/up phase is the largest working set
+  // and mlp_input's bf16 copy, 2 T h = 2 x 32 x 128 = 8,192 bytes, adds to it when that tensor is
+  // quantized (memory_model_test: 8,192 + 90,112, or + 8,192 more). Only mlp_input may be int8.
+  planner_input in;
+  in.model = {block_style::llama, 4, 128, 448, 4, 2, 32, 1000, false};
+  in.parallel.tp = 2;
+  in.parallel.sp = true;
+  in.step = {1, 64, 0};
+  in.step.reserved_bytes = 0;
+  in.policy = policy_table::all_precise();
+  in.policy.set(tensor_kind::mlp_input, storage::with(int8_g128),
+                {storage::with(int8_g128), storage::precise()});
+  std::int64_t const precise = peak_total(
+      estimate_memory(in.model, in.parallel, in.step, in.states, policy_table::all_precise()));
+  auto const quantized = estimate_memory(in.model, in.parallel, in.step, in.states, in.policy);
+  CHECK(quantized[0].working == 8192 + 90112 + 8192);
+  // The all-precise plan would fit this budget exactly, but the planner holds back the buffer
+  // the int8 candidate would need: each upgrade costs 8,192 - 4,224 = 3,968 bytes, and of the
+  // 4 x 3,968 = 15,872 bytes between the smallest and the all-precise activations the
+  // reservation leaves 7,680, room for one.
+  in.budget_bytes = precise;
+  auto const short_plan = make_plan(in);
+  int int8 = 0;
+  for (auto const& t : short_plan.stages()[0].tensors)
+    if (!t.choice.is_precise()) ++int8;
+  CHECK(int8 == 3);
+  CHECK(short_plan.stages()[0].memory.working == 8192 + 90112 + 8192);
+  // 8,192 bytes more and every tensor is precise; the plan reports the working memory it needs,
+  // which leaves the reservation unused.
+  in.budget_bytes = precise + 8192;
+  auto const full = make_plan(in);
+  for (auto const& t : full.stages()[0].tensors) CHECK(t.choice.is_precise());
+  CHECK(full.stages()[0].memory.working == 8192 + 90112);
+  CHECK(full.stages()[0].unused_bytes == 8192);
 }
 
 TEST_CASE("the planner is deterministic") {

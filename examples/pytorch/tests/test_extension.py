@@ -242,6 +242,27 @@ class PlanningTest(unittest.TestCase):
         self.assertEqual(agoq.layer_activation_bytes(LLAMA, 8, 128, store),
                          expected - bf16 + quant)
 
+    def test_memory_counts_the_transient_working_memory(self):
+        mem = agoq.estimate_memory(LLAMA, 8, 128, gradients="int8")[0]
+        self.assertEqual(mem["transient"],
+                         mem["working"] + mem["gradient_buffers"] + mem["reserved"])
+        self.assertEqual(mem["total"], mem["states"] + mem["activations"]
+                         + mem["head_activations"] + mem["transient"])
+        # T0 = 8 x 128 tokens, h = 128, f = 384: the residual gradient 2 T0 h and SwiGLU's phase
+        # 6 T0 f, the largest of a layer's backward (the head's: 2 T0 (256 + 128) + 2 x 256 x 128).
+        self.assertEqual(mem["working"], 2 * 1024 * 128 + 6 * 1024 * 384)
+        # One rank, a model smaller than a bucket: the 8-bit buffer stages all its gradients in bf16.
+        self.assertEqual(mem["gradient_buffers"], 2 * mem["parameters"])
+        self.assertEqual(mem["reserved"], 1 << 30)
+        bare = agoq.estimate_memory(LLAMA, 8, 128, gradients="int8", reserved_bytes=0)[0]
+        self.assertEqual(bare["total"], mem["total"] - (1 << 30))
+        # Room for the states and the activations, none for the transient memory: refused.
+        with self.assertRaisesRegex(ValueError, f"falls short by {mem['transient']} bytes .*"
+                                    f"{mem['transient']} of transient working memory"):
+            agoq.make_plan(LLAMA, 8, 128, mem["total"] - mem["transient"])
+        plan = agoq.make_plan(LLAMA, 8, 128, mem["total"])
+        self.assertEqual(plan["stages"][0]["transient"], mem["transient"])
+
     def test_plan_is_monotone_in_the_budget_and_refuses_too_little(self):
         default = agoq.estimate_memory(LLAMA, 8, 128, gradients="int8")[0]["total"]
         small = agoq.make_plan(LLAMA, 8, 128, default)

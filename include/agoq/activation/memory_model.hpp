@@ -3,8 +3,9 @@
 /// bf16 or 8-bit), optimizer states (fp32 or 8-bit Adam), and the saved activations (bf16 or as
 /// planned) at the peak moment of the pipeline schedule (1F1B, or the interleaved schedule under
 /// Megatron-Core's or the legacy rules, followed unit by unit) under tensor, pipeline, data (ZeRO
-/// 0-3) and sequence parallelism; and Megatron's published activation formula to check it against.
-/// Host only.
+/// 0-3) and sequence parallelism, and the transient working memory at that moment (the largest
+/// phase of a layer's or the output head's backward, gradient staging and reduction buffers, a
+/// fixed allowance); and Megatron's published activation formula to check it against. Host only.
 /// What is and is not counted is listed in docs/activations.md.
 #pragma once
 
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "../gradient/payload.hpp"
 #include "../layout/layout.hpp"
 #include "layer_kind.hpp"
 #include "policy.hpp"
@@ -109,12 +111,22 @@ inline void parallel_config::validate(model_shape const& m) const {
   detail::check_group(pp, virtual_stages, vp_group, vp_rules);
 }
 
-/// The size of one step.
+/// The default of step_config::reserved_bytes: 1 GiB per GPU (docs/activations.md §4.2).
+inline constexpr std::int64_t default_reserved_bytes = std::int64_t{1} << 30;
+
+/// The size of one step, and the two settings of its transient working memory that the shapes do
+/// not give (docs/activations.md §4.2).
 struct step_config {
   std::int64_t micro_batch = 1;    ///< sequences per micro-batch (b)
   std::int64_t seq = 4096;         ///< tokens per sequence (s)
   std::int64_t micro_batches = 0;  ///< micro-batches per step per pipeline (m); 0: enough to
                                    ///< fill the pipeline (no cap on the in-flight counts)
+  /// Parameters per gradient-reduction bucket (Megatron-Core's
+  /// DistributedDataParallelConfig.bucket_size); 0: its default, max(40,000,000, 1,000,000 dp).
+  std::int64_t bucket_parameters = 0;
+  /// Fixed allowance per GPU for what the model does not size: the CUDA context, GEMM
+  /// workspaces, NCCL's own buffers.
+  std::int64_t reserved_bytes = default_reserved_bytes;
 };
 
 /// How gradients are kept between the backward pass and the optimizer.
@@ -145,15 +157,25 @@ inline std::string name_of(optimizer_format o) {
   return o == optimizer_format::fp32 ? "fp32" : "int8_g128";
 }
 
+/// The widths one tensor-parallel rank holds of a layer.
+struct rank_widths {
+  std::int64_t q = 0;  ///< queries (and attention output): heads / tp * head_dim
+  std::int64_t k = 0;  ///< keys, and values: kv_heads_per_rank * head_dim
+  std::int64_t f = 0;  ///< the MLP inner width: ffn / tp
+};
+
+/// The widths of `m` on one rank of `tp`.
+inline rank_widths widths_of(model_shape const& m, std::int64_t tp) {
+  return {m.heads / tp * m.head_size(), kv_heads_per_rank(m, tp) * m.head_size(), m.ffn / tp};
+}
+
 /// Parameters of one transformer layer held by one tensor-parallel rank (norm weights are
 /// replicated): LLaMA-style Q, K, V, O without biases, gate, up, down and two RMSNorm weights;
 /// GPT-style QKV and O with biases, FC1 and FC2 with biases and two LayerNorms.
 inline std::int64_t layer_parameters(model_shape const& m, std::int64_t tp) {
   m.validate();
   std::int64_t const h = m.hidden;
-  std::int64_t const qd = m.heads / tp * m.head_size();
-  std::int64_t const kvd = kv_heads_per_rank(m, tp) * m.head_size();
-  std::int64_t const f = m.ffn / tp;
+  auto const [qd, kvd, f] = widths_of(m, tp);
   if (m.style == block_style::llama) return h * qd + 2 * h * kvd + qd * h + 3 * h * f + 2 * h;
   return (h * 3 * qd + 3 * qd) + (qd * h + h) + (h * f + f) + (f * h + h) + 4 * h;
 }
@@ -174,6 +196,13 @@ struct layer_place {
 inline layer_place place_of(std::int64_t layer, model_shape const& m, parallel_config const& p) {
   std::int64_t const global_chunk = layer / p.layers_per_chunk(m);
   return {global_chunk % p.pp, global_chunk / p.pp};
+}
+
+/// The first global layer of local chunk `chunk` of pipeline device `stage`: the chunk holds it and
+/// the layers_per_chunk - 1 that follow (place_of inverted).
+inline std::int64_t first_layer_of(model_shape const& m, parallel_config const& p,
+                                   std::int64_t stage, std::int64_t chunk) {
+  return (chunk * p.pp + stage) * p.layers_per_chunk(m);
 }
 
 /// A pipeline schedule, the same for every device: what the in-flight functions below follow.
@@ -402,14 +431,26 @@ struct stage_memory {
   std::vector<std::int64_t> in_flight;  ///< micro-batches in flight per local chunk at the
                                         ///< moment `activations` + `head_activations` peak (one
                                         ///< of in_flight_peaks)
+  std::int64_t working = 0;             ///< the largest working set of one layer's backward (or,
+                                        ///< last stage, the output head's), on top of the peak:
+                                        ///< activation gradients, dequantized saved tensors,
+                                        ///< gathered inputs, logits (layer_working_bytes,
+                                        ///< head_working_bytes)
+  std::int64_t gradient_buffers = 0;    ///< one bucket's bf16 gradient staging and agoq's 8-bit
+                                        ///< collective workspace (gradient_buffer_bytes)
+  std::int64_t reserved = 0;            ///< step_config::reserved_bytes
 
-  /// Everything but the activations: weights (stored and gathered) + master + gradients +
-  /// optimizer.
+  /// Everything but the activations and the transient memory: weights (stored and gathered) +
+  /// master + gradients + optimizer.
   std::int64_t states() const noexcept {
     return weights + gathered_weights + master_weights + gradients + optimizer;
   }
+  /// The transient working memory at the peak: working + gradient_buffers + reserved.
+  std::int64_t transient() const noexcept { return working + gradient_buffers + reserved; }
   /// Everything counted.
-  std::int64_t total() const noexcept { return states() + activations + head_activations; }
+  std::int64_t total() const noexcept {
+    return states() + activations + head_activations + transient();
+  }
 };
 
 /// The shard shape of the activations under `p` for a step `st`.
@@ -436,6 +477,112 @@ std::int64_t layer_activation_bytes(model_shape const& m, shard_shape const& sh,
 inline std::int64_t head_activation_bytes(model_shape const& m, shard_shape const& sh) {
   std::int64_t const rows = sh.sp ? sh.tokens() / sh.tp : sh.tokens();
   return 2 * 2 * rows * m.hidden + 4 * sh.tokens() * vocab_per_rank(m, sh.tp);
+}
+
+/// Parameters of the largest weight matrix of one transformer layer on one tensor-parallel rank, in
+/// Megatron-Core's fused layout: QKV [q + 2k, h], output projection [h, q], FC1 [2f, h] (SwiGLU's
+/// gate and up together) or [f, h], FC2 [h, f], with q and k the query and key/value widths per
+/// rank and f = ffn / tp. Megatron's and DeepSpeed's gradient buckets hold whole parameters, so a
+/// bucket is never smaller.
+inline std::int64_t largest_layer_matrix(model_shape const& m, std::int64_t tp) {
+  std::int64_t const h = m.hidden;
+  auto const [q, k, f] = widths_of(m, tp);
+  std::int64_t const fc1 = m.style == block_style::llama ? 2 * f * h : f * h;
+  return std::max({(q + 2 * k) * h, h * q, fc1, h * f});
+}
+
+/// Bytes of the transient working set of one transformer layer's backward pass for one
+/// micro-batch on one rank (docs/activations.md §4.2 gives the sources): the residual-stream
+/// gradient R = 2 T h, live through the layer's backward, plus the largest of its phases below.
+/// T0 = micro_batch * seq; T = T0 / tp under SP, else T0; q and k the query and key/value widths
+/// per rank; f = ffn / tp; G = 2 T0 h under SP (an all-gathered [T0, h] bf16 input or output
+/// gradient), else 0; L the bytes of the fp32 logsumexp; D(x) the bf16 (precise) bytes of saved
+/// tensor x when `quantized(x)`, else 0: its consumer, a cuBLAS GEMM or the attention kernel,
+/// reads it from a dequantized buffer (agoq's fused norm, SwiGLU and GeLU backward ops read the
+/// codes directly and need none).
+/// - down projection / FC2: G + 2 T0 f + D(swiglu_output / fc2_input);
+/// - SwiGLU: 6 T0 f (its input gradient, the gate and up gradients); GeLU: 4 T0 f;
+/// - gate and up / FC1: 4 T0 f (GPT: 2 T0 f) + 2 T0 h + G + D(mlp_input / fc1_input);
+/// - output projection: G + 2 T0 q + D(attention_output);
+/// - flash attention: 2 T0 q (dO) + 2 T0 (q + 2k) (dQ, dK, dV) + 4 T0 q (the fp32 dQ accumulator)
+///   + L (the fp32 softmax_d) + 4 T0 q where k < q (grouped-query attention: dK and dV at the
+///   query width before they are summed) + D(query) + D(key) + D(value) + D(attention_output) +
+///   D(softmax_lse);
+/// - QKV projection: 2 T0 (q + 2k) + 2 T0 h + G + D(qkv_input).
+/// Each forward phase holds no more than one of these (its bf16 outputs are the backward's
+/// gradients). Throws agoq::invalid_argument as shape_of.
+template <class Quantized>
+requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_bytes(
+    model_shape const& m, shard_shape const& sh, Quantized&& quantized) {
+  std::int64_t const lse = shape_of(tensor_kind::softmax_lse, m, sh).bytes();  // checks m, sh
+  auto const bf16 = [&](tensor_kind k) { return quantized(k) ? shape_of(k, m, sh).bytes() : 0; };
+  bool const llama = m.style == block_style::llama;
+  std::int64_t const t0 = sh.tokens();
+  std::int64_t const rows = sh.sp ? t0 / sh.tp : t0;
+  std::int64_t const h = m.hidden;
+  auto const [q, k, f] = widths_of(m, sh.tp);
+  std::int64_t const g = sh.sp ? 2 * t0 * h : 0;
+  std::int64_t const phases[] = {
+      g + 2 * t0 * f + bf16(llama ? tensor_kind::swiglu_output : tensor_kind::fc2_input),
+      (llama ? 6 : 4) * t0 * f,
+      (llama ? 4 : 2) * t0 * f + 2 * t0 * h + g +
+          bf16(llama ? tensor_kind::mlp_input : tensor_kind::fc1_input),
+      g + 2 * t0 * q + bf16(tensor_kind::attention_output),
+      2 * t0 * q + 2 * t0 * (q + 2 * k) + 4 * t0 * q + lse + (k < q ? 4 * t0 * q : 0) +
+          bf16(tensor_kind::query) + bf16(tensor_kind::key) + bf16(tensor_kind::value) +
+          bf16(tensor_kind::attention_output) + bf16(tensor_kind::softmax_lse),
+      2 * t0 * (q + 2 * k) + 2 * t0 * h + g + bf16(tensor_kind::qkv_input)};
+  return 2 * rows * h + std::ranges::max(phases);
+}
+
+/// True when the backward's weight gradients cannot go straight into the kept gradient (as
+/// Megatron's gradient accumulation fusion adds them into a dense fp32 or bf16 buffer) and are
+/// written in bf16 first: agoq's 8-bit buffer, or a buffer sharded over dp > 1 (ZeRO-2, -3).
+inline bool stages_gradients(parallel_config const& p, gradient_format g) noexcept {
+  return g == gradient_format::int8_g128 || (p.zero_stage >= 2 && p.dp > 1);
+}
+
+/// Bytes of the output head's transient working set on the last pipeline device, for one
+/// micro-batch: the bf16 logits [T0, V/t] (in the forward beside their fp32 copy, which
+/// head_activation_bytes counts; in the backward, their gradient), the head's input gradient
+/// [T0, h], its all-gathered input under SP (G of layer_working_bytes), and, when `staged`
+/// (stages_gradients), the bf16 gradient of the head's weight [V/t, h].
+inline std::int64_t head_working_bytes(model_shape const& m, shard_shape const& sh, bool staged) {
+  std::int64_t const t0 = sh.tokens();
+  std::int64_t const v = vocab_per_rank(m, sh.tp);
+  std::int64_t const h = m.hidden;
+  return 2 * t0 * v + 2 * t0 * h + (sh.sp ? 2 * t0 * h : 0) + (staged ? 2 * v * h : 0);
+}
+
+/// Parameters per gradient bucket on a device holding `parameters`: step_config::bucket_parameters,
+/// or Megatron-Core's default max(40,000,000, 1,000,000 dp) when it is 0; never less than
+/// largest_layer_matrix, never more than the device holds.
+inline std::int64_t bucket_parameters(model_shape const& m, parallel_config const& p,
+                                      step_config const& st, std::int64_t parameters) {
+  std::int64_t const bucket = st.bucket_parameters > 0
+                                  ? st.bucket_parameters
+                                  : std::max<std::int64_t>(40'000'000, 1'000'000 * p.dp);
+  return std::min(std::max(bucket, largest_layer_matrix(m, p.tp)), parameters);
+}
+
+/// Bytes of the gradient buffers counted at the peak of a device holding `parameters`, for a
+/// bucket of n = bucket_parameters: when
+/// stages_gradients, the bucket's bf16 gradient (2 n); for agoq's 8-bit buffer over dp > 1, also
+/// the device workspace of the 8-bit collective over it (gradient::collective_workspace, groups of
+/// 128 on dp ranks: the reduce-scatter under ZeRO >= 1, else the all-reduce). fp32 and bf16
+/// buffers are reduced in place (NCCL's own buffers are in the reserved allowance): 0. The
+/// collective runs after the backward or, overlapped, during the last micro-batch's; counting it
+/// at the peak is an upper bound.
+inline std::int64_t gradient_buffer_bytes(model_shape const& m, parallel_config const& p,
+                                          step_config const& st, gradient_format g,
+                                          std::int64_t parameters) {
+  if (!stages_gradients(p, g)) return 0;
+  std::int64_t const n = bucket_parameters(m, p, st, parameters);
+  std::int64_t bytes = 2 * n;
+  if (g == gradient_format::int8_g128 && p.dp > 1)
+    bytes +=
+        gradient::collective_workspace(gradient::chunk_plan(n, 128, p.dp), p.zero_stage == 0).total;
+  return bytes;
 }
 
 namespace detail {
@@ -469,21 +616,44 @@ inline void set_activation_peak(stage_memory& s,
   s.activations = bytes[at] - s.head_activations;
 }
 
+/// The working set of pipeline device `stage` (stage_memory::working): the largest
+/// layer_working_bytes of its layers, with `quantized(l, k)` telling whether layer l stores kind k
+/// quantized, and on the last device also the output head's (head_working_bytes, with the head
+/// weight's gradient staged when `staged`).
+template <class Quantized>
+std::int64_t device_working_bytes(model_shape const& m, parallel_config const& p,
+                                  shard_shape const& sh, std::int64_t stage, bool staged,
+                                  Quantized&& quantized) {
+  std::int64_t const lc = p.layers_per_chunk(m);
+  std::int64_t bytes = stage == p.pp - 1 ? head_working_bytes(m, sh, staged) : 0;
+  for (std::int64_t c = 0; c < p.virtual_stages; ++c) {
+    std::int64_t const first = first_layer_of(m, p, stage, c);
+    for (std::int64_t l = first; l < first + lc; ++l)
+      bytes = std::max(bytes,
+                       layer_working_bytes(m, sh, [&](tensor_kind k) { return quantized(l, k); }));
+  }
+  return bytes;
+}
+
 }  // namespace detail
 
 /// The memory of every pipeline device for one step with saved tensor `k` of global layer `l`
 /// stored as `choose(l, k)` (a callable returning agoq::activation::storage). The activations are
 /// those of the device's peak moment: of its in_flight_peaks, the one whose in-flight chunks
 /// (and output head) hold the most bytes; chunks may differ in size when their layers are stored
-/// differently, and the head lives in the last device's last chunk. Throws
+/// differently, and the head lives in the last device's last chunk. The transient memory is that
+/// of the same moment: the working set of the device's largest layer (or head) phase with the
+/// storage chosen, the gradient buffers and the reserved allowance. Throws
 /// agoq::invalid_argument for an invalid configuration.
 template <class Choose>
 requires std::invocable<Choose&, std::int64_t, tensor_kind> std::vector<stage_memory>
 estimate_memory(model_shape const& m, parallel_config const& p, step_config const& st,
                 state_formats const& f, Choose&& choose) {
   p.validate(m);
-  AGOQ_EXPECTS(st.micro_batch >= 1 && st.seq >= 1 && st.micro_batches >= 0,
-               "step_config: micro_batch and seq must be positive, micro_batches >= 0");
+  AGOQ_EXPECTS(st.micro_batch >= 1 && st.seq >= 1 && st.micro_batches >= 0 &&
+                   st.bucket_parameters >= 0 && st.reserved_bytes >= 0,
+               "step_config: micro_batch and seq must be positive, micro_batches, "
+               "bucket_parameters and reserved_bytes >= 0");
   shard_shape const sh = shard_of(p, st);
   std::int64_t const lc = p.layers_per_chunk(m);
   std::int64_t const per_layer = layer_parameters(m, p.tp);
@@ -516,13 +686,18 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
     s.optimizer = optimizer_bytes(f.optimizer, shard(1));
     std::vector<std::int64_t> chunk_bytes(static_cast<std::size_t>(p.virtual_stages), 0);
     for (std::int64_t c = 0; c < p.virtual_stages; ++c) {
-      std::int64_t const first_layer = (c * p.pp + r) * lc;
-      for (std::int64_t l = first_layer; l < first_layer + lc; ++l)
+      std::int64_t const first = first_layer_of(m, p, r, c);
+      for (std::int64_t l = first; l < first + lc; ++l)
         chunk_bytes[static_cast<std::size_t>(c)] +=
             layer_activation_bytes(m, sh, [&](tensor_kind k) { return choose(l, k); });
     }
     detail::set_activation_peak(s, in_flight_peaks(schedule_of(p, st), r), chunk_bytes,
                                 last ? head_activation_bytes(m, sh) : 0);
+    s.working = detail::device_working_bytes(
+        m, p, sh, r, stages_gradients(p, f.gradients),
+        [&](std::int64_t l, tensor_kind k) { return !choose(l, k).is_precise(); });
+    s.gradient_buffers = gradient_buffer_bytes(m, p, st, f.gradients, s.parameters);
+    s.reserved = st.reserved_bytes;
     out.push_back(std::move(s));
   }
   return out;

@@ -24,7 +24,8 @@ struct planner_input {
   parallel_config parallel;
   step_config step;
   state_formats states;
-  std::int64_t budget_bytes = 0;  ///< memory one GPU may use for everything counted
+  std::int64_t budget_bytes = 0;  ///< memory one GPU may use for everything counted, the
+                                  ///< transient working memory included (stage_memory::total)
   policy_table policy;            ///< candidates per kind
   error_model errors;             ///< sensitivities, outlier factors, observed statistics
 };
@@ -45,8 +46,10 @@ struct stage_plan {
   stage_memory memory;                  ///< with the planned storage
   std::vector<planned_tensor> tensors;  ///< every owned saved tensor, by layer then block order
   double error = 0;                     ///< sum of the tensors' weighted errors
-  double error_lower_bound = 0;         ///< no plan within the budget has less modelled error
-  std::int64_t unused_bytes = 0;        ///< budget - memory.total()
+  double error_lower_bound = 0;         ///< no plan within the budget less the reserved transient
+                                        ///< memory has less modelled error (see make_plan)
+  std::int64_t unused_bytes = 0;        ///< budget - memory.total(): with the working memory of
+                                        ///< the storage chosen, which may be less than reserved
 };
 
 /// A plan: one stage_plan per pipeline device.
@@ -157,14 +160,20 @@ struct plan_upgrade {
 /// one fixed order while they fit at every peak moment, stopping at the first that does not. The
 /// order is by error removed per byte weighted by w_c, the sum of n_c over the peak moments (ties
 /// by layer, kind, step): the order that solves the relaxation in which the moments share one
-/// budget. Consequences (docs/activations.md): the plan is deterministic; a larger budget never
-/// lowers any tensor's choice; `error_lower_bound` (that relaxation's optimum) bounds the exact
-/// optimum from below, and under 1F1B the plan is exact whenever it stops on a hull point.
-/// Stages holding fewer micro-batches pay less per upgrade, so they get more bits.
+/// budget. Besides the states, each device's budget holds its transient working memory
+/// (stage_memory::transient), reserved before the plan is made as if every kind with a quantized
+/// candidate were stored quantized (its dequantized buffer in the backward counted), the most any
+/// plan needs; the plan's stage_memory then reports the working memory of the storage chosen.
+/// Consequences (docs/activations.md): the plan is deterministic; a larger budget never lowers
+/// any tensor's choice; `error_lower_bound` (that relaxation's optimum) bounds from below the
+/// exact optimum of the budget less the reservation, and under 1F1B the plan is exact whenever it
+/// stops on a hull point. Stages holding fewer micro-batches pay less per upgrade, so they get
+/// more bits.
 ///
 /// Throws agoq::invalid_argument for an invalid configuration, and when the budget cannot hold
-/// some device even with every tensor at its smallest candidate; the message names that device
-/// and by how many bytes the budget falls short.
+/// some device even with every tensor at its smallest candidate; the message names that device,
+/// by how many bytes the budget falls short, and what the device needs: states, transient
+/// working memory and activations.
 inline activation_plan make_plan(planner_input const& in) {
   model_shape const& m = in.model;
   parallel_config const& p = in.parallel;
@@ -173,10 +182,18 @@ inline activation_plan make_plan(planner_input const& in) {
   shard_shape const sh = shard_of(p, in.step);
   std::int64_t const lc = p.layers_per_chunk(m);
 
-  // Memory that does not depend on the plan: the states, per device.
-  auto const fixed = estimate_memory(m, p, in.step, in.states,
-                                     [](std::int64_t, tensor_kind) { return storage::precise(); });
+  // Memory that does not depend on the plan, per device: the states, and the transient memory
+  // reserved for it, every kind with a quantized candidate taken quantized.
+  auto const fixed =
+      estimate_memory(m, p, in.step, in.states, [&](std::int64_t, tensor_kind k) -> storage {
+        auto const& c = in.policy.candidates(k);
+        auto const q =
+            std::find_if(c.begin(), c.end(), [](storage const& x) { return !x.is_precise(); });
+        return q == c.end() ? storage::precise() : *q;
+      });
   std::int64_t const head = head_activation_bytes(m, sh);
+  bool const staged = stages_gradients(p, in.states.gradients);
+  std::vector<char> quantized(static_cast<std::size_t>(m.layers * tensor_kind_count), 0);
 
   std::vector<tensor_kind> owned;
   for (tensor_kind const k : block_tensors(m.style))
@@ -187,10 +204,11 @@ inline activation_plan make_plan(planner_input const& in) {
   std::vector<stage_plan> stages;
   std::int64_t worst_short = 0;
   std::int64_t worst_stage = -1;
-  std::int64_t worst_need = 0;
+  stage_memory worst_need;
   for (std::int64_t r = 0; r < p.pp; ++r) {
     stage_plan sp;
     sp.memory = fixed[static_cast<std::size_t>(r)];
+    std::int64_t const held = sp.memory.states() + sp.memory.transient();
     std::int64_t const head_bytes = r == p.pp - 1 ? head : 0;
     auto const peaks = in_flight_peaks(schedule_of(p, in.step), r);
     // w_c: the copies of chunk c summed over the peak moments (n_c under 1F1B).
@@ -203,8 +221,8 @@ inline activation_plan make_plan(planner_input const& in) {
     std::vector<std::vector<detail::plan_option>> hulls;
     std::vector<std::int64_t> chunk_bytes(weight.size(), 0);
     for (std::size_t c = 0; c < weight.size(); ++c) {
-      std::int64_t const first_layer = (static_cast<std::int64_t>(c) * p.pp + r) * lc;
-      for (std::int64_t l = first_layer; l < first_layer + lc; ++l) {
+      std::int64_t const first = first_layer_of(m, p, r, static_cast<std::int64_t>(c));
+      for (std::int64_t l = first; l < first + lc; ++l) {
         for (std::size_t ki = 0; ki < owned.size(); ++ki) {
           tensor_kind const k = owned[ki];
           auto const& cands = in.policy.candidates(k);
@@ -221,13 +239,14 @@ inline activation_plan make_plan(planner_input const& in) {
       }
     }
     auto const start = detail::bytes_at_peaks(peaks, chunk_bytes, head_bytes);
-    std::int64_t const used = sp.memory.states() + *std::max_element(start.begin(), start.end());
+    std::int64_t const used = held + *std::max_element(start.begin(), start.end());
     std::vector<std::int64_t> room;  // left at each peak moment
-    for (std::int64_t const x : start) room.push_back(in.budget_bytes - sp.memory.states() - x);
+    for (std::int64_t const x : start) room.push_back(in.budget_bytes - held - x);
     if (used > in.budget_bytes && used - in.budget_bytes > worst_short) {
       worst_short = used - in.budget_bytes;
       worst_stage = r;
-      worst_need = used;
+      worst_need = sp.memory;
+      detail::set_activation_peak(worst_need, peaks, chunk_bytes, head_bytes);
     }
 
     std::vector<detail::plan_upgrade> ups;  // none where nothing fits: make_plan throws below
@@ -280,18 +299,29 @@ inline activation_plan make_plan(planner_input const& in) {
       sp.error += o.error;
     }
     detail::set_activation_peak(sp.memory, peaks, chunk_bytes, head_bytes);
-    for (std::size_t i = 0; i < items.size(); ++i)
+    for (std::size_t i = 0; i < items.size(); ++i) {
       items[i].in_flight = sp.memory.in_flight[chunk_of[i]];
+      quantized[static_cast<std::size_t>(items[i].layer * tensor_kind_count +
+                                         index_of(items[i].kind))] = !items[i].choice.is_precise();
+    }
+    sp.memory.working =
+        detail::device_working_bytes(m, p, sh, r, staged, [&](std::int64_t l, tensor_kind k) {
+          return quantized[static_cast<std::size_t>(l * tensor_kind_count + index_of(k))] != 0;
+        });
     sp.error_lower_bound = std::max(0.0, sp.error - relaxed_gain);
     sp.unused_bytes = in.budget_bytes - sp.memory.total();
     sp.tensors = std::move(items);
     stages.push_back(std::move(sp));
   }
-  AGOQ_EXPECTS(worst_stage < 0, "planner: the budget of " + std::to_string(in.budget_bytes) +
-                                    " bytes falls short by " + std::to_string(worst_short) +
-                                    " bytes on pipeline stage " + std::to_string(worst_stage) +
-                                    " (it needs " + std::to_string(worst_need) +
-                                    " bytes with every saved tensor at its smallest candidate)");
+  AGOQ_EXPECTS(
+      worst_stage < 0,
+      "planner: the budget of " + std::to_string(in.budget_bytes) + " bytes falls short by " +
+          std::to_string(worst_short) + " bytes on pipeline stage " + std::to_string(worst_stage) +
+          " (it needs " + std::to_string(worst_need.total()) + " bytes: " +
+          std::to_string(worst_need.states()) + " of weights, gradients and optimizer states, " +
+          std::to_string(worst_need.transient()) + " of transient working memory and " +
+          std::to_string(worst_need.activations + worst_need.head_activations) +
+          " of activations with every saved tensor at its smallest candidate)");
   return activation_plan(std::move(stages), in.budget_bytes, m.layers);
 }
 

@@ -277,27 +277,12 @@ class record_exchange {
   ::agoq::detail::gpu::stream_allocation device_;
 };
 
-/// Offsets of the workspace sections, each 256-byte aligned.
-struct device_workspace_layout {
-  std::int64_t send = 0, recv = 0, sums = 0, counters = 0, total = 0;
-
-  device_workspace_layout(chunk_plan const& plan, bool sums_needed) {
-    auto const up = [](std::int64_t b) { return (b + 255) / 256 * 256; };
-    std::int64_t const blocks = plan.ranks * plan.block_bytes();
-    recv = up(blocks);
-    sums = recv + up(blocks);
-    counters = sums + (sums_needed ? up(4 * plan.code_capacity()) : 0);
-    // P chunk counts, the requantization count, acc[2].
-    total = counters + 8 * (plan.ranks + 3);
-  }
-};
-
 /// The workspace of one stage of a device collective over `plan`, zeroed on `stream` (the padding
 /// bytes on the wire are zero, as on the CPU executor): P send and P receive blocks, the fp32 sums
 /// of one chunk (when asked for), P chunk counts, the requantization count and acc[2] (the flags
 /// of the last headers checked, the corruption mark).
 struct device_workspace {
-  device_workspace_layout layout;
+  collective_workspace layout;
   ::agoq::detail::gpu::stream_allocation memory;
   std::byte* send;
   std::byte* recv;

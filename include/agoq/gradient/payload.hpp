@@ -92,6 +92,34 @@ struct chunk_plan {
   }
 };
 
+/// The device memory one stage of a CUDA 8-bit collective over `plan` allocates (all_reduce.cuh),
+/// section by section, each section 256-byte aligned: the P send blocks, the P receive blocks, the
+/// fp32 sums of one chunk when `sums_needed` (an all-reduce requantizes them; a reduce-scatter
+/// writes its shard directly), then P chunk counts, the requantization count and two flags of 8
+/// bytes each. About 2 N (1 + 4/G) + 4 N / P bytes for a bucket of N elements on P ranks. The
+/// memory model sizes agoq's gradient-reduction buffers with it. Host and device.
+struct collective_workspace {
+  std::int64_t send = 0;      ///< offset of the send blocks
+  std::int64_t recv = 0;      ///< offset of the receive blocks
+  std::int64_t sums = 0;      ///< offset of the fp32 sums (empty unless sums_needed)
+  std::int64_t counters = 0;  ///< offset of the counts and flags
+  std::int64_t total = 0;     ///< bytes allocated
+
+  AGOQ_HOST_DEVICE constexpr collective_workspace(chunk_plan const& plan,
+                                                  bool sums_needed) noexcept {
+    std::int64_t const blocks = up(plan.ranks * plan.block_bytes());
+    recv = blocks;
+    sums = recv + blocks;
+    counters = sums + (sums_needed ? up(4 * plan.code_capacity()) : 0);
+    total = counters + 8 * (plan.ranks + 3);
+  }
+
+ private:
+  AGOQ_HOST_DEVICE static constexpr std::int64_t up(std::int64_t bytes) noexcept {
+    return (bytes + 255) / 256 * 256;
+  }
+};
+
 /// A decoded payload header.
 struct payload_header {
   std::uint8_t flags = 0;

@@ -107,7 +107,11 @@ py::dict memory_dict(act::stage_memory const& s) {
   d["gathered_weights"] = s.gathered_weights;
   d["activations"] = s.activations;
   d["head_activations"] = s.head_activations;
+  d["working"] = s.working;
+  d["gradient_buffers"] = s.gradient_buffers;
+  d["reserved"] = s.reserved;
   d["states"] = s.states();
+  d["transient"] = s.transient();
   d["total"] = s.total();
   d["in_flight"] = s.in_flight;
   return d;
@@ -126,10 +130,11 @@ act::interleaved_rules rules_of(std::string const& name) {
 
 layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t micro_batches,
                       std::int64_t tp, std::int64_t pp, std::int64_t vp, std::int64_t dp, int zero,
-                      bool sp, std::int64_t vp_group, std::string const& vp_rules) {
+                      bool sp, std::int64_t vp_group, std::string const& vp_rules,
+                      std::int64_t bucket_parameters, std::int64_t reserved_bytes) {
   layout_args a;
   a.parallel = {tp, pp, dp, vp, zero, sp, vp_group, rules_of(vp_rules)};
-  a.step = {micro_batch, seq, micro_batches};
+  a.step = {micro_batch, seq, micro_batches, bucket_parameters, reserved_bytes};
   return a;
 }
 
@@ -255,7 +260,8 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
                    std::int64_t pp, std::int64_t tp, std::int64_t vp, int zero, bool sp,
                    std::int64_t micro_batches, std::string const& gradients,
                    std::string const& optimizer, py::object const& statistics,
-                   std::int64_t vp_group, std::string const& vp_rules) {
+                   std::int64_t vp_group, std::string const& vp_rules,
+                   std::int64_t bucket_parameters, std::int64_t reserved_bytes) {
   act::planner_input in;
   if (!statistics.is_none()) {
     for (auto const& [key, value] : statistics.cast<py::dict>()) {
@@ -266,8 +272,8 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
     }
   }
   in.model = model_of(model);
-  auto const l =
-      layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group, vp_rules);
+  auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
+                           vp_rules, bucket_parameters, reserved_bytes);
   in.parallel = l.parallel;
   in.step = l.step;
   in.states = {gradient_format_of(gradients), optimizer_format_of(optimizer)};
@@ -303,10 +309,11 @@ py::list estimate_memory(py::dict const& model, std::int64_t micro_batch, std::i
                          py::object const& policy, std::int64_t dp, std::int64_t pp,
                          std::int64_t tp, std::int64_t vp, int zero, bool sp,
                          std::int64_t micro_batches, std::int64_t vp_group,
-                         std::string const& vp_rules) {
+                         std::string const& vp_rules, std::int64_t bucket_parameters,
+                         std::int64_t reserved_bytes) {
   act::model_shape const m = model_of(model);
-  auto const l =
-      layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group, vp_rules);
+  auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
+                           vp_rules, bucket_parameters, reserved_bytes);
   py::list out;
   for (act::stage_memory const& s : act::estimate_memory(
            m, l.parallel, l.step, {gradient_format_of(gradients), optimizer_format_of(optimizer)},
@@ -335,13 +342,17 @@ void register_planning(py::module_& m) {
         py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
         py::arg("sp") = false, py::arg("micro_batches") = 0, py::arg("gradients") = "int8",
         py::arg("optimizer") = "fp32", py::arg("statistics") = py::none(), py::arg("vp_group") = 0,
-        py::arg("vp_rules") = "core",
+        py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
+        py::arg("reserved_bytes") = act::default_reserved_bytes,
         "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], 'stages': "
-        "[memory], 'error': float}. `statistics` maps (layer, kind) to a dict from measure(), "
-        "which replaces the Gaussian prior of that tensor's error. With vp > 1, Megatron's "
-        "interleaved schedule: Megatron-Core's ('core') in groups of vp_group micro-batches "
-        "(0: pp), or older Megatron-LM's ('legacy'). Raises ValueError with the shortfall when "
-        "nothing fits, and for a schedule Megatron refuses.");
+        "[memory], 'error': float}. The budget holds each stage's transient working memory "
+        "too (memory keys 'working', 'gradient_buffers', 'reserved', summed in 'transient'; "
+        "bucket_parameters: the gradient bucket, 0: Megatron-Core's default; reserved_bytes: "
+        "the fixed allowance, 1 GiB by default). `statistics` maps (layer, kind) to a dict from "
+        "measure(), which replaces the Gaussian prior of that tensor's error. With vp > 1, "
+        "Megatron's interleaved schedule: Megatron-Core's ('core') in groups of vp_group "
+        "micro-batches (0: pp), or older Megatron-LM's ('legacy'). Raises ValueError with the "
+        "shortfall when nothing fits, and for a schedule Megatron refuses.");
   m.def("measure", &measure, py::arg("x"), py::arg("spec"),
         "Statistics of a 2-D tensor for the error model under the groups of `spec`: {'tile', "
         "'elements', 'sum_squares', 'sum_group_absmax_sq', 'sum_group_range_sq'} (finite "
@@ -350,9 +361,11 @@ void register_planning(py::module_& m) {
         py::arg("seq"), py::arg("gradients") = "fp32", py::arg("optimizer") = "fp32",
         py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,
         py::arg("vp") = 1, py::arg("zero") = 0, py::arg("sp") = false, py::arg("micro_batches") = 0,
-        py::arg("vp_group") = 0, py::arg("vp_rules") = "core",
+        py::arg("vp_group") = 0, py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
+        py::arg("reserved_bytes") = act::default_reserved_bytes,
         "Per-pipeline-device memory of one step with every tensor at its policy default "
-        "(vp_group, vp_rules: the interleaved schedule, as make_plan).");
+        "(vp_group, vp_rules: the interleaved schedule; bucket_parameters, reserved_bytes: the "
+        "transient memory's settings; as make_plan).");
 }
 
 }  // namespace agoq_torch
