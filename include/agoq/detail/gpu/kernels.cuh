@@ -13,6 +13,9 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
+
+#include <cuda/std/bit>
 
 #include "../../device/epilogue.cuh"
 #include "../../device/partition.hpp"
@@ -60,14 +63,195 @@ __device__ inline void block_uniform_loop(std::int64_t total, F&& f) {
   }
 }
 
+/// Runs each thread of the linear fast paths handles per loop iteration, all loaded before the
+/// first is used: more bytes in flight per thread hide the memory latency that one 16-byte load
+/// per iteration left exposed.
+inline constexpr int runs_in_flight = 4;
+
+/// A grid-stride loop over [0, total) that hands `f` runs_in_flight indices per iteration,
+/// u_k = base + k * (grid threads) + threadIdx.x (so each k is coalesced), the same number of
+/// iterations in every thread of a block (indices past the end included, so warp shuffles inside
+/// `f` are safe); 64-bit.
+template <class F>
+__device__ inline void block_uniform_loop_unrolled(std::int64_t total, F&& f) {
+  std::int64_t const stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * blockDim.x; base < total;
+       base += stride * runs_in_flight) {
+    f(base + threadIdx.x, stride);
+  }
+}
+
+/// Loads a whole run from a 16-byte aligned address (the fast paths check alignment once).
+template <class T>
+__device__ inline void load_whole_run(T const* x, float (&v)[run]) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    float4 const a = __ldg(reinterpret_cast<float4 const*>(x));
+    float4 const b = __ldg(reinterpret_cast<float4 const*>(x) + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    uint4 const a = __ldg(reinterpret_cast<uint4 const*>(x));
+    std::uint32_t const w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = numeric::to_float(cuda::std::bit_cast<T>(static_cast<std::uint16_t>(w[i])));
+      v[2 * i + 1] =
+          numeric::to_float(cuda::std::bit_cast<T>(static_cast<std::uint16_t>(w[i] >> 16)));
+    }
+  }
+}
+
+/// Stores a whole run at a 16-byte aligned address, rounding to nearest even (as store_run).
+template <class T>
+__device__ inline void store_run_aligned(T* y, float const (&v)[run]) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    reinterpret_cast<float4*>(y)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(y)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    std::uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[i] = std::uint32_t{numeric::raw_bits(numeric::from_float<T>(v[2 * i]))} |
+             (std::uint32_t{numeric::raw_bits(numeric::from_float<T>(v[2 * i + 1]))} << 16);
+    }
+    *reinterpret_cast<uint4*>(y) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+/// The absolute maximum of v when every value is finite (returns false otherwise): an unsigned
+/// maximum of the magnitude bits, which orders non-negative floats as the floats themselves.
+/// Two instructions per element instead of fragment_stats' branchy finite test.
+__device__ inline bool finite_absmax(float const (&v)[run], float& absmax) noexcept {
+  std::uint32_t m = 0;
+#pragma unroll
+  for (int i = 0; i < run; ++i) m = umax(m, __float_as_uint(v[i]) & 0x7fffffffu);
+  absmax = __uint_as_float(m);
+  return m < 0x7f800000u;
+}
+
+/// Stores group g's parameters with one aligned store (the fast paths check that the scales are
+/// aligned to their size); the same bytes as store_group_params.
+template <class Byte>
+__device__ inline void store_params_aligned(basic_quantized_view<Byte> const& v, std::int64_t g,
+                                            group_params p) noexcept {
+  switch (v.spec.scale) {
+    case scale_format::f32:
+      reinterpret_cast<float*>(v.scales)[g] = scale_f32::store(p.scale);
+      break;
+    case scale_format::bf16:
+      reinterpret_cast<std::uint16_t*>(v.scales)[g] = scale_bf16::store(p.scale);
+      break;
+    case scale_format::e8m0:
+      v.scales[g] = scale_e8m0::store(p.scale);
+      break;
+  }
+  if (v.zero_points) v.zero_points[g] = static_cast<std::uint8_t>(p.zero_point);
+}
+
+/// Reads group g's parameters with one aligned load; the same values as load_group_params.
+template <class Byte>
+__device__ inline group_params load_params_aligned(basic_quantized_view<Byte> const& v,
+                                                   std::int64_t g) noexcept {
+  group_params p;
+  switch (v.spec.scale) {
+    case scale_format::f32:
+      p.scale = scale_f32::load(__ldg(reinterpret_cast<float const*>(v.scales) + g));
+      break;
+    case scale_format::bf16:
+      p.scale = scale_bf16::load(__ldg(reinterpret_cast<std::uint16_t const*>(v.scales) + g));
+      break;
+    case scale_format::e8m0:
+      p.scale = scale_e8m0::load(__ldg(v.scales + g));
+      break;
+  }
+  if (v.zero_points) p.zero_point = __ldg(v.zero_points + g);
+  return p;
+}
+
+/// The packed codes of one whole run, `run * Bits / 8` bytes, as one aligned access.
+template <int Bits>
+using packed_run_t =
+    std::conditional_t<run * Bits == 64, std::uint64_t,
+                       std::conditional_t<run * Bits == 32, std::uint32_t, std::uint16_t>>;
+
+/// True when the quantized buffers of `v` allow the fast paths' aligned accesses: codes aligned
+/// to one run's packed bytes, scales to their size.
+template <int Bits, class Byte>
+__device__ inline bool params_and_codes_aligned(basic_quantized_view<Byte> const& v) noexcept {
+  return aligned(v.codes, sizeof(packed_run_t<Bits>)) &&
+         aligned(v.scales, v.spec.scale == scale_format::f32    ? 4
+                           : v.spec.scale == scale_format::bf16 ? 2
+                                                                : 1);
+}
+
+/// The linear fast path of the one-pass kernel, for cols % G == 0 and aligned buffers: groups
+/// then tile the tensor in row-major order, so run u covers elements [8u, 8u + 8), its codes
+/// start at byte u * Bits, and it belongs to group u / Lanes; no division, no partial runs.
+template <class T, class Code, class Rounding, int Lanes>
+__device__ inline void quantize_groups_linear(T const* x, quantized_view const& out,
+                                              std::uint64_t seed, std::uint64_t offset,
+                                              unsigned long long& bad) {
+  std::int64_t const units = out.rows * (out.cols / run);
+  block_uniform_loop_unrolled(units, [&](std::int64_t u0, std::int64_t stride) {
+    float v[runs_in_flight][run];
+#pragma unroll
+    for (int k = 0; k < runs_in_flight; ++k) {
+      std::int64_t const u = u0 + k * stride;
+      if (u < units) {
+        load_whole_run(x + u * run, v[k]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < run; ++i) v[k][i] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < runs_in_flight; ++k) {
+      std::int64_t const u = u0 + k * stride;
+      group_stats st;
+      bool any = false;
+      int nb = 0;
+      if constexpr (Code::has_zero_point) {
+        nb = device::fragment_stats(v[k], run, st, any);
+      } else {
+        if (!finite_absmax(v[k], st.absmax)) {
+          st = group_stats{};
+          nb = device::fragment_stats(v[k], run, st, any);
+        }
+      }
+      st = device::group_allreduce<Code, Lanes>(st, any);
+      group_params const p = make_group_params<Code>(out.spec.scale, st);
+      if (u < units) {
+        bad += static_cast<unsigned long long>(nb);
+        if ((u & (Lanes - 1)) == 0) store_params_aligned(out, u / Lanes, p);
+        std::uint8_t q[run];
+        std::uint64_t const first = offset + static_cast<std::uint64_t>(u * run);
+        // The same call on both sides: in the first the compiler knows the scale is not zero and
+        // drops the per-element zero-scale test (and its branch around each division).
+        if (p.scale != 0.0f) {
+          device::quantize_fragment<Code, Rounding>(v[k], p, seed, first, q);
+        } else {
+          device::quantize_fragment<Code, Rounding>(v[k], p, seed, first, q);
+        }
+        reinterpret_cast<packed_run_t<Code::bits>*>(out.codes)[u] =
+            static_cast<packed_run_t<Code::bits>>(device::pack_fragment<Code::bits>(q));
+      }
+    }
+  });
+}
+
 /// One-pass quantization of per-group schemes with G = Lanes * 8.
 template <class T, class Code, class Rounding, int Lanes>
 AGOQ_KERNEL void quantize_groups_kernel(T const* x, quantized_view out, std::uint64_t seed,
                                         std::uint64_t offset, unsigned long long* nonfinite) {
   constexpr std::int64_t group_size = std::int64_t{Lanes} * run;
   std::int64_t const rows = out.rows, cols = out.cols;
-  std::int64_t const threads = rows * ((cols + group_size - 1) / group_size) * Lanes;
   unsigned long long bad = 0;
+  if (cols % group_size == 0 && aligned(x, 16) && params_and_codes_aligned<Code::bits>(out)) {
+    quantize_groups_linear<T, Code, Rounding, Lanes>(x, out, seed, offset, bad);
+    add_warp_count(nonfinite, bad);
+    return;
+  }
+  std::int64_t const threads = rows * ((cols + group_size - 1) / group_size) * Lanes;
   block_uniform_loop(threads, [&](std::int64_t t) {
     std::int64_t group = 0;
     device::element_run const r = device::group_lane_run(t, group_size, rows, cols, group);
@@ -204,12 +388,53 @@ AGOQ_KERNEL void encode_kernel(T const* x, quantized_view out, quantized_layout 
   });
 }
 
+/// The linear fast path of dequantization, for per-group schemes with G a power of two of at
+/// least 8 dividing cols and aligned buffers: run u covers elements [8u, 8u + 8) of group
+/// 8u / G, its codes are at byte u * Bits; runs_in_flight code loads per thread in flight.
+template <class T, class Code>
+__device__ inline void dequantize_linear(const_quantized_view const& in, quantized_layout const& l,
+                                         T* y, unsigned long long& bad) {
+  std::int64_t const units = l.rows * (l.cols / run);
+  int const shift = __ffsll(l.tile.cols / run) - 1;  // runs per group = 2^shift
+  block_uniform_loop_unrolled(units, [&](std::int64_t u0, std::int64_t stride) {
+    packed_run_t<Code::bits> w[runs_in_flight];
+    group_params p[runs_in_flight];
+#pragma unroll
+    for (int k = 0; k < runs_in_flight; ++k) {
+      std::int64_t const u = u0 + k * stride;
+      if (u < units) {
+        w[k] = __ldg(reinterpret_cast<packed_run_t<Code::bits> const*>(in.codes) + u);
+        p[k] = load_params_aligned(in, u >> shift);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < runs_in_flight; ++k) {
+      std::int64_t const u = u0 + k * stride;
+      if (u < units) {
+        std::uint8_t q[run];
+        device::unpack_fragment<Code::bits>(static_cast<std::uint64_t>(w[k]), q);
+        float v[run];
+        device::dequantize_fragment<Code>(q, p[k], v);
+        if (!numeric::is_finite(p[k].scale)) bad += run;
+        store_run_aligned(y + u * run, v);
+      }
+    }
+  });
+}
+
 /// Dequantization, one run per thread; counts outputs decoded under a non-finite scale.
 template <class T, class Code>
 AGOQ_KERNEL void dequantize_kernel(const_quantized_view in, quantized_layout l, T* y,
                                    unsigned long long* nonfinite) {
-  std::int64_t const units = device::unit_count(l.rows, l.cols);
   unsigned long long bad = 0;
+  if (in.spec.grouping == grouping_kind::group && l.tile.rows == 1 && l.tile.cols >= run &&
+      (l.tile.cols & (l.tile.cols - 1)) == 0 && l.cols % l.tile.cols == 0 && aligned(y, 16) &&
+      params_and_codes_aligned<Code::bits>(in)) {
+    dequantize_linear<T, Code>(in, l, y, bad);
+    add_warp_count(nonfinite, bad);
+    return;
+  }
+  std::int64_t const units = device::unit_count(l.rows, l.cols);
   block_uniform_loop(units, [&](std::int64_t u) {
     device::element_run const r = device::unit_run(u, l.rows, l.cols);
     if (r.count > 0) {
