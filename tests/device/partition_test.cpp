@@ -173,3 +173,44 @@ TEST_CASE("group_cursor walks a run's groups like quantized_layout::group_of") {
     }
   }
 }
+
+namespace {
+
+// Every run of `groups` whole groups exactly once, each inside its slot's group, and each load k
+// of a group's slots one contiguous piece of runs.
+template <int RunsPerGroup, int SlotRuns>
+void check_linear_slots(std::int64_t groups) {
+  constexpr int lanes = RunsPerGroup / SlotRuns;
+  std::vector<int> hits(static_cast<std::size_t>(groups * RunsPerGroup), 0);
+  for (std::int64_t t = 0; t < groups * lanes; ++t) {
+    linear_slot const s = linear_group_slot<RunsPerGroup, SlotRuns>(t);
+    REQUIRE(s.group == t / lanes);
+    REQUIRE(s.place == t % lanes);
+    for (int k = 0; k < SlotRuns; ++k) {
+      std::int64_t const u = s.first + k * lanes;
+      REQUIRE(u / RunsPerGroup == s.group);
+      REQUIRE(u % RunsPerGroup == k * lanes + s.place);
+      ++hits[static_cast<std::size_t>(u)];
+    }
+  }
+  for (int h : hits) REQUIRE(h == 1);
+}
+
+}  // namespace
+
+TEST_CASE("linear_group_slot covers every run of whole groups once, inside its group") {
+  for (std::int64_t groups : {1, 2, 3, 7, 64, 1001}) {
+    check_linear_slots<4, 4>(groups);  // G = 32: one lane per group
+    check_linear_slots<8, 4>(groups);
+    check_linear_slots<16, 4>(groups);
+    check_linear_slots<32, 4>(groups);
+    check_linear_slots<16, 1>(groups);
+    check_linear_slots<32, 2>(groups);
+  }
+  // 64-bit slots: the last slot of 2^31 + 3 groups of 128 elements.
+  std::int64_t const groups = (std::int64_t{1} << 31) + 3;
+  linear_slot const last = linear_group_slot<16, 4>(groups * 4 - 1);
+  CHECK(last.group == groups - 1);
+  CHECK(last.place == 3);
+  CHECK(last.first + 3 * 4 == groups * 16 - 1);
+}

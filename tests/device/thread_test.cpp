@@ -214,3 +214,105 @@ TEST_CASE("quantize_fragment's divisor gives encode_nearest's and encode_stochas
   check(fp8_e4m3{});
   check(fp8_e5m2{});
 }
+
+namespace {
+
+/// nearest_code_in_range against nearest_code for every float of magnitude below qmax + 1/2 (a
+/// stride through them, plus a few ulps around every half-integer and integer exactly).
+template <class Code>
+void check_nearest_code_in_range() {
+  group_params const p{1.0f, 0};
+  float const limit = static_cast<float>(Code::qmax) + 0.5f;
+  std::int64_t differ = 0, checked = 0;
+  auto same = [&](float v) {
+    for (float s : {v, -v}) {
+      if (!(std::fabs(s) < limit)) continue;
+      ++checked;
+      if (numeric::nearest_code_in_range<Code>(s) != numeric::nearest_code<Code>(s, p)) ++differ;
+    }
+  };
+  std::uint32_t const end = numeric::float_bits(limit);
+  for (std::uint32_t b = 0; b < end; b += 5) same(numeric::bits_float(b));
+  for (int k = 0; k <= 2 * Code::qmax + 1; ++k) {
+    float const center = 0.5f * static_cast<float>(k);  // every integer and half-integer
+    float lo = center, hi = center;
+    for (int j = 0; j < 4; ++j, lo = std::nextafter(lo, 0.0f), hi = std::nextafter(hi, 1e9f)) {
+      same(lo);
+      same(hi);
+    }
+  }
+  CHECK(checked > 2 * static_cast<std::int64_t>(end / 5));
+  CHECK(differ == 0);
+}
+
+/// A group of finite values of one magnitude class, scaled by 2^e (e from the subnormal range to
+/// near the float maximum), with exact ties of its scale where they exist.
+template <class Code, class Scale>
+void check_member_fragments(std::mt19937& gen) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int trial = 0; trial < 4000; ++trial) {
+    int const e = static_cast<int>(gen() % 270) - 149;
+    float v[4][8];
+    for (auto& run : v) {
+      for (float& f : run) {
+        f = std::ldexp(normal(gen), e);
+        if (!std::isfinite(f)) f = std::numeric_limits<float>::max();
+        if (gen() % 16 == 0) f = (gen() & 1) ? 0.0f : -0.0f;
+      }
+    }
+    group_stats st;
+    bool any = false;
+    for (auto const& run : v) fragment_stats(run, 8, st, any);
+    group_params const p = make_group_params<Code, Scale>(st);
+    if (trial % 5 == 0 && p.scale != 0.0f) {  // ties (k + 1/2) scale inside the group's range
+      for (int i = 0; i < 8; ++i) {
+        int k = i - 4;
+        if constexpr (Code::kind == code_kind::int_sym) k = i % (2 * Code::qmax + 1) - Code::qmax;
+        float const t = (static_cast<float>(k) + 0.5f) * p.scale;
+        if (std::fabs(t) <= st.absmax) v[1][i] = t;
+      }
+    }
+    v[2][0] = st.absmax;  // the extremes
+    v[2][1] = -st.absmax;
+    for (int r = 0; r < 4; ++r) {
+      std::uint8_t q[8], qs[8];
+      quantize_member_fragment<Code, round_nearest>(v[r], p, 0, 0, q);
+      quantize_member_fragment<Code, round_stochastic>(v[r], p, 5, 64u * trial + 8u * r, qs);
+      float u[8];
+      fragment_draws(5, 64u * trial + 8u * r, u);
+      for (int i = 0; i < 8; ++i) {
+        CAPTURE(v[r][i]);
+        CAPTURE(p.scale);
+        REQUIRE(q[i] == encode_nearest<Code>(v[r][i], p));
+        REQUIRE(qs[i] == encode_stochastic<Code>(v[r][i], p, u[i]));
+      }
+    }
+  }
+}
+
+template <class Code>
+void check_member_fragments_all_scales(std::mt19937& gen) {
+  check_member_fragments<Code, scale_f32>(gen);
+  check_member_fragments<Code, scale_bf16>(gen);
+  check_member_fragments<Code, scale_e8m0>(gen);
+}
+
+}  // namespace
+
+TEST_CASE("nearest_code_in_range equals nearest_code below qmax + 1/2") {
+  check_nearest_code_in_range<int_sym<2>>();
+  check_nearest_code_in_range<int_sym<4>>();
+  check_nearest_code_in_range<int_sym<8>>();
+}
+
+TEST_CASE("quantize_member_fragment gives the division's codes for a group's own values") {
+  // Group members only (finite, at most the group's absmax): symmetric codes rounded to nearest
+  // skip the NaN test and the clamp; at every scale exponent and scale format, with ties and the
+  // group's extremes.
+  std::mt19937 gen(13);
+  check_member_fragments_all_scales<int_sym<2>>(gen);
+  check_member_fragments_all_scales<int_sym<4>>(gen);
+  check_member_fragments_all_scales<int_sym<8>>(gen);
+  check_member_fragments_all_scales<uint_asym<4>>(gen);
+  check_member_fragments_all_scales<fp8_e4m3>(gen);
+}

@@ -56,8 +56,12 @@ __device__ inline int quantize_group_lanes(quantized_view const& out, std::int64
   if (count > 0) {
     if (lane % Lanes == 0) store_group_params(out, group, p);
     std::uint8_t q[N];
-    quantize_fragment<Code, Rounding>(v, p, seed,
-                                      offset + static_cast<std::uint64_t>(row * out.cols + col), q);
+    std::uint64_t const first = offset + static_cast<std::uint64_t>(row * out.cols + col);
+    if (bad == 0) {
+      quantize_member_fragment<Code, Rounding>(v, p, seed, first, q);
+    } else {
+      quantize_fragment<Code, Rounding>(v, p, seed, first, q);
+    }
     std::int64_t const row_bytes = (out.cols * Code::bits + 7) / 8;
     store_packed<Code::bits, N>(out.codes + row * row_bytes + col * Code::bits / 8, count,
                                 pack_fragment<Code::bits>(q, count));

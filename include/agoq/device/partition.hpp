@@ -101,6 +101,30 @@ AGOQ_HOST_DEVICE constexpr element_run group_lane_run(std::int64_t t, std::int64
   return padded_group_lane_run(t, group_size, group_size / elements_per_thread, rows, cols, group);
 }
 
+/// The runs of one thread (slot) of the linear one-pass kernels, where whole groups tile the
+/// tensor in row-major order (cols a multiple of G): group g is runs [g RunsPerGroup,
+/// (g + 1) RunsPerGroup) of elements_per_thread elements each, and RunsPerGroup / SlotRuns
+/// consecutive slots share it, slot t holding runs first + k * lanes (k < SlotRuns) of group
+/// t / lanes, first = group * RunsPerGroup + place. So each of the group's loads k is one
+/// contiguous piece across its lanes. Powers of two: the divisions are shifts. Host and device.
+struct linear_slot {
+  std::int64_t group = 0;  ///< the group's index (row-major)
+  std::int64_t first = 0;  ///< the slot's first run
+  int place = 0;           ///< the slot's place among its group's lanes
+};
+
+template <int RunsPerGroup, int SlotRuns>
+AGOQ_HOST_DEVICE constexpr linear_slot linear_group_slot(std::int64_t t) noexcept {
+  constexpr int lanes = RunsPerGroup / SlotRuns;
+  static_assert(lanes >= 1 && lanes * SlotRuns == RunsPerGroup && (lanes & (lanes - 1)) == 0,
+                "linear_group_slot: SlotRuns must divide RunsPerGroup into a power of two");
+  linear_slot s;
+  s.group = t / lanes;
+  s.place = static_cast<int>(t % lanes);
+  s.first = s.group * RunsPerGroup + s.place;
+  return s;
+}
+
 /// Walks the groups of consecutive columns of one row with one division up front: `group` is the
 /// group-grid index of the current column. Host and device.
 struct group_cursor {

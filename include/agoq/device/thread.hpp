@@ -117,6 +117,33 @@ AGOQ_HOST_DEVICE inline void quantize_fragment(float const (&v)[N], group_params
   }
 }
 
+/// quantize_fragment for a fragment of finite values of the group that `p` was made for
+/// (make_group_params of statistics that include every v[i] the caller stores): the same codes for
+/// those values. A symmetric integer code rounded to nearest then needs no NaN test, clamp or
+/// choice of quotient: |v[i]| <= absmax and the scale is at least RN(absmax / qmax), so
+/// |v[i] / scale| <= qmax (1 + 2^-23) < qmax + 1/2, and each code is
+/// numeric::nearest_code_in_range of the divisor's corrected quotient: two multiplies, two fused
+/// multiply-adds and an add per element. Other codes and stochastic rounding (whose floor may
+/// step past qmax) take quantize_fragment. Host and device.
+template <code_format Code, rounding_mode Rounding, int N>
+AGOQ_HOST_DEVICE inline void quantize_member_fragment(float const (&v)[N], group_params p,
+                                                      std::uint64_t seed,
+                                                      std::uint64_t first_position,
+                                                      std::uint8_t (&q)[N]) noexcept {
+  if constexpr (Code::kind == code_kind::int_sym && Rounding::kind == rounding_kind::nearest) {
+    if (p.scale == 0.0f) {
+      AGOQ_UNROLL
+      for (int i = 0; i < N; ++i) q[i] = numeric::zero_scale_code<Code>(p);
+      return;
+    }
+    numeric::scale_divisor const divide(p.scale);
+    AGOQ_UNROLL
+    for (int i = 0; i < N; ++i) q[i] = numeric::nearest_code_in_range<Code>(divide.corrected(v[i]));
+  } else {
+    quantize_fragment<Code, Rounding>(v, p, seed, first_position, q);
+  }
+}
+
 /// Dequantizes N codes (one per byte) of one group. Host and device.
 template <code_format Code, int N>
 AGOQ_HOST_DEVICE inline void dequantize_fragment(std::uint8_t const (&q)[N], group_params p,
@@ -126,17 +153,20 @@ AGOQ_HOST_DEVICE inline void dequantize_fragment(std::uint8_t const (&q)[N], gro
 }
 
 /// Packs the first `count` of N codes of `Bits` bits, least significant bits first, into the low
-/// bytes of a 64-bit word (N * Bits <= 64); unused bits are zero. Host and device.
+/// bytes of a 64-bit word (N * Bits <= 64); unused bits are zero. Built as two 32-bit words,
+/// which the GPU assembles with byte permutes and 32-bit shifts. Host and device.
 template <int Bits, int N>
 AGOQ_HOST_DEVICE constexpr std::uint64_t pack_fragment(std::uint8_t const (&q)[N],
                                                        int count = N) noexcept {
   static_assert(N * Bits <= 64, "pack_fragment: the fragment does not fit 64 bits");
-  std::uint64_t w = 0;
+  constexpr int per_word = 32 / Bits;
+  std::uint32_t w[2] = {0u, 0u};
   AGOQ_UNROLL
   for (int i = 0; i < N; ++i) {
-    if (i < count) w |= std::uint64_t{q[i]} << (Bits * i);
+    std::uint32_t const c = i < count ? std::uint32_t{q[i]} : 0u;
+    w[i / per_word] |= c << (Bits * (i % per_word));
   }
-  return w;
+  return std::uint64_t{w[0]} | (std::uint64_t{w[1]} << 32);
 }
 
 /// Unpacks N codes of `Bits` bits from the low bytes of a 64-bit word. Host and device.

@@ -118,13 +118,17 @@ __device__ inline void store_run_aligned(T* y, float const (&v)[run]) noexcept {
   }
 }
 
-/// The absolute maximum of v when every value is finite (returns false otherwise): an unsigned
-/// maximum of the magnitude bits, which orders non-negative floats as the floats themselves.
-/// Two instructions per element instead of fragment_stats' branchy finite test.
-__device__ inline bool finite_absmax(float const (&v)[run], float& absmax) noexcept {
+/// The absolute maximum of the runs v when every value is finite (returns false otherwise): an
+/// unsigned maximum of the magnitude bits, which orders non-negative floats as the floats
+/// themselves. Two instructions per element instead of fragment_stats' per-element finite test.
+template <int Runs>
+__device__ inline bool finite_absmax(float const (&v)[Runs][run], float& absmax) noexcept {
   std::uint32_t m = 0;
 #pragma unroll
-  for (int i = 0; i < run; ++i) m = umax(m, __float_as_uint(v[i]) & 0x7fffffffu);
+  for (int k = 0; k < Runs; ++k) {
+#pragma unroll
+    for (int i = 0; i < run; ++i) m = umax(m, __float_as_uint(v[k][i]) & 0x7fffffffu);
+  }
   absmax = __uint_as_float(m);
   return m < 0x7f800000u;
 }
@@ -185,50 +189,49 @@ __device__ inline bool params_and_codes_aligned(basic_quantized_view<Byte> const
 }
 
 /// The linear fast path of the one-pass kernel, for cols % G == 0 and aligned buffers: groups
-/// then tile the tensor in row-major order, so run u covers elements [8u, 8u + 8), its codes
-/// start at byte u * Bits, and it belongs to group u / Lanes; no division, no partial runs.
+/// then tile the tensor in row-major order (group g is runs [g Lanes, (g + 1) Lanes), run u
+/// elements [8u, 8u + 8) and codes from byte u * Bits), so there is no division and no partial
+/// run. A group is held by Lanes / runs_in_flight lanes, each holding runs_in_flight of its runs
+/// (lane j of the group runs j + k Lanes / runs_in_flight): all its loads are in flight at once,
+/// each load is coalesced with the group's other lanes', and the statistics, the shuffles, the
+/// parameters and the divisor are made once per runs_in_flight runs.
 template <class T, class Code, class Rounding, int Lanes>
 __device__ inline void quantize_groups_linear(T const* x, quantized_view const& out,
                                               std::uint64_t seed, std::uint64_t offset,
                                               unsigned long long& bad) {
-  std::int64_t const units = out.rows * (out.cols / run);
-  block_uniform_loop_unrolled(units, [&](std::int64_t u0, std::int64_t stride) {
+  constexpr int lanes = Lanes / runs_in_flight;  // lanes per group
+  static_assert(lanes >= 1 && lanes * runs_in_flight == Lanes);
+  std::int64_t const groups = out.rows * (out.cols / (std::int64_t{Lanes} * run));
+  std::int64_t const slots = groups * lanes;
+  block_uniform_loop(slots, [&](std::int64_t t) {
+    bool const active = t < slots;
+    device::linear_slot const slot = device::linear_group_slot<Lanes, runs_in_flight>(t);
+    // Slots past the end (whole groups of them) load the first group instead, to keep the loads
+    // unpredicated; they store nothing.
+    std::int64_t const first_run = active ? slot.first : slot.place;
     float v[runs_in_flight][run];
 #pragma unroll
-    for (int k = 0; k < runs_in_flight; ++k) {
-      std::int64_t const u = u0 + k * stride;
-      if (u < units) {
-        load_whole_run(x + u * run, v[k]);
-      } else {
+    for (int k = 0; k < runs_in_flight; ++k) load_whole_run(x + (first_run + k * lanes) * run, v[k]);
+    group_stats st;
+    bool any = false;
+    int nb = 0;
+    if (Code::has_zero_point || !finite_absmax(v, st.absmax)) {
+      st = group_stats{};
 #pragma unroll
-        for (int i = 0; i < run; ++i) v[k][i] = 0.0f;
-      }
+      for (int k = 0; k < runs_in_flight; ++k) nb += device::fragment_stats(v[k], run, st, any);
     }
+    st = device::group_allreduce<Code, lanes>(st, any);
+    group_params const p = make_group_params<Code>(out.spec.scale, st);
+    if (active) {
+      bad += static_cast<unsigned long long>(nb);
+      if (slot.place == 0) store_params_aligned(out, slot.group, p);
 #pragma unroll
-    for (int k = 0; k < runs_in_flight; ++k) {
-      std::int64_t const u = u0 + k * stride;
-      group_stats st;
-      bool any = false;
-      int nb = 0;
-      if constexpr (Code::has_zero_point) {
-        nb = device::fragment_stats(v[k], run, st, any);
-      } else {
-        if (!finite_absmax(v[k], st.absmax)) {
-          st = group_stats{};
-          nb = device::fragment_stats(v[k], run, st, any);
-        }
-      }
-      st = device::group_allreduce<Code, Lanes>(st, any);
-      group_params const p = make_group_params<Code>(out.spec.scale, st);
-      if (u < units) {
-        bad += static_cast<unsigned long long>(nb);
-        if ((u & (Lanes - 1)) == 0) store_params_aligned(out, u / Lanes, p);
+      for (int k = 0; k < runs_in_flight; ++k) {
+        std::int64_t const u = first_run + k * lanes;
         std::uint8_t q[run];
         std::uint64_t const first = offset + static_cast<std::uint64_t>(u * run);
-        // The same call on both sides: in the first the compiler knows the scale is not zero and
-        // drops the per-element zero-scale test (and its branch around each division).
-        if (p.scale != 0.0f) {
-          device::quantize_fragment<Code, Rounding>(v[k], p, seed, first, q);
+        if (nb == 0) {
+          device::quantize_member_fragment<Code, Rounding>(v[k], p, seed, first, q);
         } else {
           device::quantize_fragment<Code, Rounding>(v[k], p, seed, first, q);
         }
