@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include <doctest/doctest.h>
 
@@ -315,4 +316,52 @@ TEST_CASE("quantize_member_fragment gives the division's codes for a group's own
   check_member_fragments_all_scales<int_sym<8>>(gen);
   check_member_fragments_all_scales<uint_asym<4>>(gen);
   check_member_fragments_all_scales<fp8_e4m3>(gen);
+}
+
+namespace {
+
+template <class Code>
+void check_dequantize_fragment(std::mt19937& gen) {
+  // The largest scale whose products with every b-bit code (-2^(b-1) included) stay finite.
+  float const big = std::numeric_limits<float>::max() / static_cast<float>(Code::qmax + 1);
+  std::vector<float> scales = {0.0f,
+                               1.0f,
+                               0.5f,
+                               std::numeric_limits<float>::denorm_min(),
+                               std::numeric_limits<float>::infinity(),
+                               std::nanf(""),
+                               big};
+  for (int j = 0; j < 6; ++j) {  // around the largest scale whose products stay finite
+    scales.push_back(std::nextafter(scales.back(), std::numeric_limits<float>::max()));
+  }
+  for (float s = big; scales.size() < 20;) scales.push_back(s = std::nextafter(s, 0.0f));
+  for (int i = 0; i < 200; ++i) {
+    scales.push_back(
+        std::ldexp(static_cast<float>(gen() % 1000 + 1), static_cast<int>(gen() % 250) - 140));
+  }
+  for (float s : scales) {
+    std::uint8_t q[8];
+    for (int i = 0; i < 8; ++i)
+      q[i] = static_cast<std::uint8_t>(gen() & numeric::code_mask(Code::bits));
+    q[0] = static_cast<std::uint8_t>(Code::qmax);  // the extremes, and -2^(b-1) (no valid code)
+    q[1] = static_cast<std::uint8_t>((1u << Code::bits) - Code::qmax);
+    q[2] = static_cast<std::uint8_t>(1u << (Code::bits - 1));
+    float v[8];
+    dequantize_fragment<Code>(q, group_params{s, 0}, v);
+    for (int i = 0; i < 8; ++i) {
+      CAPTURE(s);
+      CAPTURE(int{q[i]});
+      float const ref = decode<Code>(q[i], group_params{s, 0});
+      REQUIRE((same_bits(v[i], ref) || (std::isnan(v[i]) && std::isnan(ref))));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("dequantize_fragment equals decode, saturation included") {
+  std::mt19937 gen(14);
+  check_dequantize_fragment<int_sym<2>>(gen);
+  check_dequantize_fragment<int_sym<4>>(gen);
+  check_dequantize_fragment<int_sym<8>>(gen);
 }

@@ -144,10 +144,22 @@ AGOQ_HOST_DEVICE inline void quantize_member_fragment(float const (&v)[N], group
   }
 }
 
-/// Dequantizes N codes (one per byte) of one group. Host and device.
+/// Dequantizes N codes (one per byte) of one group: decode's values. For symmetric integer codes
+/// under a scale with 2^(b-1) * scale <= FLT_MAX (exact: a power of two) no product of a b-bit
+/// code, -2^(b-1) included, can pass FLT_MAX, so the products are taken without decode's
+/// saturation (a multiply per element). Host and device.
 template <code_format Code, int N>
 AGOQ_HOST_DEVICE inline void dequantize_fragment(std::uint8_t const (&q)[N], group_params p,
                                                  float (&v)[N]) noexcept {
+  if constexpr (Code::kind == code_kind::int_sym) {
+    if (static_cast<float>(Code::qmax + 1) * p.scale <= numeric::max_finite_float) {
+      AGOQ_UNROLL
+      for (int i = 0; i < N; ++i) {
+        v[i] = static_cast<float>(numeric::sign_extend(q[i], Code::bits)) * p.scale;
+      }
+      return;
+    }
+  }
   AGOQ_UNROLL
   for (int i = 0; i < N; ++i) v[i] = decode<Code>(q[i], p);
 }

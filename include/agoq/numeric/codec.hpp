@@ -205,8 +205,8 @@ AGOQ_HOST_DEVICE inline std::uint8_t nearest_code(float v, group_params p) noexc
 /// and holds the result in its low bits in two's complement, without the NaN test, the clamp and
 /// the conversions. Host and device.
 template <code_format Code>
-requires(Code::kind == code_kind::int_sym) AGOQ_HOST_DEVICE
-    inline std::uint8_t nearest_code_in_range(float v) noexcept {
+requires(Code::kind == code_kind::int_sym) AGOQ_HOST_DEVICE inline std::uint8_t
+    nearest_code_in_range(float v) noexcept {
   constexpr float magic = 12582912.0f;  // 1.5 * 2^23
   return static_cast<std::uint8_t>(float_bits(v + magic) & code_mask(Code::bits));
 }

@@ -66,7 +66,8 @@ __device__ inline void block_uniform_loop(std::int64_t total, F&& f) {
 /// Runs each thread of the linear fast paths handles per loop iteration, all loaded before the
 /// first is used: more bytes in flight per thread hide the memory latency that one 16-byte load
 /// per iteration left exposed.
-inline constexpr int runs_in_flight = 4;
+inline constexpr int runs_in_flight_log2 = 2;
+inline constexpr int runs_in_flight = 1 << runs_in_flight_log2;
 
 /// A grid-stride loop over [0, total) that hands `f` runs_in_flight indices per iteration,
 /// u_k = base + k * (grid threads) + threadIdx.x (so each k is coalesced), the same number of
@@ -200,18 +201,20 @@ __device__ inline void quantize_groups_linear(T const* x, quantized_view const& 
                                               std::uint64_t seed, std::uint64_t offset,
                                               unsigned long long& bad) {
   constexpr int lanes = Lanes / runs_in_flight;  // lanes per group
-  static_assert(lanes >= 1 && lanes * runs_in_flight == Lanes);
+  static_assert(lanes >= 1 && lanes * runs_in_flight == Lanes && (lanes & (lanes - 1)) == 0);
   std::int64_t const groups = out.rows * (out.cols / (std::int64_t{Lanes} * run));
   std::int64_t const slots = groups * lanes;
   block_uniform_loop(slots, [&](std::int64_t t) {
     bool const active = t < slots;
-    device::linear_slot const slot = device::linear_group_slot<Lanes, runs_in_flight>(t);
+    device::linear_slot const slot =
+        device::linear_group_slot(t, cuda::std::countr_zero(unsigned{Lanes}), runs_in_flight_log2);
     // Slots past the end (whole groups of them) load the first group instead, to keep the loads
     // unpredicated; they store nothing.
     std::int64_t const first_run = active ? slot.first : slot.place;
     float v[runs_in_flight][run];
 #pragma unroll
-    for (int k = 0; k < runs_in_flight; ++k) load_whole_run(x + (first_run + k * lanes) * run, v[k]);
+    for (int k = 0; k < runs_in_flight; ++k)
+      load_whole_run(x + (first_run + k * lanes) * run, v[k]);
     group_stats st;
     bool any = false;
     int nb = 0;
@@ -391,36 +394,31 @@ AGOQ_KERNEL void encode_kernel(T const* x, quantized_view out, quantized_layout 
   });
 }
 
-/// The linear fast path of dequantization, for per-group schemes with G a power of two of at
-/// least 8 dividing cols and aligned buffers: run u covers elements [8u, 8u + 8) of group
-/// 8u / G, its codes are at byte u * Bits; runs_in_flight code loads per thread in flight.
+/// The linear fast path of dequantization, for per-group schemes whose G is a power of two of at
+/// least 8 * runs_in_flight dividing cols, and aligned buffers (groups then tile the tensor in
+/// row-major order): each thread holds runs_in_flight runs of one group
+/// (device::linear_group_slot), so it loads their codes at once and the group's parameters once.
 template <class T, class Code>
 __device__ inline void dequantize_linear(const_quantized_view const& in, quantized_layout const& l,
                                          T* y, unsigned long long& bad) {
-  std::int64_t const units = l.rows * (l.cols / run);
-  int const shift = __ffsll(l.tile.cols / run) - 1;  // runs per group = 2^shift
-  block_uniform_loop_unrolled(units, [&](std::int64_t u0, std::int64_t stride) {
+  int const runs_log2 = __ffsll(l.tile.cols / run) - 1;  // runs per group = 2^runs_log2
+  std::int64_t const slots = (l.rows * (l.cols / run)) >> runs_in_flight_log2;
+  block_uniform_loop(slots, [&](std::int64_t t) {
+    if (t >= slots) return;
+    device::linear_slot const slot = device::linear_group_slot(t, runs_log2, runs_in_flight_log2);
+    auto const* codes = reinterpret_cast<packed_run_t<Code::bits> const*>(in.codes);
     packed_run_t<Code::bits> w[runs_in_flight];
-    group_params p[runs_in_flight];
+#pragma unroll
+    for (int k = 0; k < runs_in_flight; ++k) w[k] = __ldg(codes + slot.first + k * slot.lanes);
+    group_params const p = load_params_aligned(in, slot.group);
+    if (!numeric::is_finite(p.scale)) bad += run * runs_in_flight;
 #pragma unroll
     for (int k = 0; k < runs_in_flight; ++k) {
-      std::int64_t const u = u0 + k * stride;
-      if (u < units) {
-        w[k] = __ldg(reinterpret_cast<packed_run_t<Code::bits> const*>(in.codes) + u);
-        p[k] = load_params_aligned(in, u >> shift);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < runs_in_flight; ++k) {
-      std::int64_t const u = u0 + k * stride;
-      if (u < units) {
-        std::uint8_t q[run];
-        device::unpack_fragment<Code::bits>(static_cast<std::uint64_t>(w[k]), q);
-        float v[run];
-        device::dequantize_fragment<Code>(q, p[k], v);
-        if (!numeric::is_finite(p[k].scale)) bad += run;
-        store_run_aligned(y + u * run, v);
-      }
+      std::uint8_t q[run];
+      device::unpack_fragment<Code::bits>(static_cast<std::uint64_t>(w[k]), q);
+      float v[run];
+      device::dequantize_fragment<Code>(q, p, v);
+      store_run_aligned(y + (slot.first + k * slot.lanes) * run, v);
     }
   });
 }
@@ -430,9 +428,9 @@ template <class T, class Code>
 AGOQ_KERNEL void dequantize_kernel(const_quantized_view in, quantized_layout l, T* y,
                                    unsigned long long* nonfinite) {
   unsigned long long bad = 0;
-  if (in.spec.grouping == grouping_kind::group && l.tile.rows == 1 && l.tile.cols >= run &&
-      (l.tile.cols & (l.tile.cols - 1)) == 0 && l.cols % l.tile.cols == 0 && aligned(y, 16) &&
-      params_and_codes_aligned<Code::bits>(in)) {
+  if (in.spec.grouping == grouping_kind::group && l.tile.rows == 1 &&
+      l.tile.cols >= run * runs_in_flight && (l.tile.cols & (l.tile.cols - 1)) == 0 &&
+      l.cols % l.tile.cols == 0 && aligned(y, 16) && params_and_codes_aligned<Code::bits>(in)) {
     dequantize_linear<T, Code>(in, l, y, bad);
     add_warp_count(nonfinite, bad);
     return;
