@@ -76,12 +76,22 @@ struct lane_save {
 };
 
 /// Calls f(run, group, lane) for every thread's run of a [rows, cols] tensor: with Lanes lanes per
-/// group of Lanes * 8 columns when Lanes > 1 (every lane of a warp calls f together), else one
-/// run of 8 per thread. 64-bit.
+/// group of Lanes * 8 columns when Lanes > 1 (every lane of a warp calls f together; where whole
+/// groups tile the rows, as flat runs without a division, device::linear_group_lane_run), else
+/// one run of 8 per thread. 64-bit.
 template <int Lanes, class F>
 __device__ inline void for_each_run(std::int64_t rows, std::int64_t cols, F&& f) {
   if constexpr (Lanes > 1) {
     constexpr std::int64_t g = std::int64_t{Lanes} * run;
+    if (cols % g == 0) {
+      std::int64_t const runs = rows * (cols / run);
+      agoq::detail::gpu::block_uniform_loop(runs, [&](std::int64_t t) {
+        std::int64_t group = 0;
+        device::element_run const r = device::linear_group_lane_run<Lanes>(t, runs, group);
+        f(r, group, static_cast<unsigned>(t % Lanes));
+      });
+      return;
+    }
     std::int64_t const threads = rows * ((cols + g - 1) / g) * Lanes;
     agoq::detail::gpu::block_uniform_loop(threads, [&](std::int64_t t) {
       std::int64_t group = 0;
