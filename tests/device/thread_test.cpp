@@ -365,3 +365,33 @@ TEST_CASE("dequantize_fragment equals decode, saturation included") {
   check_dequantize_fragment<int_sym<4>>(gen);
   check_dequantize_fragment<int_sym<8>>(gen);
 }
+
+TEST_CASE("dequantize_packed equals unpack_fragment then dequantize_fragment") {
+  std::mt19937_64 gen(15);
+  auto check = [&](auto code) {
+    using Code = decltype(code);
+    constexpr int n = 64 / Code::bits < 8 ? 64 / Code::bits : 8;
+    for (float s : {1.0f, 0.75f, 3e-20f, std::numeric_limits<float>::max() / 128.0f,
+                    std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+                    std::nanf(""), 0.0f}) {
+      for (int trial = 0; trial < 2000; ++trial) {
+        std::uint64_t const w = gen();
+        std::uint8_t q[n];
+        unpack_fragment<Code::bits>(w, q);
+        float ref[n], v[n];
+        dequantize_fragment<Code>(q, group_params{s, 0}, ref);
+        dequantize_packed<Code>(w, group_params{s, 0}, v);
+        for (int i = 0; i < n; ++i) {
+          CAPTURE(s);
+          CAPTURE(w);
+          REQUIRE((same_bits(v[i], ref[i]) || (std::isnan(v[i]) && std::isnan(ref[i]))));
+        }
+      }
+    }
+  };
+  check(int_sym<2>{});
+  check(int_sym<4>{});
+  check(int_sym<8>{});
+  check(uint_asym<4>{});
+  check(fp8_e4m3{});
+}

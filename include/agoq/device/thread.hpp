@@ -191,4 +191,31 @@ AGOQ_HOST_DEVICE constexpr void unpack_fragment(std::uint64_t w, std::uint8_t (&
   }
 }
 
+/// dequantize_fragment of the N codes packed in w (unpack_fragment's layout, N * Bits <= 64): the
+/// same values. Symmetric 2- and 4-bit codes under a scale that cannot saturate are sign-extended
+/// in place by a pair of shifts of the 32-bit half that holds them (no unpacking into bytes and no
+/// xor-subtract; 8-bit codes convert from their byte, which the GPU's conversion selects itself).
+/// Host and device.
+template <code_format Code, int N>
+AGOQ_HOST_DEVICE inline void dequantize_packed(std::uint64_t w, group_params p,
+                                               float (&v)[N]) noexcept {
+  static_assert(N * Code::bits <= 64, "dequantize_packed: the fragment does not fit 64 bits");
+  if constexpr (Code::kind == code_kind::int_sym && Code::bits < 8) {
+    if (static_cast<float>(Code::qmax + 1) * p.scale <= numeric::max_finite_float) {
+      constexpr int per_word = 32 / Code::bits;
+      AGOQ_UNROLL
+      for (int i = 0; i < N; ++i) {
+        auto const half = static_cast<std::uint32_t>(w >> (32 * (i / per_word)));
+        int const shift = 32 - Code::bits * (i % per_word + 1);
+        auto const q = static_cast<std::int32_t>(half << shift) >> (32 - Code::bits);
+        v[i] = static_cast<float>(q) * p.scale;
+      }
+      return;
+    }
+  }
+  std::uint8_t q[N];
+  unpack_fragment<Code::bits>(w, q);
+  dequantize_fragment<Code>(q, p, v);
+}
+
 }  // namespace agoq::device

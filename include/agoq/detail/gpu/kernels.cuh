@@ -414,10 +414,8 @@ __device__ inline void dequantize_linear(const_quantized_view const& in, quantiz
     if (!numeric::is_finite(p.scale)) bad += run * runs_in_flight;
 #pragma unroll
     for (int k = 0; k < runs_in_flight; ++k) {
-      std::uint8_t q[run];
-      device::unpack_fragment<Code::bits>(static_cast<std::uint64_t>(w[k]), q);
       float v[run];
-      device::dequantize_fragment<Code>(q, p, v);
+      device::dequantize_packed<Code>(static_cast<std::uint64_t>(w[k]), p, v);
       store_run_aligned(y + (slot.first + k * slot.lanes) * run, v);
     }
   });
