@@ -2,7 +2,6 @@
 #include <agoq/device/partition.hpp>
 
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -213,34 +212,4 @@ TEST_CASE("linear_group_slot covers every run of whole groups once, inside its g
   CHECK(last.group == groups - 1);
   CHECK(last.place == 3);
   CHECK(last.first + 3 * 4 == groups * 16 - 1);
-}
-
-TEST_CASE("linear_group_lane_run is group_lane_run's run, flat, where whole groups tile the rows") {
-  auto check = [](auto lanes_tag, std::int64_t rows, std::int64_t cols) {
-    constexpr int lanes = decltype(lanes_tag)::value;
-    std::int64_t const g = std::int64_t{lanes} * elements_per_thread;
-    REQUIRE(cols % g == 0);
-    std::int64_t const runs = rows * (cols / elements_per_thread);
-    for (std::int64_t t = 0; t < runs + 2 * lanes; ++t) {
-      std::int64_t group = -1, ref_group = -1;
-      element_run const r = linear_group_lane_run<lanes>(t, runs, group);
-      element_run const ref = group_lane_run(t, g, rows, cols, ref_group);
-      REQUIRE(group == ref_group);
-      REQUIRE(r.count == ref.count);
-      REQUIRE(r.row == 0);
-      if (ref.count > 0) REQUIRE(r.col == ref.row * cols + ref.col);
-    }
-  };
-  for (std::int64_t rows : {1, 2, 5}) {
-    check(std::integral_constant<int, 4>{}, rows, 32);
-    check(std::integral_constant<int, 4>{}, rows, 96);
-    check(std::integral_constant<int, 8>{}, rows, 64);
-    check(std::integral_constant<int, 16>{}, rows, 384);
-    check(std::integral_constant<int, 32>{}, rows, 512);
-  }
-  std::int64_t group = 0;  // past 2^31 runs
-  element_run const r =
-      linear_group_lane_run<16>((std::int64_t{1} << 33) + 17, std::int64_t{1} << 34, group);
-  CHECK(r.col == ((std::int64_t{1} << 33) + 17) * 8);
-  CHECK(group == ((std::int64_t{1} << 33) + 17) / 16);
 }

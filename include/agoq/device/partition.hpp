@@ -101,24 +101,6 @@ AGOQ_HOST_DEVICE constexpr element_run group_lane_run(std::int64_t t, std::int64
   return padded_group_lane_run(t, group_size, group_size / elements_per_thread, rows, cols, group);
 }
 
-/// group_lane_run where whole groups tile the tensor (cols a multiple of G = Lanes *
-/// elements_per_thread), in the flat form the elementwise kernels take: thread t covers the
-/// elements [8t, 8t + 8) of the row-major tensor, returned as row 0 and column 8t (so that every
-/// `row * cols + col` and `row * row_bytes + col * bits / 8` they form is the flat index, as the
-/// rows hold no padding), count 0 from `runs` on; `group` = t / Lanes, its lane t % Lanes. No
-/// division. Host and device.
-template <int Lanes>
-AGOQ_HOST_DEVICE constexpr element_run linear_group_lane_run(std::int64_t t, std::int64_t runs,
-                                                             std::int64_t& group) noexcept {
-  static_assert(Lanes >= 1 && (Lanes & (Lanes - 1)) == 0,
-                "linear_group_lane_run: Lanes must be a power of two");
-  group = t / Lanes;
-  element_run r;
-  r.col = t * elements_per_thread;
-  r.count = t < runs ? elements_per_thread : 0;
-  return r;
-}
-
 /// The runs of one thread (slot) of the linear per-group kernels, where whole groups tile the
 /// tensor in row-major order (cols a multiple of G): group g is runs [g R, (g + 1) R) of
 /// elements_per_thread elements each, R = 2^runs_per_group_log2, and R / S consecutive slots

@@ -69,19 +69,6 @@ __device__ inline void block_uniform_loop(std::int64_t total, F&& f) {
 inline constexpr int runs_in_flight_log2 = 2;
 inline constexpr int runs_in_flight = 1 << runs_in_flight_log2;
 
-/// A grid-stride loop over [0, total) that hands `f` runs_in_flight indices per iteration,
-/// u_k = base + k * (grid threads) + threadIdx.x (so each k is coalesced), the same number of
-/// iterations in every thread of a block (indices past the end included, so warp shuffles inside
-/// `f` are safe); 64-bit.
-template <class F>
-__device__ inline void block_uniform_loop_unrolled(std::int64_t total, F&& f) {
-  std::int64_t const stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * blockDim.x; base < total;
-       base += stride * runs_in_flight) {
-    f(base + threadIdx.x, stride);
-  }
-}
-
 /// Loads a whole run from a 16-byte aligned address (the fast paths check alignment once).
 template <class T>
 __device__ inline void load_whole_run(T const* x, float (&v)[run]) noexcept {
@@ -117,40 +104,6 @@ __device__ inline void store_run_aligned(T* y, float const (&v)[run]) noexcept {
     }
     *reinterpret_cast<uint4*>(y) = make_uint4(w[0], w[1], w[2], w[3]);
   }
-}
-
-/// The absolute maximum of the runs v when every value is finite (returns false otherwise): an
-/// unsigned maximum of the magnitude bits, which orders non-negative floats as the floats
-/// themselves. Two instructions per element instead of fragment_stats' per-element finite test.
-template <int Runs>
-__device__ inline bool finite_absmax(float const (&v)[Runs][run], float& absmax) noexcept {
-  std::uint32_t m = 0;
-#pragma unroll
-  for (int k = 0; k < Runs; ++k) {
-#pragma unroll
-    for (int i = 0; i < run; ++i) m = umax(m, __float_as_uint(v[k][i]) & 0x7fffffffu);
-  }
-  absmax = __uint_as_float(m);
-  return m < 0x7f800000u;
-}
-
-/// Stores group g's parameters with one aligned store (the fast paths check that the scales are
-/// aligned to their size); the same bytes as store_group_params.
-template <class Byte>
-__device__ inline void store_params_aligned(basic_quantized_view<Byte> const& v, std::int64_t g,
-                                            group_params p) noexcept {
-  switch (v.spec.scale) {
-    case scale_format::f32:
-      reinterpret_cast<float*>(v.scales)[g] = scale_f32::store(p.scale);
-      break;
-    case scale_format::bf16:
-      reinterpret_cast<std::uint16_t*>(v.scales)[g] = scale_bf16::store(p.scale);
-      break;
-    case scale_format::e8m0:
-      v.scales[g] = scale_e8m0::store(p.scale);
-      break;
-  }
-  if (v.zero_points) v.zero_points[g] = static_cast<std::uint8_t>(p.zero_point);
 }
 
 /// Reads group g's parameters with one aligned load; the same values as load_group_params.
@@ -189,13 +142,13 @@ __device__ inline bool params_and_codes_aligned(basic_quantized_view<Byte> const
                                                                 : 1);
 }
 
-/// The linear fast path of the one-pass kernel, for cols % G == 0 and aligned buffers: groups
-/// then tile the tensor in row-major order (group g is runs [g Lanes, (g + 1) Lanes), run u
-/// elements [8u, 8u + 8) and codes from byte u * Bits), so there is no division and no partial
-/// run. A group is held by Lanes / runs_in_flight lanes, each holding runs_in_flight of its runs
-/// (lane j of the group runs j + k Lanes / runs_in_flight): all its loads are in flight at once,
-/// each load is coalesced with the group's other lanes', and the statistics, the shuffles, the
-/// parameters and the divisor are made once per runs_in_flight runs.
+/// The linear fast path of the one-pass kernel, for cols % G == 0 and a 16-byte aligned input:
+/// whole groups then tile the tensor in row-major order (group g is runs [g Lanes, (g + 1) Lanes),
+/// run u elements [8u, 8u + 8) and codes from byte u * Bits), so there is no division and no
+/// partial run. A group is held by Lanes / runs_in_flight lanes, each holding runs_in_flight of
+/// its runs (device::linear_group_slot): all its loads are in flight at once, each load is
+/// coalesced with the group's other lanes', and the statistics, the shuffles, the parameters and
+/// the divisor are made once per runs_in_flight runs (device::quantize_group_slot).
 template <class T, class Code, class Rounding, int Lanes>
 __device__ inline void quantize_groups_linear(T const* x, quantized_view const& out,
                                               std::uint64_t seed, std::uint64_t offset,
@@ -206,42 +159,18 @@ __device__ inline void quantize_groups_linear(T const* x, quantized_view const& 
   std::int64_t const slots = groups * lanes;
   block_uniform_loop(slots, [&](std::int64_t t) {
     bool const active = t < slots;
-    device::linear_slot const slot =
+    device::linear_slot slot =
         device::linear_group_slot(t, cuda::std::countr_zero(unsigned{Lanes}), runs_in_flight_log2);
     // Slots past the end (whole groups of them) load the first group instead, to keep the loads
     // unpredicated; they store nothing.
-    std::int64_t const first_run = active ? slot.first : slot.place;
+    if (!active) slot.first = slot.place;
     float v[runs_in_flight][run];
 #pragma unroll
-    for (int k = 0; k < runs_in_flight; ++k)
-      load_whole_run(x + (first_run + k * lanes) * run, v[k]);
-    group_stats st;
-    bool any = false;
-    int nb = 0;
-    if (Code::has_zero_point || !finite_absmax(v, st.absmax)) {
-      st = group_stats{};
-#pragma unroll
-      for (int k = 0; k < runs_in_flight; ++k) nb += device::fragment_stats(v[k], run, st, any);
+    for (int k = 0; k < runs_in_flight; ++k) {
+      load_whole_run(x + (slot.first + k * lanes) * run, v[k]);
     }
-    st = device::group_allreduce<Code, lanes>(st, any);
-    group_params const p = make_group_params<Code>(out.spec.scale, st);
-    if (active) {
-      bad += static_cast<unsigned long long>(nb);
-      if (slot.place == 0) store_params_aligned(out, slot.group, p);
-#pragma unroll
-      for (int k = 0; k < runs_in_flight; ++k) {
-        std::int64_t const u = first_run + k * lanes;
-        std::uint8_t q[run];
-        std::uint64_t const first = offset + static_cast<std::uint64_t>(u * run);
-        if (nb == 0) {
-          device::quantize_member_fragment<Code, Rounding>(v[k], p, seed, first, q);
-        } else {
-          device::quantize_fragment<Code, Rounding>(v[k], p, seed, first, q);
-        }
-        reinterpret_cast<packed_run_t<Code::bits>*>(out.codes)[u] =
-            static_cast<packed_run_t<Code::bits>>(device::pack_fragment<Code::bits>(q));
-      }
-    }
+    bad += static_cast<unsigned long long>(
+        device::quantize_group_slot<Code, Rounding, lanes>(out, slot, active, v, seed, offset));
   });
 }
 
@@ -252,7 +181,7 @@ AGOQ_KERNEL void quantize_groups_kernel(T const* x, quantized_view out, std::uin
   constexpr std::int64_t group_size = std::int64_t{Lanes} * run;
   std::int64_t const rows = out.rows, cols = out.cols;
   unsigned long long bad = 0;
-  if (cols % group_size == 0 && aligned(x, 16) && params_and_codes_aligned<Code::bits>(out)) {
+  if (cols % group_size == 0 && aligned(x, 16)) {
     quantize_groups_linear<T, Code, Rounding, Lanes>(x, out, seed, offset, bad);
     add_warp_count(nonfinite, bad);
     return;
