@@ -4,8 +4,10 @@
 /// device/partition.hpp's, and the launchers are in quantize.cuh.
 ///
 /// Two quantize paths:
-/// - one pass for per-group schemes with G in {32, 64, 128, 256}: G / 8 consecutive lanes load a
-///   group, reduce its statistics with shuffles, and each encodes its own 8 elements;
+/// - one pass for per-group schemes with G in {32, 64, 128, 256}: the lanes holding a group reduce
+///   its statistics with shuffles and each encodes its own elements; G / 32 lanes of four runs of
+///   8 where whole groups tile the rows and the input is aligned (quantize_groups_linear), G / 8
+///   lanes of one run elsewhere;
 /// - three passes for every other grouping (tensor, row, column, blocks, other G): statistics
 ///   into per-group accumulators with atomics, one thread per group for the parameters, then the
 ///   encoding. Input is read twice, which these groupings need anyway.
