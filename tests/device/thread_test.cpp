@@ -335,6 +335,7 @@ void check_dequantize_fragment(std::mt19937& gen) {
     scales.push_back(std::nextafter(scales.back(), std::numeric_limits<float>::max()));
   }
   for (float s = big; scales.size() < 20;) scales.push_back(s = std::nextafter(s, 0.0f));
+  for (std::size_t i = 0, n = scales.size(); i < n; ++i) scales.push_back(-scales[i]);
   for (int i = 0; i < 200; ++i) {
     scales.push_back(
         std::ldexp(static_cast<float>(gen() % 1000 + 1), static_cast<int>(gen() % 250) - 140));
@@ -373,7 +374,8 @@ TEST_CASE("dequantize_packed equals unpack_fragment then dequantize_fragment") {
     constexpr int n = 64 / Code::bits < 8 ? 64 / Code::bits : 8;
     for (float s : {1.0f, 0.75f, 3e-20f, std::numeric_limits<float>::max() / 128.0f,
                     std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
-                    std::nanf(""), 0.0f}) {
+                    std::nanf(""), 0.0f, -0.75f, -std::numeric_limits<float>::max(),
+                    -std::numeric_limits<float>::infinity()}) {
       for (int trial = 0; trial < 2000; ++trial) {
         std::uint64_t const w = gen();
         std::uint8_t q[n];

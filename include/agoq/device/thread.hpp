@@ -144,15 +144,26 @@ AGOQ_HOST_DEVICE inline void quantize_member_fragment(float const (&v)[N], group
   }
 }
 
+namespace fragment_detail {
+
+/// True when no b-bit code of a symmetric integer Code, -2^(b-1) included, decodes past ±FLT_MAX
+/// under `scale`: |2^(b-1) scale| <= FLT_MAX (the product exact, a power of two; false for NaN).
+template <code_format Code>
+AGOQ_HOST_DEVICE constexpr bool unsaturated(float scale) noexcept {
+  float const extreme = static_cast<float>(Code::qmax + 1) * scale;
+  return extreme <= numeric::max_finite_float && extreme >= -numeric::max_finite_float;
+}
+
+}  // namespace fragment_detail
+
 /// Dequantizes N codes (one per byte) of one group: decode's values. For symmetric integer codes
-/// under a scale with 2^(b-1) * scale <= FLT_MAX (exact: a power of two) no product of a b-bit
-/// code, -2^(b-1) included, can pass FLT_MAX, so the products are taken without decode's
-/// saturation (a multiply per element). Host and device.
+/// under a scale that no code's product can take past ±FLT_MAX (fragment_detail::unsaturated) the
+/// products are taken without decode's saturation (a multiply per element). Host and device.
 template <code_format Code, int N>
 AGOQ_HOST_DEVICE inline void dequantize_fragment(std::uint8_t const (&q)[N], group_params p,
                                                  float (&v)[N]) noexcept {
   if constexpr (Code::kind == code_kind::int_sym) {
-    if (static_cast<float>(Code::qmax + 1) * p.scale <= numeric::max_finite_float) {
+    if (fragment_detail::unsaturated<Code>(p.scale)) {
       AGOQ_UNROLL
       for (int i = 0; i < N; ++i) {
         v[i] = static_cast<float>(numeric::sign_extend(q[i], Code::bits)) * p.scale;
@@ -201,7 +212,7 @@ AGOQ_HOST_DEVICE inline void dequantize_packed(std::uint64_t w, group_params p,
                                                float (&v)[N]) noexcept {
   static_assert(N * Code::bits <= 64, "dequantize_packed: the fragment does not fit 64 bits");
   if constexpr (Code::kind == code_kind::int_sym && Code::bits < 8) {
-    if (static_cast<float>(Code::qmax + 1) * p.scale <= numeric::max_finite_float) {
+    if (fragment_detail::unsaturated<Code>(p.scale)) {
       constexpr int per_word = 32 / Code::bits;
       AGOQ_UNROLL
       for (int i = 0; i < N; ++i) {
