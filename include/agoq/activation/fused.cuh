@@ -59,6 +59,10 @@ struct no_save {
                             float const (&)[run]) const noexcept {
     return 0;
   }
+  template <int Runs>
+  __device__ int slot(device::linear_slot const&, bool, float const (&)[Runs][run]) const noexcept {
+    return 0;
+  }
 };
 
 /// The saved copy of a per-group scheme with G = Lanes * 8, from the lanes holding a group.
