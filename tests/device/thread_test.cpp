@@ -300,10 +300,53 @@ void check_member_fragments_all_scales(std::mt19937& gen) {
 
 }  // namespace
 
+/// stochastic_code_in_range against stochastic_code for floats of magnitude up to a little past
+/// qmax (a stride through them, and a few ulps around every integer), under draws at the ends of
+/// [0, 1) and random ones.
+template <class Code>
+void check_stochastic_code_in_range() {
+  group_params const p{1.0f, 0};
+  std::mt19937 gen(16);
+  float const top = std::nextafter(static_cast<float>(Code::qmax), 1e9f) * 1.0001f;
+  std::int64_t differ = 0, checked = 0;
+  auto same = [&](float v, float u) {
+    for (float s : {v, -v}) {
+      ++checked;
+      if (numeric::stochastic_code_in_range<Code>(s, u) !=
+          numeric::stochastic_code<Code>(s, p, u)) {
+        ++differ;
+      }
+    }
+  };
+  float const draws[] = {0.0f, 5.9604644775390625e-8f, 0.5f, 1.0f - 5.9604644775390625e-8f};
+  std::uint32_t const end = numeric::float_bits(top);
+  for (std::uint32_t b = 0; b < end; b += 211) {
+    same(numeric::bits_float(b), draws[b % 4]);
+    same(numeric::bits_float(b), numeric::uniform24(static_cast<std::uint32_t>(gen())));
+  }
+  for (int k = 0; k <= Code::qmax + 1; ++k) {
+    float lo = static_cast<float>(k), hi = lo;
+    for (int j = 0; j < 4; ++j, lo = std::nextafter(lo, 0.0f), hi = std::nextafter(hi, 1e9f)) {
+      for (float u : draws) {
+        same(lo, u);
+        same(hi, u);
+      }
+    }
+  }
+  CHECK(checked > 2 * static_cast<std::int64_t>(end / 211));
+  CHECK(differ == 0);
+}
+
 TEST_CASE("nearest_code_in_range equals nearest_code below qmax + 1/2") {
   check_nearest_code_in_range<int_sym<2>>();
   check_nearest_code_in_range<int_sym<4>>();
   check_nearest_code_in_range<int_sym<8>>();
+}
+
+TEST_CASE("stochastic_code_in_range equals stochastic_code for quotients that are not NaN") {
+  check_stochastic_code_in_range<int_sym<2>>();
+  check_stochastic_code_in_range<int_sym<4>>();
+  check_stochastic_code_in_range<int_sym<8>>();
 }
 
 TEST_CASE("quantize_member_fragment gives the division's codes for a group's own values") {

@@ -123,22 +123,34 @@ AGOQ_HOST_DEVICE inline void quantize_fragment(float const (&v)[N], group_params
 /// choice of quotient: |v[i]| <= absmax and the scale is at least RN(absmax / qmax), so
 /// |v[i] / scale| <= qmax (1 + 2^-23) < qmax + 1/2, and each code is
 /// numeric::nearest_code_in_range of the divisor's corrected quotient: two multiplies, two fused
-/// multiply-adds and an add per element. Other codes and stochastic rounding (whose floor may
-/// step past qmax) take quantize_fragment. Host and device.
+/// multiply-adds and an add per element. Stochastic rounding keeps the clamp (its floor may step
+/// past qmax) but not the NaN test (numeric::stochastic_code_in_range); other codes take
+/// quantize_fragment. Host and device.
 template <code_format Code, rounding_mode Rounding, int N>
 AGOQ_HOST_DEVICE inline void quantize_member_fragment(float const (&v)[N], group_params p,
                                                       std::uint64_t seed,
                                                       std::uint64_t first_position,
                                                       std::uint8_t (&q)[N]) noexcept {
-  if constexpr (Code::kind == code_kind::int_sym && Rounding::kind == rounding_kind::nearest) {
+  if constexpr (Code::kind == code_kind::int_sym) {
     if (p.scale == 0.0f) {
       AGOQ_UNROLL
       for (int i = 0; i < N; ++i) q[i] = numeric::zero_scale_code<Code>(p);
       return;
     }
     numeric::scale_divisor const divide(p.scale);
-    AGOQ_UNROLL
-    for (int i = 0; i < N; ++i) q[i] = numeric::nearest_code_in_range<Code>(divide.corrected(v[i]));
+    if constexpr (Rounding::kind == rounding_kind::nearest) {
+      AGOQ_UNROLL
+      for (int i = 0; i < N; ++i) {
+        q[i] = numeric::nearest_code_in_range<Code>(divide.corrected(v[i]));
+      }
+    } else {
+      float u[N];
+      fragment_draws(seed, first_position, u);
+      AGOQ_UNROLL
+      for (int i = 0; i < N; ++i) {
+        q[i] = numeric::stochastic_code_in_range<Code>(divide.corrected(v[i]), u[i]);
+      }
+    }
   } else {
     quantize_fragment<Code, Rounding>(v, p, seed, first_position, q);
   }

@@ -211,6 +211,17 @@ requires(Code::kind == code_kind::int_sym) AGOQ_HOST_DEVICE inline std::uint8_t
   return static_cast<std::uint8_t>(float_bits(v + magic) & code_mask(Code::bits));
 }
 
+/// stochastic_code for a symmetric integer code and a quotient that is not NaN: the clamp to
+/// [-qmax, qmax], floor_stochastic, and the code read from the low bits of the result + 1.5 * 2^23
+/// (as nearest_code_in_range), without the NaN test and the conversion. Host and device.
+template <code_format Code>
+requires(Code::kind == code_kind::int_sym) AGOQ_HOST_DEVICE inline std::uint8_t
+    stochastic_code_in_range(float v, float u) noexcept {
+  constexpr float hi = static_cast<float>(Code::qmax);
+  float const c = v < -hi ? -hi : (v > hi ? hi : v);
+  return nearest_code_in_range<Code>(floor_stochastic(c, u));
+}
+
 /// The code of stochastic rounding of the quotient v = x / scale of a group whose scale is not 0,
 /// under the draw u (see encode_stochastic). Host and device.
 template <code_format Code>
