@@ -31,10 +31,12 @@ std::vector<std::string> const specs = {
     "int8_col_sym_rne_f32",  "int8_tensor_asym_sr_f32", "int4_b3x5_sym_rne_bf16",
     "int8_g48_sym_rne_f32"};
 
-// Ragged shapes; 13000 columns exceed the row kernels' shared-memory buffers; 16421 rows make
-// RMSNorm backward's dweight blocks 33 rows long (fused_detail::dweight_block_rows).
+// Ragged shapes; 256 and 2048 columns are whole groups of every one-pass G (the forward ops' slots
+// of two runs, fused_gpu::for_each_run_or_slot); 13000 columns exceed the row kernels'
+// shared-memory buffers; 16421 rows make RMSNorm backward's dweight blocks 33 rows long
+// (fused_detail::dweight_block_rows).
 std::vector<std::pair<std::int64_t, std::int64_t>> const shapes = {
-    {1, 1}, {3, 5}, {7, 300}, {33, 129}, {2, 4097}, {130, 256}, {3, 13000}, {16421, 3}};
+    {1, 1}, {3, 5}, {7, 300}, {33, 129}, {2, 4097}, {130, 256}, {9, 2048}, {3, 13000}, {16421, 3}};
 
 quantize_options const opt{0x5eedULL, 977};
 

@@ -173,3 +173,43 @@ TEST_CASE("group_cursor walks a run's groups like quantized_layout::group_of") {
     }
   }
 }
+
+namespace {
+
+// Every run of `groups` whole groups exactly once, each inside its slot's group, and each load k
+// of a group's slots one contiguous piece of runs.
+void check_linear_slots(std::int64_t groups, int runs_log2, int slot_log2) {
+  std::int64_t const runs = std::int64_t{1} << runs_log2, lanes = runs >> slot_log2;
+  std::vector<int> hits(static_cast<std::size_t>(groups * runs), 0);
+  for (std::int64_t t = 0; t < groups * lanes; ++t) {
+    linear_slot const s = linear_group_slot(t, runs_log2, slot_log2);
+    REQUIRE(s.lanes == lanes);
+    REQUIRE(s.group == t / lanes);
+    REQUIRE(s.place == t % lanes);
+    for (int k = 0; k < (1 << slot_log2); ++k) {
+      std::int64_t const u = s.first + k * lanes;
+      REQUIRE(u / runs == s.group);
+      REQUIRE(u % runs == k * lanes + s.place);
+      ++hits[static_cast<std::size_t>(u)];
+    }
+  }
+  for (int h : hits) REQUIRE(h == 1);
+}
+
+}  // namespace
+
+TEST_CASE("linear_group_slot covers every run of whole groups once, inside its group") {
+  for (std::int64_t groups : {1, 2, 3, 7, 64, 1001}) {
+    for (int runs_log2 = 2; runs_log2 <= 7; ++runs_log2) {  // G = 32 ... 1024
+      check_linear_slots(groups, runs_log2, 2);             // four runs per slot
+      check_linear_slots(groups, runs_log2, 0);
+      check_linear_slots(groups, runs_log2, runs_log2);  // one slot per group
+    }
+  }
+  // 64-bit slots: the last slot of 2^31 + 3 groups of 128 elements.
+  std::int64_t const groups = (std::int64_t{1} << 31) + 3;
+  linear_slot const last = linear_group_slot(groups * 4 - 1, 4, 2);
+  CHECK(last.group == groups - 1);
+  CHECK(last.place == 3);
+  CHECK(last.first + 3 * 4 == groups * 16 - 1);
+}

@@ -23,7 +23,7 @@ std::vector<std::string> const specs = {
     "int8_g48_sym_rne_f32"};
 
 std::vector<std::pair<std::int64_t, std::int64_t>> const shapes = {
-    {1, 1}, {3, 5}, {7, 300}, {2, 4097}, {33, 129}, {1, 100003}, {130, 256}};
+    {1, 1}, {3, 5}, {7, 300}, {2, 4097}, {33, 129}, {1, 100003}, {130, 256}, {9, 2048}};
 
 // Quantizes x on the CPU and on the device (input at element offset `shift`, codes at byte offset
 // `code_shift`) and compares every section, the non-finite count, and dequantization into Out.

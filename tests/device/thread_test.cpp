@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include <doctest/doctest.h>
 
@@ -213,4 +214,229 @@ TEST_CASE("quantize_fragment's divisor gives encode_nearest's and encode_stochas
   check(uint_asym<8>{});
   check(fp8_e4m3{});
   check(fp8_e5m2{});
+}
+
+namespace {
+
+/// nearest_code_in_range against nearest_code for every float of magnitude below qmax + 1/2 (a
+/// stride through them, plus a few ulps around every half-integer and integer exactly).
+template <class Code>
+void check_nearest_code_in_range() {
+  group_params const p{1.0f, 0};
+  float const limit = static_cast<float>(Code::qmax) + 0.5f;
+  std::int64_t differ = 0, checked = 0;
+  auto same = [&](float v) {
+    for (float s : {v, -v}) {
+      if (!(std::fabs(s) < limit)) continue;
+      ++checked;
+      if (numeric::nearest_code_in_range<Code>(s) != numeric::nearest_code<Code>(s, p)) ++differ;
+    }
+  };
+  std::uint32_t const end = numeric::float_bits(limit);
+  for (std::uint32_t b = 0; b < end; b += 5) same(numeric::bits_float(b));
+  for (int k = 0; k <= 2 * Code::qmax + 1; ++k) {
+    float const center = 0.5f * static_cast<float>(k);  // every integer and half-integer
+    float lo = center, hi = center;
+    for (int j = 0; j < 4; ++j, lo = std::nextafter(lo, 0.0f), hi = std::nextafter(hi, 1e9f)) {
+      same(lo);
+      same(hi);
+    }
+  }
+  CHECK(checked > 2 * static_cast<std::int64_t>(end / 5));
+  CHECK(differ == 0);
+}
+
+/// A group of finite values of one magnitude class, scaled by 2^e (e from the subnormal range to
+/// near the float maximum), with exact ties of its scale where they exist.
+template <class Code, class Scale>
+void check_member_fragments(std::mt19937& gen) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int trial = 0; trial < 4000; ++trial) {
+    int const e = static_cast<int>(gen() % 270) - 149;
+    float v[4][8];
+    for (auto& run : v) {
+      for (float& f : run) {
+        f = std::ldexp(normal(gen), e);
+        if (!std::isfinite(f)) f = std::numeric_limits<float>::max();
+        if (gen() % 16 == 0) f = (gen() & 1) ? 0.0f : -0.0f;
+      }
+    }
+    group_stats st;
+    bool any = false;
+    for (auto const& run : v) fragment_stats(run, 8, st, any);
+    group_params const p = make_group_params<Code, Scale>(st);
+    if (trial % 5 == 0 && p.scale != 0.0f) {  // ties (k + 1/2) scale inside the group's range
+      for (int i = 0; i < 8; ++i) {
+        int k = i - 4;
+        if constexpr (Code::kind == code_kind::int_sym) k = i % (2 * Code::qmax + 1) - Code::qmax;
+        float const t = (static_cast<float>(k) + 0.5f) * p.scale;
+        if (std::fabs(t) <= st.absmax) v[1][i] = t;
+      }
+    }
+    v[2][0] = st.absmax;  // the extremes
+    v[2][1] = -st.absmax;
+    for (int r = 0; r < 4; ++r) {
+      std::uint8_t q[8], qs[8];
+      quantize_member_fragment<Code, round_nearest>(v[r], p, 0, 0, q);
+      quantize_member_fragment<Code, round_stochastic>(v[r], p, 5, 64u * trial + 8u * r, qs);
+      float u[8];
+      fragment_draws(5, 64u * trial + 8u * r, u);
+      for (int i = 0; i < 8; ++i) {
+        CAPTURE(v[r][i]);
+        CAPTURE(p.scale);
+        REQUIRE(q[i] == encode_nearest<Code>(v[r][i], p));
+        REQUIRE(qs[i] == encode_stochastic<Code>(v[r][i], p, u[i]));
+      }
+    }
+  }
+}
+
+template <class Code>
+void check_member_fragments_all_scales(std::mt19937& gen) {
+  check_member_fragments<Code, scale_f32>(gen);
+  check_member_fragments<Code, scale_bf16>(gen);
+  check_member_fragments<Code, scale_e8m0>(gen);
+}
+
+}  // namespace
+
+/// stochastic_code_in_range against stochastic_code for floats of magnitude up to a little past
+/// qmax (a stride through them, and a few ulps around every integer), under draws at the ends of
+/// [0, 1) and random ones.
+template <class Code>
+void check_stochastic_code_in_range() {
+  group_params const p{1.0f, 0};
+  std::mt19937 gen(16);
+  float const top = std::nextafter(static_cast<float>(Code::qmax), 1e9f) * 1.0001f;
+  std::int64_t differ = 0, checked = 0;
+  auto same = [&](float v, float u) {
+    for (float s : {v, -v}) {
+      ++checked;
+      if (numeric::stochastic_code_in_range<Code>(s, u) !=
+          numeric::stochastic_code<Code>(s, p, u)) {
+        ++differ;
+      }
+    }
+  };
+  float const draws[] = {0.0f, 5.9604644775390625e-8f, 0.5f, 1.0f - 5.9604644775390625e-8f};
+  std::uint32_t const end = numeric::float_bits(top);
+  for (std::uint32_t b = 0; b < end; b += 211) {
+    same(numeric::bits_float(b), draws[b % 4]);
+    same(numeric::bits_float(b), numeric::uniform24(static_cast<std::uint32_t>(gen())));
+  }
+  for (int k = 0; k <= Code::qmax + 1; ++k) {
+    float lo = static_cast<float>(k), hi = lo;
+    for (int j = 0; j < 4; ++j, lo = std::nextafter(lo, 0.0f), hi = std::nextafter(hi, 1e9f)) {
+      for (float u : draws) {
+        same(lo, u);
+        same(hi, u);
+      }
+    }
+  }
+  CHECK(checked > 2 * static_cast<std::int64_t>(end / 211));
+  CHECK(differ == 0);
+}
+
+TEST_CASE("nearest_code_in_range equals nearest_code below qmax + 1/2") {
+  check_nearest_code_in_range<int_sym<2>>();
+  check_nearest_code_in_range<int_sym<4>>();
+  check_nearest_code_in_range<int_sym<8>>();
+}
+
+TEST_CASE("stochastic_code_in_range equals stochastic_code for quotients that are not NaN") {
+  check_stochastic_code_in_range<int_sym<2>>();
+  check_stochastic_code_in_range<int_sym<4>>();
+  check_stochastic_code_in_range<int_sym<8>>();
+}
+
+TEST_CASE("quantize_member_fragment gives the division's codes for a group's own values") {
+  // Group members only (finite, at most the group's absmax): symmetric codes rounded to nearest
+  // skip the NaN test and the clamp; at every scale exponent and scale format, with ties and the
+  // group's extremes.
+  std::mt19937 gen(13);
+  check_member_fragments_all_scales<int_sym<2>>(gen);
+  check_member_fragments_all_scales<int_sym<4>>(gen);
+  check_member_fragments_all_scales<int_sym<8>>(gen);
+  check_member_fragments_all_scales<uint_asym<4>>(gen);
+  check_member_fragments_all_scales<fp8_e4m3>(gen);
+}
+
+namespace {
+
+template <class Code>
+void check_dequantize_fragment(std::mt19937& gen) {
+  // The largest scale whose products with every b-bit code (-2^(b-1) included) stay finite.
+  float const big = std::numeric_limits<float>::max() / static_cast<float>(Code::qmax + 1);
+  std::vector<float> scales = {0.0f,
+                               1.0f,
+                               0.5f,
+                               std::numeric_limits<float>::denorm_min(),
+                               std::numeric_limits<float>::infinity(),
+                               std::nanf(""),
+                               big};
+  for (int j = 0; j < 6; ++j) {  // around the largest scale whose products stay finite
+    scales.push_back(std::nextafter(scales.back(), std::numeric_limits<float>::max()));
+  }
+  for (float s = big; scales.size() < 20;) scales.push_back(s = std::nextafter(s, 0.0f));
+  for (std::size_t i = 0, n = scales.size(); i < n; ++i) scales.push_back(-scales[i]);
+  for (int i = 0; i < 200; ++i) {
+    scales.push_back(
+        std::ldexp(static_cast<float>(gen() % 1000 + 1), static_cast<int>(gen() % 250) - 140));
+  }
+  for (float s : scales) {
+    std::uint8_t q[8];
+    for (int i = 0; i < 8; ++i)
+      q[i] = static_cast<std::uint8_t>(gen() & numeric::code_mask(Code::bits));
+    q[0] = static_cast<std::uint8_t>(Code::qmax);  // the extremes, and -2^(b-1) (no valid code)
+    q[1] = static_cast<std::uint8_t>((1u << Code::bits) - Code::qmax);
+    q[2] = static_cast<std::uint8_t>(1u << (Code::bits - 1));
+    float v[8];
+    dequantize_fragment<Code>(q, group_params{s, 0}, v);
+    for (int i = 0; i < 8; ++i) {
+      CAPTURE(s);
+      CAPTURE(int{q[i]});
+      float const ref = decode<Code>(q[i], group_params{s, 0});
+      REQUIRE((same_bits(v[i], ref) || (std::isnan(v[i]) && std::isnan(ref))));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("dequantize_fragment equals decode, saturation included") {
+  std::mt19937 gen(14);
+  check_dequantize_fragment<int_sym<2>>(gen);
+  check_dequantize_fragment<int_sym<4>>(gen);
+  check_dequantize_fragment<int_sym<8>>(gen);
+}
+
+TEST_CASE("dequantize_packed equals unpack_fragment then dequantize_fragment") {
+  std::mt19937_64 gen(15);
+  auto check = [&](auto code) {
+    using Code = decltype(code);
+    constexpr int n = 64 / Code::bits < 8 ? 64 / Code::bits : 8;
+    for (float s : {1.0f, 0.75f, 3e-20f, std::numeric_limits<float>::max() / 128.0f,
+                    std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+                    std::nanf(""), 0.0f, -0.75f, -std::numeric_limits<float>::max(),
+                    -std::numeric_limits<float>::infinity()}) {
+      for (int trial = 0; trial < 2000; ++trial) {
+        std::uint64_t const w = gen();
+        std::uint8_t q[n];
+        unpack_fragment<Code::bits>(w, q);
+        float ref[n], v[n];
+        dequantize_fragment<Code>(q, group_params{s, 0}, ref);
+        dequantize_packed<Code>(w, group_params{s, 0}, v);
+        for (int i = 0; i < n; ++i) {
+          CAPTURE(s);
+          CAPTURE(w);
+          REQUIRE((same_bits(v[i], ref[i]) || (std::isnan(v[i]) && std::isnan(ref[i]))));
+        }
+      }
+    }
+  };
+  check(int_sym<2>{});
+  check(int_sym<4>{});
+  check(int_sym<8>{});
+  check(uint_asym<4>{});
+  check(fp8_e4m3{});
 }

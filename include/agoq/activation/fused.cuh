@@ -59,6 +59,10 @@ struct no_save {
                             float const (&)[run]) const noexcept {
     return 0;
   }
+  template <int Runs>
+  __device__ int slot(device::linear_slot const&, bool, float const (&)[Runs][run]) const noexcept {
+    return 0;
+  }
 };
 
 /// The saved copy of a per-group scheme with G = Lanes * 8, from the lanes holding a group.
@@ -73,7 +77,21 @@ struct lane_save {
     return device::quantize_group_lanes<Code, Rounding, Lanes>(out, row, col, count, group, lane, v,
                                                                seed, offset);
   }
+  /// The saved copy of the Runs runs one lane holds of a group where whole groups tile the rows
+  /// (device::quantize_group_slot, Lanes / Runs lanes per group).
+  template <int Runs>
+  __device__ int slot(device::linear_slot const& s, bool active,
+                      float const (&v)[Runs][run]) const noexcept {
+    return device::quantize_group_slot<Code, Rounding, Lanes / Runs>(out, s, active, v, seed,
+                                                                     offset);
+  }
 };
+
+/// Runs a thread of the forward ops holds of one group where whole groups tile the rows: two, as
+/// the ops' own values and temporaries share the registers (four took the residual add and GeLU to
+/// 80 and 86 registers on sm_90, two leave them at 47 and 48).
+inline constexpr int slot_runs_log2 = 1;
+inline constexpr int slot_runs = 1 << slot_runs_log2;
 
 /// Calls f(run, group, lane) for every thread's run of a [rows, cols] tensor: with Lanes lanes per
 /// group of Lanes * 8 columns when Lanes > 1 (every lane of a warp calls f together), else one
@@ -93,6 +111,36 @@ __device__ inline void for_each_run(std::int64_t rows, std::int64_t cols, F&& f)
     agoq::detail::gpu::block_uniform_loop(
         units, [&](std::int64_t u) { f(device::unit_run(u, rows, cols), std::int64_t{0}, 0u); });
   }
+}
+
+/// The forward ops' walk: where a save of Lanes >= slot_runs lanes per group has whole groups
+/// tiling the rows, calls slot(s, active) for every thread's slot of slot_runs runs of one
+/// group (device::linear_group_slot, flat row-major runs; every lane of a warp calls it together;
+/// an inactive slot, past the end, names runs of the first group and must store nothing), so that
+/// the save reduces each group once per slot_runs runs; else for_each_run<Lanes>(rows, cols,
+/// each). 64-bit.
+template <int Lanes, class Each, class Slot>
+__device__ inline void for_each_run_or_slot(std::int64_t rows, std::int64_t cols, Each&& each,
+                                            Slot&& slot) {
+  if constexpr (Lanes >= slot_runs) {
+    if (cols % (std::int64_t{Lanes} * run) == 0) {
+      constexpr int lanes_log2 = cuda::std::countr_zero(unsigned{Lanes});
+      std::int64_t const slots = (rows * (cols / run)) >> slot_runs_log2;
+      agoq::detail::gpu::block_uniform_loop(slots, [&](std::int64_t t) {
+        bool const active = t < slots;
+        device::linear_slot s = device::linear_group_slot(t, lanes_log2, slot_runs_log2);
+        if (!active) s.first = s.place;
+        slot(s, active);
+      });
+      return;
+    }
+  }
+  for_each_run<Lanes>(rows, cols, each);
+}
+
+/// The flat index of run k of a slot's first element.
+__device__ inline std::int64_t slot_at(device::linear_slot const& s, int k) noexcept {
+  return (s.first + k * s.lanes) * run;
 }
 
 /// Decodes the run r of a saved tensor (any grouping) as Code; returns the values decoded under a
@@ -361,8 +409,15 @@ AGOQ_KERNEL void swiglu_forward_kernel(G const* gate, U const* up, O* out, std::
                                        std::int64_t cols, Save sg, Save su,
                                        unsigned long long* nonfinite) {
   unsigned long long bad = 0;
-  for_each_run<Save::lanes>(
-      rows, cols, [&](device::element_run const& r, std::int64_t group, unsigned lane) {
+  auto op = [&](std::int64_t at, int count, float const(&g)[run], float const(&u)[run]) {
+    float o[run];
+#pragma unroll
+    for (int i = 0; i < run; ++i) o[i] = fused_detail::swiglu(g[i], u[i]);
+    agoq::detail::gpu::store_run(out + at, count, o);
+  };
+  for_each_run_or_slot<Save::lanes>(
+      rows, cols,
+      [&](device::element_run const& r, std::int64_t group, unsigned lane) {
         float g[run] = {}, u[run] = {};
         std::int64_t const at = r.row * cols + r.col;
         if (r.count > 0) {
@@ -371,12 +426,20 @@ AGOQ_KERNEL void swiglu_forward_kernel(G const* gate, U const* up, O* out, std::
         }
         bad += static_cast<unsigned long long>(sg(r.row, r.col, r.count, group, lane, g));
         bad += static_cast<unsigned long long>(su(r.row, r.col, r.count, group, lane, u));
-        if (r.count > 0) {
-          float o[run];
+        if (r.count > 0) op(at, r.count, g, u);
+      },
+      [&](device::linear_slot const& s, bool active) {
+        float g[slot_runs][run], u[slot_runs][run];
 #pragma unroll
-          for (int i = 0; i < run; ++i) o[i] = fused_detail::swiglu(g[i], u[i]);
-          agoq::detail::gpu::store_run(out + at, r.count, o);
+        for (int k = 0; k < slot_runs; ++k) {
+          agoq::detail::gpu::load_run(gate + slot_at(s, k), run, g[k]);
+          agoq::detail::gpu::load_run(up + slot_at(s, k), run, u[k]);
         }
+        bad += static_cast<unsigned long long>(sg.slot(s, active, g));
+        bad += static_cast<unsigned long long>(su.slot(s, active, u));
+        if (!active) return;
+#pragma unroll
+        for (int k = 0; k < slot_runs; ++k) op(slot_at(s, k), run, g[k], u[k]);
       });
   add_warp_count(nonfinite, bad);
 }
@@ -411,18 +474,31 @@ template <class X, class Y, class Save>
 AGOQ_KERNEL void gelu_forward_kernel(X const* x, Y* y, std::int64_t rows, std::int64_t cols,
                                      Save save, unsigned long long* nonfinite) {
   unsigned long long bad = 0;
-  for_each_run<Save::lanes>(
-      rows, cols, [&](device::element_run const& r, std::int64_t group, unsigned lane) {
+  auto op = [&](std::int64_t at, int count, float const(&v)[run]) {
+    float o[run];
+#pragma unroll
+    for (int i = 0; i < run; ++i) o[i] = fused_detail::gelu(v[i]);
+    agoq::detail::gpu::store_run(y + at, count, o);
+  };
+  for_each_run_or_slot<Save::lanes>(
+      rows, cols,
+      [&](device::element_run const& r, std::int64_t group, unsigned lane) {
         float v[run] = {};
         std::int64_t const at = r.row * cols + r.col;
         if (r.count > 0) agoq::detail::gpu::load_run(x + at, r.count, v);
         bad += static_cast<unsigned long long>(save(r.row, r.col, r.count, group, lane, v));
-        if (r.count > 0) {
-          float o[run];
+        if (r.count > 0) op(at, r.count, v);
+      },
+      [&](device::linear_slot const& s, bool active) {
+        float v[slot_runs][run];
 #pragma unroll
-          for (int i = 0; i < run; ++i) o[i] = fused_detail::gelu(v[i]);
-          agoq::detail::gpu::store_run(y + at, r.count, o);
+        for (int k = 0; k < slot_runs; ++k) {
+          agoq::detail::gpu::load_run(x + slot_at(s, k), run, v[k]);
         }
+        bad += static_cast<unsigned long long>(save.slot(s, active, v));
+        if (!active) return;
+#pragma unroll
+        for (int k = 0; k < slot_runs; ++k) op(slot_at(s, k), run, v[k]);
       });
   add_warp_count(nonfinite, bad);
 }
@@ -452,23 +528,45 @@ template <class A, class B, class S, class Save>
 AGOQ_KERNEL void residual_add_kernel(A const* a, B const* b, S* sum, std::int64_t rows,
                                      std::int64_t cols, Save save, unsigned long long* nonfinite) {
   unsigned long long bad = 0;
-  for_each_run<Save::lanes>(
-      rows, cols, [&](device::element_run const& r, std::int64_t group, unsigned lane) {
+  // The sums of one run as stored (rounded to S): the saved copy quantizes them, as the CPU op
+  // does.
+  auto add = [](float const(&av)[run], float const(&bv)[run], int count, float(&s)[run]) {
+#pragma unroll
+    for (int i = 0; i < run; ++i) {
+      s[i] = i < count ? numeric::to_float(numeric::from_float<S>(__fadd_rn(av[i], bv[i]))) : 0.0f;
+    }
+  };
+  for_each_run_or_slot<Save::lanes>(
+      rows, cols,
+      [&](device::element_run const& r, std::int64_t group, unsigned lane) {
         float s[run] = {};
         std::int64_t const at = r.row * cols + r.col;
         if (r.count > 0) {
           float av[run], bv[run];
           agoq::detail::gpu::load_run(a + at, r.count, av);
           agoq::detail::gpu::load_run(b + at, r.count, bv);
-#pragma unroll
-          for (int i = 0; i < run; ++i) {
-            // The saved copy quantizes the sum as stored (rounded to S), as the CPU op does.
-            s[i] = i < r.count ? numeric::to_float(numeric::from_float<S>(__fadd_rn(av[i], bv[i])))
-                               : 0.0f;
-          }
+          add(av, bv, r.count, s);
           agoq::detail::gpu::store_run(sum + at, r.count, s);
         }
         bad += static_cast<unsigned long long>(save(r.row, r.col, r.count, group, lane, s));
+      },
+      [&](device::linear_slot const& sl, bool active) {
+        // Every load before the first store: the sum may be a's or b's very buffer.
+        float av[slot_runs][run], bv[slot_runs][run], s[slot_runs][run];
+#pragma unroll
+        for (int k = 0; k < slot_runs; ++k) {
+          agoq::detail::gpu::load_run(a + slot_at(sl, k), run, av[k]);
+          agoq::detail::gpu::load_run(b + slot_at(sl, k), run, bv[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < slot_runs; ++k) add(av[k], bv[k], run, s[k]);
+        if (active) {
+#pragma unroll
+          for (int k = 0; k < slot_runs; ++k) {
+            agoq::detail::gpu::store_run(sum + slot_at(sl, k), run, s[k]);
+          }
+        }
+        bad += static_cast<unsigned long long>(save.slot(sl, active, s));
       });
   add_warp_count(nonfinite, bad);
 }

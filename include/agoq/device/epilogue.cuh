@@ -56,11 +56,71 @@ __device__ inline int quantize_group_lanes(quantized_view const& out, std::int64
   if (count > 0) {
     if (lane % Lanes == 0) store_group_params(out, group, p);
     std::uint8_t q[N];
-    quantize_fragment<Code, Rounding>(v, p, seed,
-                                      offset + static_cast<std::uint64_t>(row * out.cols + col), q);
+    std::uint64_t const first = offset + static_cast<std::uint64_t>(row * out.cols + col);
+    if (bad == 0) {
+      quantize_member_fragment<Code, Rounding>(v, p, seed, first, q);
+    } else {
+      quantize_fragment<Code, Rounding>(v, p, seed, first, q);
+    }
     std::int64_t const row_bytes = (out.cols * Code::bits + 7) / 8;
     store_packed<Code::bits, N>(out.codes + row * row_bytes + col * Code::bits / 8, count,
                                 pack_fragment<Code::bits>(q, count));
+  }
+  return bad;
+}
+
+/// Quantizes the `Runs` runs of N elements that this lane holds of one group of a per-group scheme
+/// whose whole groups tile the view's rows (cols a multiple of G = N * Runs * Lanes): runs
+/// slot.first + k * slot.lanes of the flat row-major tensor (device::linear_group_slot), with
+/// values v[k]. The group's Lanes consecutive lanes (a power of two of at most 32, aligned in the
+/// warp) reduce its statistics once for all their runs, the first stores its parameters, and every
+/// lane encodes its runs (quantize_member_fragment where all its values are finite, else
+/// quantize_fragment) and stores their packed codes. A lane of a group past the end passes
+/// active = false: it takes part in the shuffles and stores nothing. Returns this lane's count of
+/// non-finite values (0 when inactive). Every lane of the warp must call it together. The codes
+/// equal the CPU executor's. Device only.
+template <code_format Code, rounding_mode Rounding, int Lanes, int Runs, int N>
+__device__ inline int quantize_group_slot(quantized_view const& out, linear_slot const& slot,
+                                          bool active, float const (&v)[Runs][N],
+                                          std::uint64_t seed, std::uint64_t offset) noexcept {
+  group_stats st;
+  bool any = false;
+  int bad = 0;
+  // Symmetric and FP8 codes: the absolute maximum as an unsigned maximum of magnitude bits (which
+  // orders non-negative floats as the floats), the per-element finite test only where it fails.
+  std::uint32_t m = Code::has_zero_point ? 0x7f800000u : 0u;
+  if constexpr (!Code::has_zero_point) {
+    AGOQ_UNROLL
+    for (int k = 0; k < Runs; ++k) {
+      AGOQ_UNROLL
+      for (int i = 0; i < N; ++i) {
+        std::uint32_t const a = numeric::float_bits(v[k][i]) & 0x7fffffffu;
+        m = a > m ? a : m;
+      }
+    }
+    st.absmax = numeric::bits_float(m);
+  }
+  if (m >= 0x7f800000u) {
+    st = group_stats{};
+    AGOQ_UNROLL
+    for (int k = 0; k < Runs; ++k) bad += fragment_stats(v[k], N, st, any);
+  }
+  st = group_allreduce<Code, Lanes>(st, any);
+  group_params const p = make_group_params<Code>(out.spec.scale, st);
+  if (!active) return 0;
+  if (slot.place == 0) store_group_params(out, slot.group, p);
+  AGOQ_UNROLL
+  for (int k = 0; k < Runs; ++k) {
+    std::int64_t const u = slot.first + k * slot.lanes;
+    std::uint64_t const first = offset + static_cast<std::uint64_t>(u * N);
+    std::uint8_t q[N];
+    if (bad == 0) {
+      quantize_member_fragment<Code, Rounding>(v[k], p, seed, first, q);
+    } else {
+      quantize_fragment<Code, Rounding>(v[k], p, seed, first, q);
+    }
+    store_packed<Code::bits, N>(out.codes + u * (N * Code::bits / 8), N,
+                                pack_fragment<Code::bits>(q));
   }
   return bad;
 }

@@ -101,6 +101,30 @@ AGOQ_HOST_DEVICE constexpr element_run group_lane_run(std::int64_t t, std::int64
   return padded_group_lane_run(t, group_size, group_size / elements_per_thread, rows, cols, group);
 }
 
+/// The runs of one thread (slot) of the linear per-group kernels, where whole groups tile the
+/// tensor in row-major order (cols a multiple of G): group g is runs [g R, (g + 1) R) of
+/// elements_per_thread elements each, R = 2^runs_per_group_log2, and R / S consecutive slots
+/// share it (S = 2^slot_runs_log2 runs per slot): slot t holds runs first + k * lanes (k < S) of
+/// group t / lanes, lanes = R / S, first = group * R + place. So each of a group's loads k is one
+/// contiguous piece across its lanes. Shifts only. Host and device.
+struct linear_slot {
+  std::int64_t group = 0;  ///< the group's index (row-major)
+  std::int64_t first = 0;  ///< the slot's first run
+  std::int64_t lanes = 1;  ///< slots per group, the stride between the slot's runs
+  int place = 0;           ///< the slot's place among its group's slots
+};
+
+AGOQ_HOST_DEVICE constexpr linear_slot linear_group_slot(std::int64_t t, int runs_per_group_log2,
+                                                         int slot_runs_log2) noexcept {
+  int const lanes_log2 = runs_per_group_log2 - slot_runs_log2;
+  linear_slot s;
+  s.lanes = std::int64_t{1} << lanes_log2;
+  s.group = t >> lanes_log2;
+  s.place = static_cast<int>(t & (s.lanes - 1));
+  s.first = (s.group << runs_per_group_log2) + s.place;
+  return s;
+}
+
 /// Walks the groups of consecutive columns of one row with one division up front: `group` is the
 /// group-grid index of the current column. Host and device.
 struct group_cursor {

@@ -117,26 +117,91 @@ AGOQ_HOST_DEVICE inline void quantize_fragment(float const (&v)[N], group_params
   }
 }
 
-/// Dequantizes N codes (one per byte) of one group. Host and device.
+/// quantize_fragment for a fragment of finite values of the group that `p` was made for
+/// (make_group_params of statistics that include every v[i] the caller stores): the same codes for
+/// those values. A symmetric integer code rounded to nearest then needs no NaN test, clamp or
+/// choice of quotient: |v[i]| <= absmax and the scale is at least RN(absmax / qmax), so
+/// |v[i] / scale| <= qmax (1 + 2^-23) < qmax + 1/2, and each code is
+/// numeric::nearest_code_in_range of the divisor's corrected quotient: two multiplies, two fused
+/// multiply-adds and an add per element. Stochastic rounding keeps the clamp (its floor may step
+/// past qmax) but not the NaN test (numeric::stochastic_code_in_range); other codes take
+/// quantize_fragment. Host and device.
+template <code_format Code, rounding_mode Rounding, int N>
+AGOQ_HOST_DEVICE inline void quantize_member_fragment(float const (&v)[N], group_params p,
+                                                      std::uint64_t seed,
+                                                      std::uint64_t first_position,
+                                                      std::uint8_t (&q)[N]) noexcept {
+  if constexpr (Code::kind == code_kind::int_sym) {
+    if (p.scale == 0.0f) {
+      AGOQ_UNROLL
+      for (int i = 0; i < N; ++i) q[i] = numeric::zero_scale_code<Code>(p);
+      return;
+    }
+    numeric::scale_divisor const divide(p.scale);
+    if constexpr (Rounding::kind == rounding_kind::nearest) {
+      AGOQ_UNROLL
+      for (int i = 0; i < N; ++i) {
+        q[i] = numeric::nearest_code_in_range<Code>(divide.corrected(v[i]));
+      }
+    } else {
+      float u[N];
+      fragment_draws(seed, first_position, u);
+      AGOQ_UNROLL
+      for (int i = 0; i < N; ++i) {
+        q[i] = numeric::stochastic_code_in_range<Code>(divide.corrected(v[i]), u[i]);
+      }
+    }
+  } else {
+    quantize_fragment<Code, Rounding>(v, p, seed, first_position, q);
+  }
+}
+
+namespace fragment_detail {
+
+/// True when no b-bit code of a symmetric integer Code, -2^(b-1) included, decodes past ±FLT_MAX
+/// under `scale`: |2^(b-1) scale| <= FLT_MAX (the product exact, a power of two; false for NaN).
+template <code_format Code>
+AGOQ_HOST_DEVICE constexpr bool unsaturated(float scale) noexcept {
+  float const extreme = static_cast<float>(Code::qmax + 1) * scale;
+  return extreme <= numeric::max_finite_float && extreme >= -numeric::max_finite_float;
+}
+
+}  // namespace fragment_detail
+
+/// Dequantizes N codes (one per byte) of one group: decode's values. For symmetric integer codes
+/// under a scale that no code's product can take past ±FLT_MAX (fragment_detail::unsaturated) the
+/// products are taken without decode's saturation (a multiply per element). Host and device.
 template <code_format Code, int N>
 AGOQ_HOST_DEVICE inline void dequantize_fragment(std::uint8_t const (&q)[N], group_params p,
                                                  float (&v)[N]) noexcept {
+  if constexpr (Code::kind == code_kind::int_sym) {
+    if (fragment_detail::unsaturated<Code>(p.scale)) {
+      AGOQ_UNROLL
+      for (int i = 0; i < N; ++i) {
+        v[i] = static_cast<float>(numeric::sign_extend(q[i], Code::bits)) * p.scale;
+      }
+      return;
+    }
+  }
   AGOQ_UNROLL
   for (int i = 0; i < N; ++i) v[i] = decode<Code>(q[i], p);
 }
 
 /// Packs the first `count` of N codes of `Bits` bits, least significant bits first, into the low
-/// bytes of a 64-bit word (N * Bits <= 64); unused bits are zero. Host and device.
+/// bytes of a 64-bit word (N * Bits <= 64); unused bits are zero. Built as two 32-bit words,
+/// which the GPU assembles with byte permutes and 32-bit shifts. Host and device.
 template <int Bits, int N>
 AGOQ_HOST_DEVICE constexpr std::uint64_t pack_fragment(std::uint8_t const (&q)[N],
                                                        int count = N) noexcept {
   static_assert(N * Bits <= 64, "pack_fragment: the fragment does not fit 64 bits");
-  std::uint64_t w = 0;
+  constexpr int per_word = 32 / Bits;
+  std::uint32_t w[2] = {0u, 0u};
   AGOQ_UNROLL
   for (int i = 0; i < N; ++i) {
-    if (i < count) w |= std::uint64_t{q[i]} << (Bits * i);
+    std::uint32_t const c = i < count ? std::uint32_t{q[i]} : 0u;
+    w[i / per_word] |= c << (Bits * (i % per_word));
   }
-  return w;
+  return std::uint64_t{w[0]} | (std::uint64_t{w[1]} << 32);
 }
 
 /// Unpacks N codes of `Bits` bits from the low bytes of a 64-bit word. Host and device.
@@ -147,6 +212,33 @@ AGOQ_HOST_DEVICE constexpr void unpack_fragment(std::uint64_t w, std::uint8_t (&
   for (int i = 0; i < N; ++i) {
     q[i] = static_cast<std::uint8_t>((w >> (Bits * i)) & numeric::code_mask(Bits));
   }
+}
+
+/// dequantize_fragment of the N codes packed in w (unpack_fragment's layout, N * Bits <= 64): the
+/// same values. Symmetric 2- and 4-bit codes under a scale that cannot saturate are sign-extended
+/// in place by a pair of shifts of the 32-bit half that holds them (no unpacking into bytes and no
+/// xor-subtract; 8-bit codes convert from their byte, which the GPU's conversion selects itself).
+/// Host and device.
+template <code_format Code, int N>
+AGOQ_HOST_DEVICE inline void dequantize_packed(std::uint64_t w, group_params p,
+                                               float (&v)[N]) noexcept {
+  static_assert(N * Code::bits <= 64, "dequantize_packed: the fragment does not fit 64 bits");
+  if constexpr (Code::kind == code_kind::int_sym && Code::bits < 8) {
+    if (fragment_detail::unsaturated<Code>(p.scale)) {
+      constexpr int per_word = 32 / Code::bits;
+      AGOQ_UNROLL
+      for (int i = 0; i < N; ++i) {
+        auto const half = static_cast<std::uint32_t>(w >> (32 * (i / per_word)));
+        int const shift = 32 - Code::bits * (i % per_word + 1);
+        auto const q = static_cast<std::int32_t>(half << shift) >> (32 - Code::bits);
+        v[i] = static_cast<float>(q) * p.scale;
+      }
+      return;
+    }
+  }
+  std::uint8_t q[N];
+  unpack_fragment<Code::bits>(w, q);
+  dequantize_fragment<Code>(q, p, v);
 }
 
 }  // namespace agoq::device

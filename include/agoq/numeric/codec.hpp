@@ -68,11 +68,20 @@ struct scale_divisor {
 
   /// x / scale as the codes see it (see above). Host and device.
   AGOQ_HOST_DEVICE float operator()(float x) const noexcept {
+    float const q = x * factor * reciprocal;
+    float const v = corrected(x);
+    return v != v || q == 0.0f ? q : v;
+  }
+
+  /// Markstein's corrected quotient v itself, without operator()'s choice of q: the same value
+  /// where q is a finite non-zero float, and a zero (perhaps of the other sign) where q is zero;
+  /// so the same integer code for every finite x whose quotient |x / scale| is at most 2^17. Host
+  /// and device.
+  AGOQ_HOST_DEVICE float corrected(float x) const noexcept {
     float const xs = x * factor;
     float const q = xs * reciprocal;
     float const e = cuda::std::fma(q, scale, -xs);
-    float const v = cuda::std::fma(-e, reciprocal, q);
-    return v != v || q == 0.0f ? q : v;
+    return cuda::std::fma(-e, reciprocal, q);
   }
 };
 
@@ -189,6 +198,28 @@ AGOQ_HOST_DEVICE inline std::uint8_t nearest_code(float v, group_params p) noexc
   } else {
     return integer_code<Code>(rne_small(clamped_quotient<Code>(v, p)), p);
   }
+}
+
+/// nearest_code for a symmetric integer code and a quotient |v| < qmax + 1/2 (so not NaN, and no
+/// clamp binds): the low bits of v + 1.5 * 2^23, whose sum rounds v half to even (as rne_small)
+/// and holds the result in its low bits in two's complement, without the NaN test, the clamp and
+/// the conversions. Host and device.
+template <code_format Code>
+requires(Code::kind == code_kind::int_sym) AGOQ_HOST_DEVICE inline std::uint8_t
+    nearest_code_in_range(float v) noexcept {
+  constexpr float magic = 12582912.0f;  // 1.5 * 2^23
+  return static_cast<std::uint8_t>(float_bits(v + magic) & code_mask(Code::bits));
+}
+
+/// stochastic_code for a symmetric integer code and a quotient that is not NaN: the clamp to
+/// [-qmax, qmax], floor_stochastic, and the code read from the low bits of the result + 1.5 * 2^23
+/// (as nearest_code_in_range), without the NaN test and the conversion. Host and device.
+template <code_format Code>
+requires(Code::kind == code_kind::int_sym) AGOQ_HOST_DEVICE inline std::uint8_t
+    stochastic_code_in_range(float v, float u) noexcept {
+  constexpr float hi = static_cast<float>(Code::qmax);
+  float const c = v < -hi ? -hi : (v > hi ? hi : v);
+  return nearest_code_in_range<Code>(floor_stochastic(c, u));
 }
 
 /// The code of stochastic rounding of the quotient v = x / scale of a group whose scale is not 0,

@@ -4,8 +4,10 @@
 /// device/partition.hpp's, and the launchers are in quantize.cuh.
 ///
 /// Two quantize paths:
-/// - one pass for per-group schemes with G in {32, 64, 128, 256}: G / 8 consecutive lanes load a
-///   group, reduce its statistics with shuffles, and each encodes its own 8 elements;
+/// - one pass for per-group schemes with G in {32, 64, 128, 256}: the lanes holding a group reduce
+///   its statistics with shuffles and each encodes its own elements; G / 32 lanes of four runs of
+///   8 where whole groups tile the rows and the input is aligned (quantize_groups_linear), G / 8
+///   lanes of one run elsewhere;
 /// - three passes for every other grouping (tensor, row, column, blocks, other G): statistics
 ///   into per-group accumulators with atomics, one thread per group for the parameters, then the
 ///   encoding. Input is read twice, which these groupings need anyway.
@@ -13,6 +15,9 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
+
+#include <cuda/std/bit>
 
 #include "../../device/epilogue.cuh"
 #include "../../device/partition.hpp"
@@ -60,14 +65,130 @@ __device__ inline void block_uniform_loop(std::int64_t total, F&& f) {
   }
 }
 
+/// Runs each thread of the linear fast paths handles per loop iteration, all loaded before the
+/// first is used: more bytes in flight per thread hide the memory latency that one 16-byte load
+/// per iteration left exposed.
+inline constexpr int runs_in_flight_log2 = 2;
+inline constexpr int runs_in_flight = 1 << runs_in_flight_log2;
+
+/// Loads a whole run from a 16-byte aligned address (the fast paths check alignment once).
+template <class T>
+__device__ inline void load_whole_run(T const* x, float (&v)[run]) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    float4 const a = __ldg(reinterpret_cast<float4 const*>(x));
+    float4 const b = __ldg(reinterpret_cast<float4 const*>(x) + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    uint4 const a = __ldg(reinterpret_cast<uint4 const*>(x));
+    std::uint32_t const w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = numeric::to_float(cuda::std::bit_cast<T>(static_cast<std::uint16_t>(w[i])));
+      v[2 * i + 1] =
+          numeric::to_float(cuda::std::bit_cast<T>(static_cast<std::uint16_t>(w[i] >> 16)));
+    }
+  }
+}
+
+/// Stores a whole run at a 16-byte aligned address, rounding to nearest even (as store_run).
+template <class T>
+__device__ inline void store_run_aligned(T* y, float const (&v)[run]) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    reinterpret_cast<float4*>(y)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(y)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    std::uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[i] = std::uint32_t{numeric::raw_bits(numeric::from_float<T>(v[2 * i]))} |
+             (std::uint32_t{numeric::raw_bits(numeric::from_float<T>(v[2 * i + 1]))} << 16);
+    }
+    *reinterpret_cast<uint4*>(y) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+/// Reads group g's parameters with one aligned load; the same values as load_group_params.
+template <class Byte>
+__device__ inline group_params load_params_aligned(basic_quantized_view<Byte> const& v,
+                                                   std::int64_t g) noexcept {
+  group_params p;
+  switch (v.spec.scale) {
+    case scale_format::f32:
+      p.scale = scale_f32::load(__ldg(reinterpret_cast<float const*>(v.scales) + g));
+      break;
+    case scale_format::bf16:
+      p.scale = scale_bf16::load(__ldg(reinterpret_cast<std::uint16_t const*>(v.scales) + g));
+      break;
+    case scale_format::e8m0:
+      p.scale = scale_e8m0::load(__ldg(v.scales + g));
+      break;
+  }
+  if (v.zero_points) p.zero_point = __ldg(v.zero_points + g);
+  return p;
+}
+
+/// The packed codes of one whole run, `run * Bits / 8` bytes, as one aligned access.
+template <int Bits>
+using packed_run_t =
+    std::conditional_t<run * Bits == 64, std::uint64_t,
+                       std::conditional_t<run * Bits == 32, std::uint32_t, std::uint16_t>>;
+
+/// True when the quantized buffers of `v` allow the fast paths' aligned accesses: codes aligned
+/// to one run's packed bytes, scales to their size.
+template <int Bits, class Byte>
+__device__ inline bool params_and_codes_aligned(basic_quantized_view<Byte> const& v) noexcept {
+  return aligned(v.codes, sizeof(packed_run_t<Bits>)) &&
+         aligned(v.scales, v.spec.scale == scale_format::f32    ? 4
+                           : v.spec.scale == scale_format::bf16 ? 2
+                                                                : 1);
+}
+
+/// The linear fast path of the one-pass kernel, for cols % G == 0 and a 16-byte aligned input:
+/// whole groups then tile the tensor in row-major order (group g is runs [g Lanes, (g + 1) Lanes),
+/// run u elements [8u, 8u + 8) and codes from byte u * Bits), so there is no division and no
+/// partial run. A group is held by Lanes / runs_in_flight lanes, each holding runs_in_flight of
+/// its runs (device::linear_group_slot): all its loads are in flight at once, each load is
+/// coalesced with the group's other lanes', and the statistics, the shuffles, the parameters and
+/// the divisor are made once per runs_in_flight runs (device::quantize_group_slot).
+template <class T, class Code, class Rounding, int Lanes>
+__device__ inline void quantize_groups_linear(T const* x, quantized_view const& out,
+                                              std::uint64_t seed, std::uint64_t offset,
+                                              unsigned long long& bad) {
+  constexpr int lanes = Lanes / runs_in_flight;  // lanes per group
+  static_assert(lanes >= 1 && lanes * runs_in_flight == Lanes && (lanes & (lanes - 1)) == 0);
+  std::int64_t const groups = out.rows * (out.cols / (std::int64_t{Lanes} * run));
+  std::int64_t const slots = groups * lanes;
+  block_uniform_loop(slots, [&](std::int64_t t) {
+    bool const active = t < slots;
+    device::linear_slot slot =
+        device::linear_group_slot(t, cuda::std::countr_zero(unsigned{Lanes}), runs_in_flight_log2);
+    // Slots past the end (whole groups of them) load the first group instead, to keep the loads
+    // unpredicated; they store nothing.
+    if (!active) slot.first = slot.place;
+    float v[runs_in_flight][run];
+#pragma unroll
+    for (int k = 0; k < runs_in_flight; ++k) {
+      load_whole_run(x + (slot.first + k * lanes) * run, v[k]);
+    }
+    bad += static_cast<unsigned long long>(
+        device::quantize_group_slot<Code, Rounding, lanes>(out, slot, active, v, seed, offset));
+  });
+}
+
 /// One-pass quantization of per-group schemes with G = Lanes * 8.
 template <class T, class Code, class Rounding, int Lanes>
 AGOQ_KERNEL void quantize_groups_kernel(T const* x, quantized_view out, std::uint64_t seed,
                                         std::uint64_t offset, unsigned long long* nonfinite) {
   constexpr std::int64_t group_size = std::int64_t{Lanes} * run;
   std::int64_t const rows = out.rows, cols = out.cols;
-  std::int64_t const threads = rows * ((cols + group_size - 1) / group_size) * Lanes;
   unsigned long long bad = 0;
+  if (cols % group_size == 0 && aligned(x, 16)) {
+    quantize_groups_linear<T, Code, Rounding, Lanes>(x, out, seed, offset, bad);
+    add_warp_count(nonfinite, bad);
+    return;
+  }
+  std::int64_t const threads = rows * ((cols + group_size - 1) / group_size) * Lanes;
   block_uniform_loop(threads, [&](std::int64_t t) {
     std::int64_t group = 0;
     device::element_run const r = device::group_lane_run(t, group_size, rows, cols, group);
@@ -204,12 +325,46 @@ AGOQ_KERNEL void encode_kernel(T const* x, quantized_view out, quantized_layout 
   });
 }
 
+/// The linear fast path of dequantization, for per-group schemes whose G is a power of two of at
+/// least 8 * runs_in_flight dividing cols, and aligned buffers (groups then tile the tensor in
+/// row-major order): each thread holds runs_in_flight runs of one group
+/// (device::linear_group_slot), so it loads their codes at once and the group's parameters once.
+template <class T, class Code>
+__device__ inline void dequantize_linear(const_quantized_view const& in, quantized_layout const& l,
+                                         T* y, unsigned long long& bad) {
+  int const runs_log2 = __ffsll(l.tile.cols / run) - 1;  // runs per group = 2^runs_log2
+  std::int64_t const slots = (l.rows * (l.cols / run)) >> runs_in_flight_log2;
+  block_uniform_loop(slots, [&](std::int64_t t) {
+    if (t >= slots) return;
+    device::linear_slot const slot = device::linear_group_slot(t, runs_log2, runs_in_flight_log2);
+    auto const* codes = reinterpret_cast<packed_run_t<Code::bits> const*>(in.codes);
+    packed_run_t<Code::bits> w[runs_in_flight];
+#pragma unroll
+    for (int k = 0; k < runs_in_flight; ++k) w[k] = __ldg(codes + slot.first + k * slot.lanes);
+    group_params const p = load_params_aligned(in, slot.group);
+    if (!numeric::is_finite(p.scale)) bad += run * runs_in_flight;
+#pragma unroll
+    for (int k = 0; k < runs_in_flight; ++k) {
+      float v[run];
+      device::dequantize_packed<Code>(static_cast<std::uint64_t>(w[k]), p, v);
+      store_run_aligned(y + (slot.first + k * slot.lanes) * run, v);
+    }
+  });
+}
+
 /// Dequantization, one run per thread; counts outputs decoded under a non-finite scale.
 template <class T, class Code>
 AGOQ_KERNEL void dequantize_kernel(const_quantized_view in, quantized_layout l, T* y,
                                    unsigned long long* nonfinite) {
-  std::int64_t const units = device::unit_count(l.rows, l.cols);
   unsigned long long bad = 0;
+  if (in.spec.grouping == grouping_kind::group && l.tile.rows == 1 &&
+      l.tile.cols >= run * runs_in_flight && (l.tile.cols & (l.tile.cols - 1)) == 0 &&
+      l.cols % l.tile.cols == 0 && aligned(y, 16) && params_and_codes_aligned<Code::bits>(in)) {
+    dequantize_linear<T, Code>(in, l, y, bad);
+    add_warp_count(nonfinite, bad);
+    return;
+  }
+  std::int64_t const units = device::unit_count(l.rows, l.cols);
   block_uniform_loop(units, [&](std::int64_t u) {
     device::element_run const r = device::unit_run(u, l.rows, l.cols);
     if (r.count > 0) {
