@@ -71,43 +71,6 @@ __device__ inline void block_uniform_loop(std::int64_t total, F&& f) {
 inline constexpr int runs_in_flight_log2 = 2;
 inline constexpr int runs_in_flight = 1 << runs_in_flight_log2;
 
-/// Loads a whole run from a 16-byte aligned address (the fast paths check alignment once).
-template <class T>
-__device__ inline void load_whole_run(T const* x, float (&v)[run]) noexcept {
-  if constexpr (std::is_same_v<T, float>) {
-    float4 const a = __ldg(reinterpret_cast<float4 const*>(x));
-    float4 const b = __ldg(reinterpret_cast<float4 const*>(x) + 1);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  } else {
-    uint4 const a = __ldg(reinterpret_cast<uint4 const*>(x));
-    std::uint32_t const w[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[2 * i] = numeric::to_float(cuda::std::bit_cast<T>(static_cast<std::uint16_t>(w[i])));
-      v[2 * i + 1] =
-          numeric::to_float(cuda::std::bit_cast<T>(static_cast<std::uint16_t>(w[i] >> 16)));
-    }
-  }
-}
-
-/// Stores a whole run at a 16-byte aligned address, rounding to nearest even (as store_run).
-template <class T>
-__device__ inline void store_run_aligned(T* y, float const (&v)[run]) noexcept {
-  if constexpr (std::is_same_v<T, float>) {
-    reinterpret_cast<float4*>(y)[0] = make_float4(v[0], v[1], v[2], v[3]);
-    reinterpret_cast<float4*>(y)[1] = make_float4(v[4], v[5], v[6], v[7]);
-  } else {
-    std::uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      w[i] = std::uint32_t{numeric::raw_bits(numeric::from_float<T>(v[2 * i]))} |
-             (std::uint32_t{numeric::raw_bits(numeric::from_float<T>(v[2 * i + 1]))} << 16);
-    }
-    *reinterpret_cast<uint4*>(y) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-}
-
 /// Reads group g's parameters with one aligned load; the same values as load_group_params.
 template <class Byte>
 __device__ inline group_params load_params_aligned(basic_quantized_view<Byte> const& v,
@@ -169,7 +132,7 @@ __device__ inline void quantize_groups_linear(T const* x, quantized_view const& 
     float v[runs_in_flight][run];
 #pragma unroll
     for (int k = 0; k < runs_in_flight; ++k) {
-      load_whole_run(x + (slot.first + k * lanes) * run, v[k]);
+      load_aligned_run<true>(x + (slot.first + k * lanes) * run, v[k]);
     }
     bad += static_cast<unsigned long long>(
         device::quantize_group_slot<Code, Rounding, lanes>(out, slot, active, v, seed, offset));
@@ -347,7 +310,7 @@ __device__ inline void dequantize_linear(const_quantized_view const& in, quantiz
     for (int k = 0; k < runs_in_flight; ++k) {
       float v[run];
       device::dequantize_packed<Code>(static_cast<std::uint64_t>(w[k]), p, v);
-      store_run_aligned(y + (slot.first + k * slot.lanes) * run, v);
+      store_aligned_run(y + (slot.first + k * slot.lanes) * run, v);
     }
   });
 }

@@ -20,47 +20,70 @@ __device__ inline bool aligned(void const* p, std::uintptr_t a) noexcept {
   return (reinterpret_cast<std::uintptr_t>(p) & (a - 1)) == 0;
 }
 
+/// A vector load, through the read-only data cache (__ldg) when ReadOnly: for inputs that no thread
+/// of the kernel writes.
+template <bool ReadOnly, class V>
+__device__ inline V load_vector(V const* p) noexcept {
+  if constexpr (ReadOnly) {
+    return __ldg(p);
+  } else {
+    return *p;
+  }
+}
+
+/// Loads a whole run from a 16-byte aligned address as floats (ReadOnly: see load_vector).
+template <bool ReadOnly = false, class T>
+__device__ inline void load_aligned_run(T const* x, float (&v)[run]) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    float4 const a = load_vector<ReadOnly>(reinterpret_cast<float4 const*>(x));
+    float4 const b = load_vector<ReadOnly>(reinterpret_cast<float4 const*>(x) + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    uint4 const a = load_vector<ReadOnly>(reinterpret_cast<uint4 const*>(x));
+    std::uint32_t const w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = numeric::to_float(cuda::std::bit_cast<T>(static_cast<std::uint16_t>(w[i])));
+      v[2 * i + 1] =
+          numeric::to_float(cuda::std::bit_cast<T>(static_cast<std::uint16_t>(w[i] >> 16)));
+    }
+  }
+}
+
 /// Loads x[0, count) as floats; lanes past count read 0.
 template <class T>
 __device__ inline void load_run(T const* x, int count, float (&v)[run]) noexcept {
   if (count == run && aligned(x, 16)) {
-    if constexpr (std::is_same_v<T, float>) {
-      float4 const a = reinterpret_cast<float4 const*>(x)[0];
-      float4 const b = reinterpret_cast<float4 const*>(x)[1];
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-      v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    } else {
-      uint4 const a = *reinterpret_cast<uint4 const*>(x);
-      std::uint32_t const w[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        v[2 * i] = numeric::to_float(cuda::std::bit_cast<T>(static_cast<std::uint16_t>(w[i])));
-        v[2 * i + 1] =
-            numeric::to_float(cuda::std::bit_cast<T>(static_cast<std::uint16_t>(w[i] >> 16)));
-      }
-    }
+    load_aligned_run(x, v);
     return;
   }
 #pragma unroll
   for (int i = 0; i < run; ++i) v[i] = i < count ? numeric::to_float(x[i]) : 0.0f;
 }
 
+/// Stores a whole run at a 16-byte aligned address, rounding to nearest even.
+template <class T>
+__device__ inline void store_aligned_run(T* y, float const (&v)[run]) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    reinterpret_cast<float4*>(y)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(y)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    std::uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[i] = std::uint32_t{numeric::raw_bits(numeric::from_float<T>(v[2 * i]))} |
+             (std::uint32_t{numeric::raw_bits(numeric::from_float<T>(v[2 * i + 1]))} << 16);
+    }
+    *reinterpret_cast<uint4*>(y) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 /// Stores v[0, count) as T, rounding to nearest even.
 template <class T>
 __device__ inline void store_run(T* y, int count, float const (&v)[run]) noexcept {
   if (count == run && aligned(y, 16)) {
-    if constexpr (std::is_same_v<T, float>) {
-      reinterpret_cast<float4*>(y)[0] = make_float4(v[0], v[1], v[2], v[3]);
-      reinterpret_cast<float4*>(y)[1] = make_float4(v[4], v[5], v[6], v[7]);
-    } else {
-      std::uint32_t w[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        w[i] = std::uint32_t{numeric::raw_bits(numeric::from_float<T>(v[2 * i]))} |
-               (std::uint32_t{numeric::raw_bits(numeric::from_float<T>(v[2 * i + 1]))} << 16);
-      }
-      *reinterpret_cast<uint4*>(y) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+    store_aligned_run(y, v);
     return;
   }
 #pragma unroll
