@@ -84,7 +84,10 @@ void launch_quantize(T const* x, quantized_view const& out, quantize_options opt
         one_pass_lanes{}, [&](auto ln) { return decltype(ln)::value * run == out.spec.group_cols; },
         [&](auto ln) {
           constexpr int lanes_per_group = decltype(ln)::value;
-          std::int64_t const threads = l.groups() * lanes_per_group;
+          // The linear path holds runs_in_flight runs per thread.
+          std::int64_t const threads =
+              l.groups() * lanes_per_group /
+              (quantize_linear(x, l.cols, out.spec.group_cols) ? runs_in_flight : 1);
           quantize_groups_kernel<T, Code, Rounding, lanes_per_group>
               <<<grid_for(threads, pol), pol.block_threads, 0, stream>>>(x, out, opt.seed,
                                                                          opt.offset, nonfinite);
@@ -159,9 +162,16 @@ void dequantize_async(cuda_executor ex, const_quantized_view in, matrix_view<Out
   quantized_layout const l = in.layout();
   device::launch_policy const pol = detail::gpu::current_policy();
   dispatch_code(in.spec, [&](auto code) {
-    detail::gpu::dequantize_kernel<Out, decltype(code)>
-        <<<detail::gpu::grid_for(device::unit_count(l.rows, l.cols), pol), pol.block_threads, 0,
-           stream>>>(in, l, out.data_handle(), count);
+    using Code = decltype(code);
+    // The linear path holds runs_in_flight runs per thread.
+    std::int64_t const threads =
+        device::unit_count(l.rows, l.cols) /
+        (detail::gpu::dequantize_linear_applies<Code>(in, l, out.data_handle())
+             ? detail::gpu::runs_in_flight
+             : 1);
+    detail::gpu::dequantize_kernel<Out, Code>
+        <<<detail::gpu::grid_for(threads, pol), pol.block_threads, 0, stream>>>(
+            in, l, out.data_handle(), count);
   });
   AGOQ_CUDA_TRY(cudaGetLastError());
 }

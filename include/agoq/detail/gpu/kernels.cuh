@@ -100,11 +100,21 @@ using packed_run_t =
 /// True when the quantized buffers of `v` allow the fast paths' aligned accesses: codes aligned
 /// to one run's packed bytes, scales to their size.
 template <int Bits, class Byte>
-__device__ inline bool params_and_codes_aligned(basic_quantized_view<Byte> const& v) noexcept {
+AGOQ_HOST_DEVICE inline bool params_and_codes_aligned(
+    basic_quantized_view<Byte> const& v) noexcept {
   return aligned(v.codes, sizeof(packed_run_t<Bits>)) &&
          aligned(v.scales, v.spec.scale == scale_format::f32    ? 4
                            : v.spec.scale == scale_format::bf16 ? 2
                                                                 : 1);
+}
+
+/// Whether the one-pass quantize kernel takes its linear path (quantize_groups_linear): whole
+/// groups of G columns in every row and a 16-byte aligned input. Host and device: the launcher
+/// sizes the grid by it (runs_in_flight runs per thread).
+template <class T>
+AGOQ_HOST_DEVICE inline bool quantize_linear(T const* x, std::int64_t cols,
+                                             std::int64_t group_size) noexcept {
+  return cols % group_size == 0 && aligned(x, 16);
 }
 
 /// The linear fast path of the one-pass kernel, for cols % G == 0 and a 16-byte aligned input:
@@ -146,7 +156,7 @@ AGOQ_KERNEL void quantize_groups_kernel(T const* x, quantized_view out, std::uin
   constexpr std::int64_t group_size = std::int64_t{Lanes} * run;
   std::int64_t const rows = out.rows, cols = out.cols;
   unsigned long long bad = 0;
-  if (cols % group_size == 0 && aligned(x, 16)) {
+  if (quantize_linear(x, cols, group_size)) {
     quantize_groups_linear<T, Code, Rounding, Lanes>(x, out, seed, offset, bad);
     add_warp_count(nonfinite, bad);
     return;
@@ -288,6 +298,18 @@ AGOQ_KERNEL void encode_kernel(T const* x, quantized_view out, quantized_layout 
   });
 }
 
+/// Whether dequantization takes its linear path (dequantize_linear): a per-group scheme whose G is
+/// a power of two of at least 8 * runs_in_flight dividing cols, a 16-byte aligned output, codes and
+/// scales aligned to their accesses. Host and device: the launcher sizes the grid by it.
+template <class Code, class T>
+AGOQ_HOST_DEVICE inline bool dequantize_linear_applies(const_quantized_view const& in,
+                                                       quantized_layout const& l,
+                                                       T const* y) noexcept {
+  return in.spec.grouping == grouping_kind::group && l.tile.rows == 1 &&
+         l.tile.cols >= run * runs_in_flight && (l.tile.cols & (l.tile.cols - 1)) == 0 &&
+         l.cols % l.tile.cols == 0 && aligned(y, 16) && params_and_codes_aligned<Code::bits>(in);
+}
+
 /// The linear fast path of dequantization, for per-group schemes whose G is a power of two of at
 /// least 8 * runs_in_flight dividing cols, and aligned buffers (groups then tile the tensor in
 /// row-major order): each thread holds runs_in_flight runs of one group
@@ -320,9 +342,7 @@ template <class T, class Code>
 AGOQ_KERNEL void dequantize_kernel(const_quantized_view in, quantized_layout l, T* y,
                                    unsigned long long* nonfinite) {
   unsigned long long bad = 0;
-  if (in.spec.grouping == grouping_kind::group && l.tile.rows == 1 &&
-      l.tile.cols >= run * runs_in_flight && (l.tile.cols & (l.tile.cols - 1)) == 0 &&
-      l.cols % l.tile.cols == 0 && aligned(y, 16) && params_and_codes_aligned<Code::bits>(in)) {
+  if (dequantize_linear_applies<Code>(in, l, y)) {
     dequantize_linear<T, Code>(in, l, y, bad);
     add_warp_count(nonfinite, bad);
     return;

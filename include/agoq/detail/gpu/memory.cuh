@@ -16,7 +16,8 @@ namespace agoq::detail::gpu {
 
 inline constexpr int run = device::elements_per_thread;
 
-__device__ inline bool aligned(void const* p, std::uintptr_t a) noexcept {
+/// True when `p` is a multiple of `a` (a power of two). Host and device.
+AGOQ_HOST_DEVICE inline bool aligned(void const* p, std::uintptr_t a) noexcept {
   return (reinterpret_cast<std::uintptr_t>(p) & (a - 1)) == 0;
 }
 
