@@ -55,10 +55,12 @@ inline constexpr int sum_lanes = 16;
 /// No saved copy in the kernel (the plain op, or a grouping saved by a second pass).
 struct no_save {
   static constexpr int lanes = 1;
+  static constexpr bool slots = false;
   __device__ int operator()(std::int64_t, std::int64_t, int, std::int64_t, unsigned,
                             float const (&)[run]) const noexcept {
     return 0;
   }
+  /// Named by the ops' slot lambdas, which are never called without slots.
   template <int Runs>
   __device__ int slot(device::linear_slot const&, bool, float const (&)[Runs][run]) const noexcept {
     return 0;
@@ -69,6 +71,10 @@ struct no_save {
 template <class Code, class Rounding, int Lanes>
 struct lane_save {
   static constexpr int lanes = Lanes;
+  /// Whether the ops take two-run slots where whole groups tile the rows: for the symmetric integer
+  /// codes (the default policy's), whose lean encoder they serve; other codes keep one run per
+  /// lane, which also keeps the many kernels of the dispatch small to compile.
+  static constexpr bool slots = Code::kind == code_kind::int_sym && Lanes >= 2;
   quantized_view out;
   std::uint64_t seed;
   std::uint64_t offset;
@@ -113,16 +119,18 @@ __device__ inline void for_each_run(std::int64_t rows, std::int64_t cols, F&& f)
   }
 }
 
-/// The forward ops' walk: where a save of Lanes >= slot_runs lanes per group has whole groups
-/// tiling the rows, calls slot(s, active) for every thread's slot of slot_runs runs of one
-/// group (device::linear_group_slot, flat row-major runs; every lane of a warp calls it together;
-/// an inactive slot, past the end, names runs of the first group and must store nothing), so that
-/// the save reduces each group once per slot_runs runs; else for_each_run<Lanes>(rows, cols,
-/// each). 64-bit.
-template <int Lanes, class Each, class Slot>
+/// The forward ops' walk: where `Slots` (a save whose Lanes lanes per group can hold two-run
+/// slots) and whole groups tile the rows, calls slot(s, active) for every thread's slot of
+/// slot_runs runs of one group (device::linear_group_slot, flat row-major runs; every lane of a
+/// warp calls it together; an inactive slot, past the end, names runs of the first group and must
+/// store nothing), so that the save reduces each group once per slot_runs runs; else
+/// for_each_run<Lanes>(rows, cols, each). `slot` may be a generic lambda: it is instantiated only
+/// where Slots. 64-bit.
+template <int Lanes, bool Slots, class Each, class Slot>
 __device__ inline void for_each_run_or_slot(std::int64_t rows, std::int64_t cols, Each&& each,
                                             Slot&& slot) {
-  if constexpr (Lanes >= slot_runs) {
+  if constexpr (Slots) {
+    static_assert(Lanes >= slot_runs);
     if (cols % (std::int64_t{Lanes} * run) == 0) {
       constexpr int lanes_log2 = cuda::std::countr_zero(unsigned{Lanes});
       std::int64_t const slots = (rows * (cols / run)) >> slot_runs_log2;
@@ -415,7 +423,7 @@ AGOQ_KERNEL void swiglu_forward_kernel(G const* gate, U const* up, O* out, std::
     for (int i = 0; i < run; ++i) o[i] = fused_detail::swiglu(g[i], u[i]);
     agoq::detail::gpu::store_run(out + at, count, o);
   };
-  for_each_run_or_slot<Save::lanes>(
+  for_each_run_or_slot<Save::lanes, Save::slots>(
       rows, cols,
       [&](device::element_run const& r, std::int64_t group, unsigned lane) {
         float g[run] = {}, u[run] = {};
@@ -428,7 +436,7 @@ AGOQ_KERNEL void swiglu_forward_kernel(G const* gate, U const* up, O* out, std::
         bad += static_cast<unsigned long long>(su(r.row, r.col, r.count, group, lane, u));
         if (r.count > 0) op(at, r.count, g, u);
       },
-      [&](device::linear_slot const& s, bool active) {
+      [&](auto const& s, bool active) {
         float g[slot_runs][run], u[slot_runs][run];
 #pragma unroll
         for (int k = 0; k < slot_runs; ++k) {
@@ -480,7 +488,7 @@ AGOQ_KERNEL void gelu_forward_kernel(X const* x, Y* y, std::int64_t rows, std::i
     for (int i = 0; i < run; ++i) o[i] = fused_detail::gelu(v[i]);
     agoq::detail::gpu::store_run(y + at, count, o);
   };
-  for_each_run_or_slot<Save::lanes>(
+  for_each_run_or_slot<Save::lanes, Save::slots>(
       rows, cols,
       [&](device::element_run const& r, std::int64_t group, unsigned lane) {
         float v[run] = {};
@@ -489,7 +497,7 @@ AGOQ_KERNEL void gelu_forward_kernel(X const* x, Y* y, std::int64_t rows, std::i
         bad += static_cast<unsigned long long>(save(r.row, r.col, r.count, group, lane, v));
         if (r.count > 0) op(at, r.count, v);
       },
-      [&](device::linear_slot const& s, bool active) {
+      [&](auto const& s, bool active) {
         float v[slot_runs][run];
 #pragma unroll
         for (int k = 0; k < slot_runs; ++k) {
@@ -536,7 +544,7 @@ AGOQ_KERNEL void residual_add_kernel(A const* a, B const* b, S* sum, std::int64_
       s[i] = i < count ? numeric::to_float(numeric::from_float<S>(__fadd_rn(av[i], bv[i]))) : 0.0f;
     }
   };
-  for_each_run_or_slot<Save::lanes>(
+  for_each_run_or_slot<Save::lanes, Save::slots>(
       rows, cols,
       [&](device::element_run const& r, std::int64_t group, unsigned lane) {
         float s[run] = {};
@@ -550,7 +558,7 @@ AGOQ_KERNEL void residual_add_kernel(A const* a, B const* b, S* sum, std::int64_
         }
         bad += static_cast<unsigned long long>(save(r.row, r.col, r.count, group, lane, s));
       },
-      [&](device::linear_slot const& sl, bool active) {
+      [&](auto const& sl, bool active) {
         // Every load before the first store: the sum may be a's or b's very buffer.
         float av[slot_runs][run], bv[slot_runs][run], s[slot_runs][run];
 #pragma unroll

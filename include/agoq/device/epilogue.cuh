@@ -37,6 +37,22 @@ __device__ inline void store_packed(std::uint8_t* dst, int count, std::uint64_t 
   for (int i = 0; i < bytes; ++i) dst[i] = static_cast<std::uint8_t>(w >> (8 * i));
 }
 
+/// quantize_member_fragment where `members` (every value finite, all in the group `p` was made
+/// for), else quantize_fragment: the same codes. Only symmetric integer codes have a shorter
+/// member form, so other codes compile one encoder. Device only.
+template <code_format Code, rounding_mode Rounding, int N>
+__device__ inline void quantize_lane_fragment(bool members, float const (&v)[N], group_params p,
+                                              std::uint64_t seed, std::uint64_t first,
+                                              std::uint8_t (&q)[N]) noexcept {
+  if constexpr (Code::kind == code_kind::int_sym) {
+    if (members) {
+      quantize_member_fragment<Code, Rounding>(v, p, seed, first, q);
+      return;
+    }
+  }
+  quantize_fragment<Code, Rounding>(v, p, seed, first, q);
+}
+
 /// Quantizes one group of a per-group scheme held by `Lanes` consecutive lanes: this lane holds
 /// v[0, count) = elements [col, col + count) of row `row` (count may be 0 past the row's end) and
 /// `group` is the group's index in the view's group grid. The lanes reduce the group's
@@ -57,11 +73,7 @@ __device__ inline int quantize_group_lanes(quantized_view const& out, std::int64
     if (lane % Lanes == 0) store_group_params(out, group, p);
     std::uint8_t q[N];
     std::uint64_t const first = offset + static_cast<std::uint64_t>(row * out.cols + col);
-    if (bad == 0) {
-      quantize_member_fragment<Code, Rounding>(v, p, seed, first, q);
-    } else {
-      quantize_fragment<Code, Rounding>(v, p, seed, first, q);
-    }
+    quantize_lane_fragment<Code, Rounding>(bad == 0, v, p, seed, first, q);
     std::int64_t const row_bytes = (out.cols * Code::bits + 7) / 8;
     store_packed<Code::bits, N>(out.codes + row * row_bytes + col * Code::bits / 8, count,
                                 pack_fragment<Code::bits>(q, count));
@@ -114,11 +126,7 @@ __device__ inline int quantize_group_slot(quantized_view const& out, linear_slot
     std::int64_t const u = slot.first + k * slot.lanes;
     std::uint64_t const first = offset + static_cast<std::uint64_t>(u * N);
     std::uint8_t q[N];
-    if (bad == 0) {
-      quantize_member_fragment<Code, Rounding>(v[k], p, seed, first, q);
-    } else {
-      quantize_fragment<Code, Rounding>(v[k], p, seed, first, q);
-    }
+    quantize_lane_fragment<Code, Rounding>(bad == 0, v[k], p, seed, first, q);
     store_packed<Code::bits, N>(out.codes + u * (N * Code::bits / 8), N,
                                 pack_fragment<Code::bits>(q));
   }
