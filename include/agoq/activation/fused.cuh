@@ -132,14 +132,9 @@ __device__ inline void for_each_run_or_slot(std::int64_t rows, std::int64_t cols
   if constexpr (Slots) {
     static_assert(Lanes >= slot_runs);
     if (cols % (std::int64_t{Lanes} * run) == 0) {
-      constexpr int lanes_log2 = cuda::std::countr_zero(unsigned{Lanes});
-      std::int64_t const slots = (rows * (cols / run)) >> slot_runs_log2;
-      agoq::detail::gpu::block_uniform_loop(slots, [&](std::int64_t t) {
-        bool const active = t < slots;
-        device::linear_slot s = device::linear_group_slot(t, lanes_log2, slot_runs_log2);
-        if (!active) s.first = s.place;
-        slot(s, active);
-      });
+      constexpr int runs_per_group_log2 = cuda::std::countr_zero(unsigned{Lanes});
+      agoq::detail::gpu::for_each_linear_slot(rows * (cols / run), runs_per_group_log2,
+                                              slot_runs_log2, slot);
       return;
     }
   }

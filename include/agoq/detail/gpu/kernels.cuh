@@ -71,6 +71,23 @@ __device__ inline void block_uniform_loop(std::int64_t total, F&& f) {
 inline constexpr int runs_in_flight_log2 = 2;
 inline constexpr int runs_in_flight = 1 << runs_in_flight_log2;
 
+/// The linear kernels' block-uniform loop over the slots of `runs` runs in whole groups of
+/// 2^runs_per_group_log2 runs, 2^slot_runs_log2 runs per slot (device::linear_group_slot): calls
+/// f(slot, active) with the same number of iterations in every thread of a block; an inactive slot
+/// (past the end) names runs of the first group, so its loads stay in bounds, and must store
+/// nothing. 64-bit.
+template <class F>
+__device__ inline void for_each_linear_slot(std::int64_t runs, int runs_per_group_log2,
+                                            int slot_runs_log2, F&& f) {
+  std::int64_t const slots = runs >> slot_runs_log2;
+  block_uniform_loop(slots, [&](std::int64_t t) {
+    bool const active = t < slots;
+    device::linear_slot s = device::linear_group_slot(t, runs_per_group_log2, slot_runs_log2);
+    if (!active) s.first = s.place;
+    f(s, active);
+  });
+}
+
 /// Reads group g's parameters with one aligned load; the same values as load_group_params.
 template <class Byte>
 __device__ inline group_params load_params_aligned(basic_quantized_view<Byte> const& v,
@@ -130,23 +147,20 @@ __device__ inline void quantize_groups_linear(T const* x, quantized_view const& 
                                               unsigned long long& bad) {
   constexpr int lanes = Lanes / runs_in_flight;  // lanes per group
   static_assert(lanes >= 1 && lanes * runs_in_flight == Lanes && (lanes & (lanes - 1)) == 0);
-  std::int64_t const groups = out.rows * (out.cols / (std::int64_t{Lanes} * run));
-  std::int64_t const slots = groups * lanes;
-  block_uniform_loop(slots, [&](std::int64_t t) {
-    bool const active = t < slots;
-    device::linear_slot slot =
-        device::linear_group_slot(t, cuda::std::countr_zero(unsigned{Lanes}), runs_in_flight_log2);
-    // Slots past the end (whole groups of them) load the first group instead, to keep the loads
-    // unpredicated; they store nothing.
-    if (!active) slot.first = slot.place;
-    float v[runs_in_flight][run];
+  std::int64_t const runs = out.rows * (out.cols / run);
+  constexpr int runs_per_group_log2 = cuda::std::countr_zero(unsigned{Lanes});
+  for_each_linear_slot(
+      runs, runs_per_group_log2, runs_in_flight_log2,
+      [&](device::linear_slot const& slot, bool active) {
+        // Inactive slots load the first group, which keeps the loads unpredicated.
+        float v[runs_in_flight][run];
 #pragma unroll
-    for (int k = 0; k < runs_in_flight; ++k) {
-      load_aligned_run<true>(x + (slot.first + k * lanes) * run, v[k]);
-    }
-    bad += static_cast<unsigned long long>(
-        device::quantize_group_slot<Code, Rounding, lanes>(out, slot, active, v, seed, offset));
-  });
+        for (int k = 0; k < runs_in_flight; ++k) {
+          load_aligned_run<true>(x + (slot.first + k * lanes) * run, v[k]);
+        }
+        bad += static_cast<unsigned long long>(
+            device::quantize_group_slot<Code, Rounding, lanes>(out, slot, active, v, seed, offset));
+      });
 }
 
 /// One-pass quantization of per-group schemes with G = Lanes * 8.
@@ -318,23 +332,23 @@ template <class T, class Code>
 __device__ inline void dequantize_linear(const_quantized_view const& in, quantized_layout const& l,
                                          T* y, unsigned long long& bad) {
   int const runs_log2 = __ffsll(l.tile.cols / run) - 1;  // runs per group = 2^runs_log2
-  std::int64_t const slots = (l.rows * (l.cols / run)) >> runs_in_flight_log2;
-  block_uniform_loop(slots, [&](std::int64_t t) {
-    if (t >= slots) return;
-    device::linear_slot const slot = device::linear_group_slot(t, runs_log2, runs_in_flight_log2);
-    auto const* codes = reinterpret_cast<packed_run_t<Code::bits> const*>(in.codes);
-    packed_run_t<Code::bits> w[runs_in_flight];
+  std::int64_t const runs = l.rows * (l.cols / run);
+  for_each_linear_slot(
+      runs, runs_log2, runs_in_flight_log2, [&](device::linear_slot const& slot, bool active) {
+        if (!active) return;
+        auto const* codes = reinterpret_cast<packed_run_t<Code::bits> const*>(in.codes);
+        packed_run_t<Code::bits> w[runs_in_flight];
 #pragma unroll
-    for (int k = 0; k < runs_in_flight; ++k) w[k] = __ldg(codes + slot.first + k * slot.lanes);
-    group_params const p = load_params_aligned(in, slot.group);
-    if (!numeric::is_finite(p.scale)) bad += run * runs_in_flight;
+        for (int k = 0; k < runs_in_flight; ++k) w[k] = __ldg(codes + slot.first + k * slot.lanes);
+        group_params const p = load_params_aligned(in, slot.group);
+        if (!numeric::is_finite(p.scale)) bad += run * runs_in_flight;
 #pragma unroll
-    for (int k = 0; k < runs_in_flight; ++k) {
-      float v[run];
-      device::dequantize_packed<Code>(static_cast<std::uint64_t>(w[k]), p, v);
-      store_aligned_run(y + (slot.first + k * slot.lanes) * run, v);
-    }
-  });
+        for (int k = 0; k < runs_in_flight; ++k) {
+          float v[run];
+          device::dequantize_packed<Code>(static_cast<std::uint64_t>(w[k]), p, v);
+          store_aligned_run(y + (slot.first + k * slot.lanes) * run, v);
+        }
+      });
 }
 
 /// Dequantization, one run per thread; counts outputs decoded under a non-finite scale.
