@@ -62,13 +62,6 @@ void check_device_view(V const& v, char const* what) {
   check_device_pointers(what, {v.codes, v.scales, v.zero_points});
 }
 
-/// The group sizes of the one-pass per-group kernel, as lane counts (G = 8 * lanes).
-template <int Lanes>
-struct lanes {
-  static constexpr int value = Lanes;
-};
-using one_pass_lanes = type_list<lanes<4>, lanes<8>, lanes<16>, lanes<32>>;
-
 inline bool one_pass(spec const& s) {
   return s.grouping == grouping_kind::group &&
          (s.group_cols == 32 || s.group_cols == 64 || s.group_cols == 128 || s.group_cols == 256);
@@ -80,19 +73,14 @@ void launch_quantize(T const* x, quantized_view const& out, quantize_options opt
   device::launch_policy const pol = current_policy();
   quantized_layout const l = out.layout();
   if (one_pass(out.spec)) {
-    dispatch_type(
-        one_pass_lanes{}, [&](auto ln) { return decltype(ln)::value * run == out.spec.group_cols; },
-        [&](auto ln) {
-          constexpr int lanes_per_group = decltype(ln)::value;
-          // The linear path holds runs_in_flight runs per thread.
-          std::int64_t const threads =
-              l.groups() * lanes_per_group /
-              (quantize_linear(x, l.cols, out.spec.group_cols) ? runs_in_flight : 1);
-          quantize_groups_kernel<T, Code, Rounding, lanes_per_group>
-              <<<grid_for(threads, pol), pol.block_threads, 0, stream>>>(x, out, opt.seed,
-                                                                         opt.offset, nonfinite);
-        },
-        "one-pass group size");
+    int const lanes_log2 = device::group_lanes_log2(out.spec.group_cols);
+    // The linear path holds runs_in_flight runs per thread.
+    std::int64_t const threads =
+        (l.groups() << lanes_log2) /
+        (quantize_linear(x, l.cols, out.spec.group_cols) ? runs_in_flight : 1);
+    quantize_groups_kernel<T, Code, Rounding>
+        <<<grid_for(threads, pol), pol.block_threads, 0, stream>>>(x, out, lanes_log2, opt.seed,
+                                                                   opt.offset, nonfinite);
     AGOQ_CUDA_TRY(cudaGetLastError());
     return;
   }

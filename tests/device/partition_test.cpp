@@ -46,11 +46,13 @@ TEST_CASE("group_lane_run covers every element once and names its layout group")
     for (auto [rows, cols] : shapes) {
       quantized_layout const l = make_layout(s, rows, cols);
       std::int64_t const lanes = g / elements_per_thread;
+      int const lanes_log2 = group_lanes_log2(g);
+      REQUIRE((std::int64_t{1} << lanes_log2) == lanes);
       std::int64_t const threads = l.groups() * lanes;
       std::vector<int> hits(static_cast<std::size_t>(rows * cols), 0);
       for (std::int64_t t = 0; t < threads + 64; ++t) {
         std::int64_t group = -1;
-        element_run const r = group_lane_run(t, g, rows, cols, group);
+        element_run const r = group_lane_run(t, lanes_log2, rows, cols, group);
         REQUIRE(group == t / lanes);
         if (t >= threads) {
           REQUIRE(r.count == 0);
@@ -66,15 +68,14 @@ TEST_CASE("group_lane_run covers every element once and names its layout group")
   }
 }
 
-TEST_CASE("group_lanes: the power of two of lanes holding a group of 8-element runs") {
-  static_assert(group_lanes(32) == 4 && group_lanes(64) == 8 && group_lanes(128) == 16 &&
-                group_lanes(256) == 32);
-  CHECK(group_lanes(33) == 8);    // 5 runs
-  CHECK(group_lanes(100) == 16);  // 13 runs
-  CHECK(group_lanes(129) == 32);  // 17 runs
+TEST_CASE("group_lanes_log2: the power of two of lanes holding a group of 8-element runs") {
+  static_assert(group_lanes_log2(32) == 2 && group_lanes_log2(64) == 3 &&
+                group_lanes_log2(128) == 4 && group_lanes_log2(256) == 5);
+  CHECK(group_lanes_log2(33) == 3);   // 5 runs
+  CHECK(group_lanes_log2(100) == 4);  // 13 runs
+  CHECK(group_lanes_log2(129) == 5);  // 17 runs
   for (std::int64_t g = 32; g <= 256; ++g) {
-    std::int64_t const lanes = group_lanes(g);
-    REQUIRE((lanes & (lanes - 1)) == 0);
+    std::int64_t const lanes = std::int64_t{1} << group_lanes_log2(g);
     REQUIRE(lanes * elements_per_thread >= g);
     REQUIRE((lanes / 2) * elements_per_thread < g);
   }
@@ -82,7 +83,8 @@ TEST_CASE("group_lanes: the power of two of lanes holding a group of 8-element r
 
 TEST_CASE("padded_group_lane_run covers every element once, inside its own group") {
   for (std::int64_t g : {32, 33, 40, 64, 100, 127, 128, 129, 200, 255, 256}) {
-    std::int64_t const lanes = group_lanes(g);
+    int const lanes_log2 = group_lanes_log2(g);
+    std::int64_t const lanes = std::int64_t{1} << lanes_log2;
     spec s = spec::parse("int8_g32_sym_rne_f32");
     s.group_cols = g;
     for (auto [rows, cols] : shapes) {
@@ -91,7 +93,8 @@ TEST_CASE("padded_group_lane_run covers every element once, inside its own group
       std::vector<int> hits(static_cast<std::size_t>(rows * cols), 0);
       for (std::int64_t t = 0; t < threads + 64; ++t) {
         std::int64_t group = -1;
-        element_run const r = padded_group_lane_run(t, g, lanes, rows, cols, group);
+        element_run const r =
+            padded_group_lane_run(t, g, (cols + g - 1) / g, lanes_log2, rows, cols, group);
         REQUIRE(group == t / lanes);
         REQUIRE(r.count >= 0);
         REQUIRE(r.count <= elements_per_thread);
@@ -126,21 +129,21 @@ TEST_CASE("64-bit runs beyond 2^31 elements") {
   CHECK(last.col + last.count == cols);
   CHECK(last.count == 5);
   std::int64_t group = 0;
-  element_run const r = group_lane_run(units - 1, 128, rows, cols, group);
+  element_run const r = group_lane_run(units - 1, 4, rows, cols, group);
   CHECK(r.row == 2);
   // The buffer pass over a flat bucket past 2^31 elements, G = 100 (16 lanes).
   std::int64_t const n = (std::int64_t{1} << 31) + 37;
   std::int64_t const groups = (n + 99) / 100;
   std::int64_t const last_group_first = (groups - 1) * 16;
-  element_run const a = padded_group_lane_run(last_group_first, 100, 16, 1, n, group);
+  element_run const a = padded_group_lane_run(last_group_first, 100, groups, 4, 1, n, group);
   CHECK(group == groups - 1);
   CHECK(a.col == (groups - 1) * 100);
   // That group holds n - (groups - 1) 100 = 85 elements: lanes 0..10, the last one 5.
-  element_run const b = padded_group_lane_run(last_group_first + 10, 100, 16, 1, n, group);
+  element_run const b = padded_group_lane_run(last_group_first + 10, 100, groups, 4, 1, n, group);
   CHECK(b.count == 5);
   CHECK(b.col + b.count == n);
-  CHECK(padded_group_lane_run(last_group_first + 11, 100, 16, 1, n, group).count == 0);
-  CHECK(padded_group_lane_run(groups * 16, 100, 16, 1, n, group).count == 0);
+  CHECK(padded_group_lane_run(last_group_first + 11, 100, groups, 4, 1, n, group).count == 0);
+  CHECK(padded_group_lane_run(groups * 16, 100, groups, 4, 1, n, group).count == 0);
 }
 
 TEST_CASE("divmod takes the 32-bit path when it can and agrees with 64-bit division") {

@@ -44,6 +44,7 @@ namespace fused_gpu {
 using agoq::detail::gpu::add_warp_count;
 using agoq::detail::gpu::check_device_pointers;
 using agoq::detail::gpu::run;
+using agoq::detail::gpu::run_log2;
 
 /// Threads of the row kernels (RMSNorm): one block per row, each thread a run of 8 columns of
 /// each chunk of 2048.
@@ -54,8 +55,9 @@ inline constexpr int sum_lanes = 16;
 
 /// No saved copy in the kernel (the plain op, or a grouping saved by a second pass).
 struct no_save {
-  static constexpr int lanes = 1;
+  static constexpr bool grouped = false;
   static constexpr bool slots = false;
+  static constexpr int lanes_log2 = 0;
   __device__ int operator()(std::int64_t, std::int64_t, int, std::int64_t, unsigned,
                             float const (&)[run]) const noexcept {
     return 0;
@@ -67,29 +69,32 @@ struct no_save {
   }
 };
 
-/// The saved copy of a per-group scheme with G = Lanes * 8, from the lanes holding a group.
-template <class Code, class Rounding, int Lanes>
+/// The saved copy of a per-group scheme with G = 8 * 2^lanes_log2 (G in {32, 64, 128, 256}), from
+/// the lanes holding a group. The group size is a run-time value, so one kernel of each op serves
+/// every G of a code and rounding (a quarter of the kernels, which the dispatch compiles for every
+/// code, rounding and operand type).
+template <class Code, class Rounding>
 struct lane_save {
-  static constexpr int lanes = Lanes;
+  static constexpr bool grouped = true;
   /// Whether the ops take two-run slots where whole groups tile the rows: for the symmetric integer
   /// codes (the default policy's), whose lean encoder they serve; other codes keep one run per
   /// lane, which also keeps the many kernels of the dispatch small to compile.
-  static constexpr bool slots = Code::kind == code_kind::int_sym && Lanes >= 2;
+  static constexpr bool slots = Code::kind == code_kind::int_sym;
   quantized_view out;
   std::uint64_t seed;
   std::uint64_t offset;
+  int lanes_log2;  ///< log2 of the lanes of one run holding a group, 2 to 5
   __device__ int operator()(std::int64_t row, std::int64_t col, int count, std::int64_t group,
                             unsigned lane, float const (&v)[run]) const noexcept {
-    return device::quantize_group_lanes<Code, Rounding, Lanes>(out, row, col, count, group, lane, v,
-                                                               seed, offset);
+    return device::quantize_group_lanes<Code, Rounding>(out, row, col, count, group, lane,
+                                                        1 << lanes_log2, v, seed, offset);
   }
   /// The saved copy of the Runs runs one lane holds of a group where whole groups tile the rows
-  /// (device::quantize_group_slot, Lanes / Runs lanes per group).
+  /// (device::quantize_group_slot, 2^lanes_log2 / Runs lanes per group).
   template <int Runs>
   __device__ int slot(device::linear_slot const& s, bool active,
                       float const (&v)[Runs][run]) const noexcept {
-    return device::quantize_group_slot<Code, Rounding, Lanes / Runs>(out, s, active, v, seed,
-                                                                     offset);
+    return device::quantize_group_slot<Code, Rounding>(out, s, active, v, seed, offset);
   }
 };
 
@@ -99,46 +104,55 @@ struct lane_save {
 inline constexpr int slot_runs_log2 = 1;
 inline constexpr int slot_runs = 1 << slot_runs_log2;
 
-/// Calls f(run, group, lane) for every thread's run of a [rows, cols] tensor: with Lanes lanes per
-/// group of Lanes * 8 columns when Lanes > 1 (every lane of a warp calls f together), else one
-/// run of 8 per thread. 64-bit.
-template <int Lanes, class F>
-__device__ inline void for_each_run(std::int64_t rows, std::int64_t cols, F&& f) {
-  if constexpr (Lanes > 1) {
-    constexpr std::int64_t g = std::int64_t{Lanes} * run;
-    std::int64_t const threads = rows * ((cols + g - 1) / g) * Lanes;
-    agoq::detail::gpu::block_uniform_loop(threads, [&](std::int64_t t) {
-      std::int64_t group = 0;
-      device::element_run const r = device::group_lane_run(t, g, rows, cols, group);
-      f(r, group, static_cast<unsigned>(t % Lanes));
-    });
-  } else {
-    std::int64_t const units = device::unit_count(rows, cols);
-    agoq::detail::gpu::block_uniform_loop(
-        units, [&](std::int64_t u) { f(device::unit_run(u, rows, cols), std::int64_t{0}, 0u); });
-  }
+/// Calls f(run, 0, 0) for every thread's run of 8 columns of a [rows, cols] tensor
+/// (device::unit_run). 64-bit.
+template <class F>
+__device__ inline void for_each_unit(std::int64_t rows, std::int64_t cols, F&& f) {
+  agoq::detail::gpu::block_uniform_loop(device::unit_count(rows, cols), [&](std::int64_t u) {
+    f(device::unit_run(u, rows, cols), std::int64_t{0}, 0u);
+  });
 }
 
-/// The forward ops' walk: where `Slots` (a save whose Lanes lanes per group can hold two-run
-/// slots) and whole groups tile the rows, calls slot(s, active) for every thread's slot of
-/// slot_runs runs of one group (device::linear_group_slot, flat row-major runs; every lane of a
-/// warp calls it together; an inactive slot, past the end, names runs of the first group and must
-/// store nothing), so that the save reduces each group once per slot_runs runs; else
-/// for_each_run<Lanes>(rows, cols, each). `slot` may be a generic lambda: it is instantiated only
-/// where Slots. 64-bit.
-template <int Lanes, bool Slots, class Each, class Slot>
-__device__ inline void for_each_run_or_slot(std::int64_t rows, std::int64_t cols, Each&& each,
-                                            Slot&& slot) {
-  if constexpr (Slots) {
-    static_assert(Lanes >= slot_runs);
-    if (cols % (std::int64_t{Lanes} * run) == 0) {
-      constexpr int runs_per_group_log2 = cuda::std::countr_zero(unsigned{Lanes});
-      agoq::detail::gpu::for_each_linear_slot(rows * (cols / run), runs_per_group_log2,
-                                              slot_runs_log2, slot);
+/// Calls f(run, group, lane) for every thread's run of a [rows, cols] tensor with 2^lanes_log2
+/// lanes per group of 8 * 2^lanes_log2 columns (device::group_lane_run; every lane of a warp
+/// calls f together). 64-bit.
+template <class F>
+__device__ inline void for_each_group_lane(std::int64_t rows, std::int64_t cols, int lanes_log2,
+                                           F&& f) {
+  int const group_log2 = lanes_log2 + run_log2;
+  std::int64_t const threads = (rows * ((cols + (std::int64_t{1} << group_log2) - 1) >> group_log2))
+                               << lanes_log2;
+  std::int64_t const lane_mask = (std::int64_t{1} << lanes_log2) - 1;
+  agoq::detail::gpu::block_uniform_loop(threads, [&](std::int64_t t) {
+    std::int64_t group = 0;
+    device::element_run const r = device::group_lane_run(t, lanes_log2, rows, cols, group);
+    f(r, group, static_cast<unsigned>(t & lane_mask));
+  });
+}
+
+/// The forward ops' walk over a save `Save`: where Save::slots (a grouped save whose group of
+/// 2^lanes_log2 runs, at least 4, can be held in slots of slot_runs runs) and whole groups tile
+/// the rows, calls slot(s, active) for every thread's slot of slot_runs runs of one group
+/// (device::linear_group_slot, flat row-major runs; every lane of a warp calls it together; an
+/// inactive slot, past the end, names runs of the first group and must store nothing), so that
+/// the save reduces each group once per slot_runs runs; else for_each_group_lane for a grouped
+/// save, for_each_unit for no_save. `slot` may be a generic lambda: it is instantiated only where
+/// Save::slots. 64-bit.
+template <class Save, class Each, class Slot>
+__device__ inline void for_each_run_or_slot(std::int64_t rows, std::int64_t cols, Save const& save,
+                                            Each&& each, Slot&& slot) {
+  if constexpr (Save::slots) {
+    if ((cols & ((std::int64_t{run} << save.lanes_log2) - 1)) == 0) {
+      agoq::detail::gpu::for_each_linear_slot(rows * (cols / run), save.lanes_log2, slot_runs_log2,
+                                              slot);
       return;
     }
   }
-  for_each_run<Lanes>(rows, cols, each);
+  if constexpr (Save::grouped) {
+    for_each_group_lane(rows, cols, save.lanes_log2, each);
+  } else {
+    for_each_unit(rows, cols, each);
+  }
 }
 
 /// The flat index of run k of a slot's first element.
@@ -267,8 +281,10 @@ AGOQ_KERNEL void rmsnorm_forward_kernel(X const* x, W const* w, float eps, Y* y,
   float* buf = row_buffer(shared, scratch, cols);
   __shared__ float rs_shared;
   float const inv_cols = __fdiv_rn(1.0f, static_cast<float>(cols));
-  std::int64_t const group_grid_cols =
-      (cols + std::int64_t{Save::lanes} * run - 1) / (std::int64_t{Save::lanes} * run);
+  // The save's groups of G = 8 * 2^lanes_log2 columns: shifts by log2(G).
+  int const group_log2 = save.lanes_log2 + run_log2;
+  std::int64_t const group_grid_cols = (cols + (std::int64_t{1} << group_log2) - 1) >> group_log2;
+  unsigned const lane_mask = (1u << save.lanes_log2) - 1u;
   unsigned long long bad = 0;
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     X const* xr = x + r * cols;
@@ -282,8 +298,7 @@ AGOQ_KERNEL void rmsnorm_forward_kernel(X const* x, W const* w, float eps, Y* y,
         if (i < count) buf[c + i] = v[i];
       }
       bad += static_cast<unsigned long long>(
-          save(r, c, count, r * group_grid_cols + c / (std::int64_t{Save::lanes} * run),
-               threadIdx.x % Save::lanes, v));
+          save(r, c, count, r * group_grid_cols + (c >> group_log2), threadIdx.x & lane_mask, v));
     }
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -418,8 +433,8 @@ AGOQ_KERNEL void swiglu_forward_kernel(G const* gate, U const* up, O* out, std::
     for (int i = 0; i < run; ++i) o[i] = fused_detail::swiglu(g[i], u[i]);
     agoq::detail::gpu::store_run(out + at, count, o);
   };
-  for_each_run_or_slot<Save::lanes, Save::slots>(
-      rows, cols,
+  for_each_run_or_slot(
+      rows, cols, sg,
       [&](device::element_run const& r, std::int64_t group, unsigned lane) {
         float g[run] = {}, u[run] = {};
         std::int64_t const at = r.row * cols + r.col;
@@ -453,7 +468,7 @@ AGOQ_KERNEL void swiglu_backward_kernel(D const* dout, const_quantized_view sg, 
                                         const_quantized_view su, quantized_layout lu, DG* dgate,
                                         DU* dup, unsigned long long* nonfinite) {
   unsigned long long bad = 0;
-  for_each_run<1>(lg.rows, lg.cols, [&](device::element_run const& r, std::int64_t, unsigned) {
+  for_each_unit(lg.rows, lg.cols, [&](device::element_run const& r, std::int64_t, unsigned) {
     if (r.count == 0) return;
     float g[run], u[run], d[run];
     bad += static_cast<unsigned long long>(decode_run(sg, lg, r, g));
@@ -483,8 +498,8 @@ AGOQ_KERNEL void gelu_forward_kernel(X const* x, Y* y, std::int64_t rows, std::i
     for (int i = 0; i < run; ++i) o[i] = fused_detail::gelu(v[i]);
     agoq::detail::gpu::store_run(y + at, count, o);
   };
-  for_each_run_or_slot<Save::lanes, Save::slots>(
-      rows, cols,
+  for_each_run_or_slot(
+      rows, cols, save,
       [&](device::element_run const& r, std::int64_t group, unsigned lane) {
         float v[run] = {};
         std::int64_t const at = r.row * cols + r.col;
@@ -511,7 +526,7 @@ template <class DY, class DX>
 AGOQ_KERNEL void gelu_backward_kernel(DY const* dy, const_quantized_view saved, quantized_layout l,
                                       DX* dx, unsigned long long* nonfinite) {
   unsigned long long bad = 0;
-  for_each_run<1>(l.rows, l.cols, [&](device::element_run const& r, std::int64_t, unsigned) {
+  for_each_unit(l.rows, l.cols, [&](device::element_run const& r, std::int64_t, unsigned) {
     if (r.count == 0) return;
     float v[run], d[run];
     bad += static_cast<unsigned long long>(decode_run(saved, l, r, v));
@@ -539,8 +554,8 @@ AGOQ_KERNEL void residual_add_kernel(A const* a, B const* b, S* sum, std::int64_
       s[i] = i < count ? numeric::to_float(numeric::from_float<S>(__fadd_rn(av[i], bv[i]))) : 0.0f;
     }
   };
-  for_each_run_or_slot<Save::lanes, Save::slots>(
-      rows, cols,
+  for_each_run_or_slot(
+      rows, cols, save,
       [&](device::element_run const& r, std::int64_t group, unsigned lane) {
         float s[run] = {};
         std::int64_t const at = r.row * cols + r.col;
@@ -589,24 +604,10 @@ void with_lane_save(quantized_view const* v, quantize_options opt, F&& launch) {
     launch(no_save{});
     return;
   }
+  int const lanes_log2 = device::group_lanes_log2(v->spec.group_cols);
   dispatch_code(v->spec, [&](auto code) {
     dispatch_rounding(v->spec, [&](auto rounding) {
-      using C = decltype(code);
-      using R = decltype(rounding);
-      switch (save_lanes(v->spec)) {
-        case 4:
-          launch(lane_save<C, R, 4>{*v, opt.seed, opt.offset});
-          break;
-        case 8:
-          launch(lane_save<C, R, 8>{*v, opt.seed, opt.offset});
-          break;
-        case 16:
-          launch(lane_save<C, R, 16>{*v, opt.seed, opt.offset});
-          break;
-        default:
-          launch(lane_save<C, R, 32>{*v, opt.seed, opt.offset});
-          break;
-      }
+      launch(lane_save<decltype(code), decltype(rounding)>{*v, opt.seed, opt.offset, lanes_log2});
     });
   });
 }

@@ -53,24 +53,25 @@ __device__ inline void quantize_lane_fragment(bool members, float const (&v)[N],
   quantize_fragment<Code, Rounding>(v, p, seed, first, q);
 }
 
-/// Quantizes one group of a per-group scheme held by `Lanes` consecutive lanes: this lane holds
+/// Quantizes one group of a per-group scheme held by `lanes` consecutive lanes (a power of two of
+/// at most 32, group_allreduce's condition): this lane, lane `lane` of the group, holds
 /// v[0, count) = elements [col, col + count) of row `row` (count may be 0 past the row's end) and
 /// `group` is the group's index in the view's group grid. The lanes reduce the group's
-/// statistics, lane `lane % Lanes == 0` stores the scale (and zero point), every lane stores its
-/// own packed codes. Returns this lane's count of non-finite values. Every lane of the warp must
-/// call it together. The codes equal the CPU executor's. Device only.
-template <code_format Code, rounding_mode Rounding, int Lanes, int N>
+/// statistics, lane 0 stores the scale (and zero point), every lane stores its own packed codes.
+/// Returns this lane's count of non-finite values. Every lane of the warp must call it together.
+/// The codes equal the CPU executor's. Device only.
+template <code_format Code, rounding_mode Rounding, int N>
 __device__ inline int quantize_group_lanes(quantized_view const& out, std::int64_t row,
                                            std::int64_t col, int count, std::int64_t group,
-                                           unsigned lane, float const (&v)[N], std::uint64_t seed,
-                                           std::uint64_t offset) noexcept {
+                                           unsigned lane, int lanes, float const (&v)[N],
+                                           std::uint64_t seed, std::uint64_t offset) noexcept {
   group_stats st;
   bool any = false;
   int const bad = fragment_stats(v, count, st, any);
-  st = group_allreduce<Code, Lanes>(st, any);
+  st = group_allreduce<Code>(st, any, lanes);
   group_params const p = make_group_params<Code>(out.spec.scale, st);
   if (count > 0) {
-    if (lane % Lanes == 0) store_group_params(out, group, p);
+    if (lane == 0) store_group_params(out, group, p);
     std::uint8_t q[N];
     std::uint64_t const first = offset + static_cast<std::uint64_t>(row * out.cols + col);
     quantize_lane_fragment<Code, Rounding>(bad == 0, v, p, seed, first, q);
@@ -82,16 +83,16 @@ __device__ inline int quantize_group_lanes(quantized_view const& out, std::int64
 }
 
 /// Quantizes the `Runs` runs of N elements that this lane holds of one group of a per-group scheme
-/// whose whole groups tile the view's rows (cols a multiple of G = N * Runs * Lanes): runs
+/// whose whole groups tile the view's rows (cols a multiple of G = N * Runs * slot.lanes): runs
 /// slot.first + k * slot.lanes of the flat row-major tensor (device::linear_group_slot), with
-/// values v[k]. The group's Lanes consecutive lanes (a power of two of at most 32, aligned in the
-/// warp) reduce its statistics once for all their runs, the first stores its parameters, and every
-/// lane encodes its runs (quantize_member_fragment where all its values are finite, else
+/// values v[k]. The group's slot.lanes consecutive lanes (a power of two of at most 32, aligned in
+/// the warp) reduce its statistics once for all their runs, the first stores its parameters, and
+/// every lane encodes its runs (quantize_member_fragment where all its values are finite, else
 /// quantize_fragment) and stores their packed codes. A lane of a group past the end passes
 /// active = false: it takes part in the shuffles and stores nothing. Returns this lane's count of
 /// non-finite values (0 when inactive). Every lane of the warp must call it together. The codes
 /// equal the CPU executor's. Device only.
-template <code_format Code, rounding_mode Rounding, int Lanes, int Runs, int N>
+template <code_format Code, rounding_mode Rounding, int Runs, int N>
 __device__ inline int quantize_group_slot(quantized_view const& out, linear_slot const& slot,
                                           bool active, float const (&v)[Runs][N],
                                           std::uint64_t seed, std::uint64_t offset) noexcept {
@@ -117,7 +118,7 @@ __device__ inline int quantize_group_slot(quantized_view const& out, linear_slot
     AGOQ_UNROLL
     for (int k = 0; k < Runs; ++k) bad += fragment_stats(v[k], N, st, any);
   }
-  st = group_allreduce<Code, Lanes>(st, any);
+  st = group_allreduce<Code>(st, any, static_cast<int>(slot.lanes));
   group_params const p = make_group_params<Code>(out.spec.scale, st);
   if (!active) return 0;
   if (slot.place == 0) store_group_params(out, slot.group, p);
@@ -163,9 +164,9 @@ struct quantize_epilogue {
     std::int64_t const group =
         row * ((out.cols + Scheme::grouping::group_cols - 1) / Scheme::grouping::group_cols) +
         col / Scheme::grouping::group_cols;
-    return quantize_group_lanes<typename Scheme::code, typename Scheme::rounding, lanes_per_group>(
-        out, row, col, count, group, static_cast<unsigned>((col / N) % lanes_per_group), acc, seed,
-        offset);
+    return quantize_group_lanes<typename Scheme::code, typename Scheme::rounding>(
+        out, row, col, count, group, static_cast<unsigned>((col / N) % lanes_per_group),
+        lanes_per_group, acc, seed, offset);
   }
 };
 

@@ -22,8 +22,10 @@ AGOQ_HOST_DEVICE constexpr void divmod(std::int64_t a, std::int64_t b, std::int6
   r = a - q * b;
 }
 
-/// Elements one thread handles in the CUDA kernels (16 bytes of bf16, one 8-byte int8 store).
-inline constexpr int elements_per_thread = 8;
+/// Elements one thread handles in the CUDA kernels (16 bytes of bf16, one 8-byte int8 store), and
+/// its log2.
+inline constexpr int elements_per_thread_log2 = 3;
+inline constexpr int elements_per_thread = 1 << elements_per_thread_log2;
 
 /// A run of consecutive elements of one row: [col, col + count) of row `row`; count may be 0
 /// for threads past the end.
@@ -54,29 +56,29 @@ AGOQ_HOST_DEVICE constexpr std::int64_t unit_count(std::int64_t rows, std::int64
   return rows * ((cols + elements_per_thread - 1) / elements_per_thread);
 }
 
-/// The lanes that share a group of `group_size` columns in the one-pass per-group kernels: the
-/// smallest power of two holding ceil(G / elements_per_thread) runs (G / 8 when 8 divides G and the
-/// quotient is a power of two: 4, 8, 16, 32 for G = 32, 64, 128, 256). Host and device.
-AGOQ_HOST_DEVICE constexpr std::int64_t group_lanes(std::int64_t group_size) noexcept {
+/// The lanes that share a group of `group_size` columns in the one-pass per-group kernels, as a
+/// power of two: log2 of the smallest power of two holding ceil(G / elements_per_thread) runs (2,
+/// 3, 4, 5 for G = 32, 64, 128, 256, where the runs fill the lanes). Host and device.
+AGOQ_HOST_DEVICE constexpr int group_lanes_log2(std::int64_t group_size) noexcept {
   std::int64_t const runs = (group_size + elements_per_thread - 1) / elements_per_thread;
-  std::int64_t lanes = 1;
-  while (lanes < runs) lanes *= 2;
-  return lanes;
+  int log2 = 0;
+  while ((std::int64_t{1} << log2) < runs) ++log2;
+  return log2;
 }
 
-/// In a one-pass per-group kernel, `lanes` consecutive threads share a group of G columns (lanes
-/// * elements_per_thread >= G): thread t covers lane t % lanes of group t / lanes, the run of up
-/// to elements_per_thread columns from group_in_row * G + lane * elements_per_thread, cut at the
-/// group's and the row's end (count 0 for a lane past either). Returns that run and the group
-/// index in `group`. Host and device.
+/// In a one-pass per-group kernel, lanes = 2^lanes_log2 consecutive threads share a group of G
+/// columns (lanes * elements_per_thread >= G), `per_row` = ceil(cols / G) groups in each row:
+/// thread t covers lane t % lanes of group t / lanes (shifts, as the kernels take the group size
+/// at run time), the run of up to elements_per_thread columns from group_in_row * G + lane *
+/// elements_per_thread, cut at the group's and the row's end (count 0 for a lane past either).
+/// Returns that run and the group index in `group`. Host and device.
 AGOQ_HOST_DEVICE constexpr element_run padded_group_lane_run(std::int64_t t,
                                                              std::int64_t group_size,
-                                                             std::int64_t lanes, std::int64_t rows,
-                                                             std::int64_t cols,
+                                                             std::int64_t per_row, int lanes_log2,
+                                                             std::int64_t rows, std::int64_t cols,
                                                              std::int64_t& group) noexcept {
-  std::int64_t const per_row = (cols + group_size - 1) / group_size;
-  std::int64_t lane = 0;
-  divmod(t, lanes, group, lane);
+  group = t >> lanes_log2;
+  std::int64_t const lane = t & ((std::int64_t{1} << lanes_log2) - 1);
   element_run r;
   if (per_row == 0 || group >= rows * per_row) return r;
   std::int64_t group_in_row = 0;
@@ -92,13 +94,16 @@ AGOQ_HOST_DEVICE constexpr element_run padded_group_lane_run(std::int64_t t,
   return r;
 }
 
-/// In the one-pass per-group kernel, `Lanes = G / elements_per_thread` consecutive threads share
-/// a group of G columns: thread t covers lane t % Lanes of group t / Lanes. Returns that run (count
-/// 0 past the end of the row or of the tensor) and the group index in `group`. Host and device.
-AGOQ_HOST_DEVICE constexpr element_run group_lane_run(std::int64_t t, std::int64_t group_size,
+/// In the one-pass per-group kernel, 2^lanes_log2 consecutive threads share a group of
+/// G = elements_per_thread * 2^lanes_log2 columns: thread t covers lane t % lanes of group
+/// t / lanes. Returns that run (count 0 past the end of the row or of the tensor) and the group
+/// index in `group`. Host and device.
+AGOQ_HOST_DEVICE constexpr element_run group_lane_run(std::int64_t t, int lanes_log2,
                                                       std::int64_t rows, std::int64_t cols,
                                                       std::int64_t& group) noexcept {
-  return padded_group_lane_run(t, group_size, group_size / elements_per_thread, rows, cols, group);
+  std::int64_t const group_size = std::int64_t{elements_per_thread} << lanes_log2;
+  std::int64_t const per_row = (cols + group_size - 1) >> (lanes_log2 + elements_per_thread_log2);
+  return padded_group_lane_run(t, group_size, per_row, lanes_log2, rows, cols, group);
 }
 
 /// The runs of one thread (slot) of the linear per-group kernels, where whole groups tile the

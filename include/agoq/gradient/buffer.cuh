@@ -37,21 +37,25 @@ namespace agoq::gradient {
 
 namespace detail {
 
-/// The accumulate pass over a [1, N] int8 buffer `buf` with groups of G <= Lanes * 8: adds g
-/// (decoded + g in fp32 when `add`, else g alone) and requantizes every group with Rounding under
-/// Philox key `key`; adds the count of non-finite sums to *call_count and *total (either may be
-/// null).
-template <class T, class Rounding, int Lanes>
-AGOQ_KERNEL void accumulate_kernel(T const* g, quantized_view buf, bool add, std::uint64_t key,
-                                   unsigned long long* call_count, unsigned long long* total) {
+/// The accumulate pass over a [1, N] int8 buffer `buf` with groups of G <= 8 * 2^lanes_log2
+/// (device::group_lanes_log2; one kernel for every G): adds g (decoded + g in fp32 when `add`,
+/// else g alone) and requantizes every group with Rounding under Philox key `key`; adds the count
+/// of non-finite sums to *call_count and *total (either may be null).
+template <class T, class Rounding>
+AGOQ_KERNEL void accumulate_kernel(T const* g, quantized_view buf, int lanes_log2, bool add,
+                                   std::uint64_t key, unsigned long long* call_count,
+                                   unsigned long long* total) {
   namespace gpu = ::agoq::detail::gpu;
   std::int64_t const n = buf.cols;
   std::int64_t const group_size = buf.spec.group_cols;
-  std::int64_t const threads = (n + group_size - 1) / group_size * Lanes;
+  int const lanes = 1 << lanes_log2;
+  std::int64_t const groups = (n + group_size - 1) / group_size;
+  std::int64_t const threads = groups << lanes_log2;
   unsigned long long bad = 0;
   gpu::block_uniform_loop(threads, [&](std::int64_t t) {
     std::int64_t group = 0;
-    device::element_run const r = device::padded_group_lane_run(t, group_size, Lanes, 1, n, group);
+    device::element_run const r =
+        device::padded_group_lane_run(t, group_size, groups, lanes_log2, 1, n, group);
     float v[gpu::run];
     gpu::load_run(g + r.col, r.count, v);
     if (add && r.count > 0) {
@@ -66,33 +70,27 @@ AGOQ_KERNEL void accumulate_kernel(T const* g, quantized_view buf, bool add, std
     }
     // Every lane of the group has read its codes and the scale before the shuffles inside, and
     // the group's first lane stores the new scale after them.
-    bad +=
-        static_cast<unsigned long long>(device::quantize_group_lanes<payload_code, Rounding, Lanes>(
-            buf, 0, r.col, r.count, group, static_cast<unsigned>(t % Lanes), v, key, 0));
+    bad += static_cast<unsigned long long>(device::quantize_group_lanes<payload_code, Rounding>(
+        buf, 0, r.col, r.count, group, static_cast<unsigned>(t & (lanes - 1)), lanes, v, key, 0));
   });
   gpu::add_warp_count(call_count, bad);
   gpu::add_warp_count(total, bad);
 }
 
-/// Launches accumulate_kernel for the lanes of the buffer's group size and its rounding.
+/// Launches accumulate_kernel for the buffer's group size and rounding.
 template <class T>
 void launch_accumulate(T const* g, quantized_view const& buf, bool add, std::uint64_t key,
                        std::int64_t* call_count, std::int64_t* total, cudaStream_t stream) {
   namespace gpu = ::agoq::detail::gpu;
   std::int64_t const group_size = buf.spec.group_cols;
-  std::int64_t const lanes = device::group_lanes(group_size);
-  std::int64_t const threads = (buf.cols + group_size - 1) / group_size * lanes;
+  int const lanes_log2 = device::group_lanes_log2(group_size);
+  std::int64_t const threads = ((buf.cols + group_size - 1) / group_size) << lanes_log2;
   device::launch_policy const pol = gpu::current_policy();
   dispatch_rounding(buf.spec, [&](auto rounding) {
-    dispatch_type(
-        gpu::one_pass_lanes{}, [&](auto ln) { return decltype(ln)::value == lanes; },
-        [&](auto ln) {
-          accumulate_kernel<T, decltype(rounding), decltype(ln)::value>
-              <<<gpu::grid_for(threads, pol), pol.block_threads, 0, stream>>>(
-                  g, buf, add, key, reinterpret_cast<unsigned long long*>(call_count),
-                  reinterpret_cast<unsigned long long*>(total));
-        },
-        "gradient buffer lanes");
+    accumulate_kernel<T, decltype(rounding)>
+        <<<gpu::grid_for(threads, pol), pol.block_threads, 0, stream>>>(
+            g, buf, lanes_log2, add, key, reinterpret_cast<unsigned long long*>(call_count),
+            reinterpret_cast<unsigned long long*>(total));
   });
   AGOQ_CUDA_TRY(cudaGetLastError());
 }

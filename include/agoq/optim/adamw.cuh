@@ -64,8 +64,9 @@ namespace detail::gpu {
 // The executor's device helpers (load_run, store_run, grid_for, ...).
 namespace base = agoq::detail::gpu;
 
-/// Lanes per 128-element block of the device step (8 elements per lane).
-inline constexpr int adamw_lanes = 16;
+/// Lanes per 128-element block of the device step (8 elements per lane), and its log2.
+inline constexpr int adamw_lanes_log2 = 4;
+inline constexpr int adamw_lanes = 1 << adamw_lanes_log2;
 /// Elements per block scale of the device step.
 inline constexpr std::int64_t adamw_block = std::int64_t{adamw_lanes} * base::run;
 
@@ -122,7 +123,7 @@ AGOQ_KERNEL void adamw_step_kernel(adamw_coefficients c, P* w, float* master, So
   unsigned long long bad = 0;
   base::block_uniform_loop(threads, [&](std::int64_t t) {
     std::int64_t group = 0;
-    device::element_run const r = device::group_lane_run(t, adamw_block, 1, n, group);
+    device::element_run const r = device::group_lane_run(t, adamw_lanes_log2, 1, n, group);
     float g[n_run], mv[n_run], vv[n_run], p[n_run];
     grad.load(r.col, r.count, g);
     load_moment<int_sym<8>>(m, r.col, r.count, group, mv);
@@ -139,10 +140,10 @@ AGOQ_KERNEL void adamw_step_kernel(adamw_coefficients c, P* w, float* master, So
     if (master != nullptr) base::store_run(master + r.col, r.count, p);
     base::store_run(w + r.col, r.count, p);
     auto const lane = static_cast<unsigned>(t % adamw_lanes);
-    device::quantize_group_lanes<int_sym<8>, round_stochastic, adamw_lanes>(
-        m, 0, r.col, r.count, group, lane, mv, seed_m, 0);
-    device::quantize_group_lanes<fp8_e4m3, round_stochastic, adamw_lanes>(
-        v, 0, r.col, r.count, group, lane, vv, seed_v, 0);
+    device::quantize_group_lanes<int_sym<8>, round_stochastic>(m, 0, r.col, r.count, group, lane,
+                                                               adamw_lanes, mv, seed_m, 0);
+    device::quantize_group_lanes<fp8_e4m3, round_stochastic>(v, 0, r.col, r.count, group, lane,
+                                                             adamw_lanes, vv, seed_v, 0);
   });
   base::add_warp_count(skipped, bad);
 }

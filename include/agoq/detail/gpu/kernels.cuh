@@ -17,8 +17,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <cuda/std/bit>
-
 #include "../../device/epilogue.cuh"
 #include "../../device/partition.hpp"
 #include "../../device/thread.hpp"
@@ -126,29 +124,27 @@ AGOQ_HOST_DEVICE inline bool params_and_codes_aligned(
 }
 
 /// Whether the one-pass quantize kernel takes its linear path (quantize_groups_linear): whole
-/// groups of G columns in every row and a 16-byte aligned input. Host and device: the launcher
-/// sizes the grid by it (runs_in_flight runs per thread).
+/// groups of G (a power of two, so a mask tests it) columns in every row and a 16-byte aligned
+/// input. Host and device: the launcher sizes the grid by it (runs_in_flight runs per thread).
 template <class T>
 AGOQ_HOST_DEVICE inline bool quantize_linear(T const* x, std::int64_t cols,
                                              std::int64_t group_size) noexcept {
-  return cols % group_size == 0 && aligned(x, 16);
+  return (cols & (group_size - 1)) == 0 && aligned(x, 16);
 }
 
-/// The linear fast path of the one-pass kernel, for cols % G == 0 and a 16-byte aligned input:
-/// whole groups then tile the tensor in row-major order (group g is runs [g Lanes, (g + 1) Lanes),
-/// run u elements [8u, 8u + 8) and codes from byte u * Bits), so there is no division and no
-/// partial run. A group is held by Lanes / runs_in_flight lanes, each holding runs_in_flight of
-/// its runs (device::linear_group_slot): all its loads are in flight at once, each load is
-/// coalesced with the group's other lanes', and the statistics, the shuffles, the parameters and
-/// the divisor are made once per runs_in_flight runs (device::quantize_group_slot).
-template <class T, class Code, class Rounding, int Lanes>
+/// The linear fast path of the one-pass kernel, for cols % G == 0 and a 16-byte aligned input,
+/// G = 8 * 2^runs_per_group_log2: whole groups then tile the tensor in row-major order (group g is
+/// runs [g R, (g + 1) R), R = 2^runs_per_group_log2, run u elements [8u, 8u + 8) and codes from
+/// byte u * Bits), so there is no division and no partial run. A group is held by
+/// R / runs_in_flight lanes, each holding runs_in_flight of its runs (device::linear_group_slot):
+/// all its loads are in flight at once, each load is coalesced with the group's other lanes', and
+/// the statistics, the shuffles, the parameters and the divisor are made once per runs_in_flight
+/// runs (device::quantize_group_slot).
+template <class T, class Code, class Rounding>
 __device__ inline void quantize_groups_linear(T const* x, quantized_view const& out,
-                                              std::uint64_t seed, std::uint64_t offset,
-                                              unsigned long long& bad) {
-  constexpr int lanes = Lanes / runs_in_flight;  // lanes per group
-  static_assert(lanes >= 1 && lanes * runs_in_flight == Lanes && (lanes & (lanes - 1)) == 0);
+                                              int runs_per_group_log2, std::uint64_t seed,
+                                              std::uint64_t offset, unsigned long long& bad) {
   std::int64_t const runs = out.rows * (out.cols / run);
-  constexpr int runs_per_group_log2 = cuda::std::countr_zero(unsigned{Lanes});
   for_each_linear_slot(
       runs, runs_per_group_log2, runs_in_flight_log2,
       [&](device::linear_slot const& slot, bool active) {
@@ -156,33 +152,39 @@ __device__ inline void quantize_groups_linear(T const* x, quantized_view const& 
         float v[runs_in_flight][run];
 #pragma unroll
         for (int k = 0; k < runs_in_flight; ++k) {
-          load_aligned_run<true>(x + (slot.first + k * lanes) * run, v[k]);
+          load_aligned_run<true>(x + (slot.first + k * slot.lanes) * run, v[k]);
         }
         bad += static_cast<unsigned long long>(
-            device::quantize_group_slot<Code, Rounding, lanes>(out, slot, active, v, seed, offset));
+            device::quantize_group_slot<Code, Rounding>(out, slot, active, v, seed, offset));
       });
 }
 
-/// One-pass quantization of per-group schemes with G = Lanes * 8.
-template <class T, class Code, class Rounding, int Lanes>
-AGOQ_KERNEL void quantize_groups_kernel(T const* x, quantized_view out, std::uint64_t seed,
-                                        std::uint64_t offset, unsigned long long* nonfinite) {
-  constexpr std::int64_t group_size = std::int64_t{Lanes} * run;
+/// One-pass quantization of per-group schemes with G = 8 * 2^lanes_log2 (G / 8 lanes of one run
+/// per group, or the linear path): one kernel for every G of the path, the group size a run-time
+/// value.
+template <class T, class Code, class Rounding>
+AGOQ_KERNEL void quantize_groups_kernel(T const* x, quantized_view out, int lanes_log2,
+                                        std::uint64_t seed, std::uint64_t offset,
+                                        unsigned long long* nonfinite) {
+  int const lanes = 1 << lanes_log2;
+  std::int64_t const group_size = std::int64_t{lanes} * run;
   std::int64_t const rows = out.rows, cols = out.cols;
   unsigned long long bad = 0;
   if (quantize_linear(x, cols, group_size)) {
-    quantize_groups_linear<T, Code, Rounding, Lanes>(x, out, seed, offset, bad);
+    quantize_groups_linear<T, Code, Rounding>(x, out, lanes_log2, seed, offset, bad);
     add_warp_count(nonfinite, bad);
     return;
   }
-  std::int64_t const threads = rows * ((cols + group_size - 1) / group_size) * Lanes;
+  std::int64_t const threads = (rows * ((cols + group_size - 1) >> (lanes_log2 + run_log2)))
+                               << lanes_log2;
   block_uniform_loop(threads, [&](std::int64_t t) {
     std::int64_t group = 0;
-    device::element_run const r = device::group_lane_run(t, group_size, rows, cols, group);
+    device::element_run const r = device::group_lane_run(t, lanes_log2, rows, cols, group);
     float v[run];
     load_run(x + r.row * cols + r.col, r.count, v);
-    bad += static_cast<unsigned long long>(device::quantize_group_lanes<Code, Rounding, Lanes>(
-        out, r.row, r.col, r.count, group, static_cast<unsigned>(t % Lanes), v, seed, offset));
+    bad += static_cast<unsigned long long>(device::quantize_group_lanes<Code, Rounding>(
+        out, r.row, r.col, r.count, group, static_cast<unsigned>(t & (lanes - 1)), lanes, v, seed,
+        offset));
   });
   add_warp_count(nonfinite, bad);
 }

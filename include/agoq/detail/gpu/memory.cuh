@@ -15,6 +15,7 @@
 namespace agoq::detail::gpu {
 
 inline constexpr int run = device::elements_per_thread;
+inline constexpr int run_log2 = device::elements_per_thread_log2;
 
 /// True when `p` is a multiple of `a` (a power of two). Host and device.
 AGOQ_HOST_DEVICE inline bool aligned(void const* p, std::uintptr_t a) noexcept {
