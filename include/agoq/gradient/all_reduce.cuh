@@ -77,10 +77,19 @@ static_assert(reduce_run_elements == ::agoq::detail::gpu::run);
 /// Ranks whose blocks reduce_blocks_kernel loads together.
 inline constexpr int reduce_rank_batch = 4;
 
-/// The fp32 scale of group g of a block's inline scales (load_group_params of an f32 view).
-__device__ inline group_params payload_scale(std::uint8_t const* scales, std::int64_t g) noexcept {
+/// The fp32 scale of group g of a block's inline scales (load_group_params of an f32 view): one
+/// 4-byte load where `aligned` (the scales of every block on a 4-byte boundary, as for every G that
+/// is a multiple of 4), else byte loads (a block's scales follow its chunk_groups * G codes).
+__device__ inline group_params payload_scale(std::uint8_t const* scales, std::int64_t g,
+                                             bool aligned) noexcept {
   group_params p;
-  std::memcpy(&p.scale, scales + 4 * g, 4);
+  if (aligned) {
+    // Through the read-only cache (the received blocks are not written while they are reduced);
+    // the compiler would merge a plain load with the memcpy's byte loads.
+    p.scale = __ldg(reinterpret_cast<float const*>(scales) + g);
+  } else {
+    std::memcpy(&p.scale, scales + 4 * g, 4);
+  }
   return p;
 }
 
@@ -94,6 +103,8 @@ AGOQ_KERNEL void reduce_blocks_kernel(std::uint8_t const* recv, std::int64_t blo
                                       Out* out) {
   std::int64_t const threads = reduce_thread_count(count);
   std::int64_t const step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  bool const aligned_scales =
+      ::agoq::detail::gpu::aligned(recv + scales_offset, 4) && block_bytes % 4 == 0;
   for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        t < threads; t += step) {
     reduce_run const run = reduce_run_of(t, count, group_size);
@@ -109,9 +120,10 @@ AGOQ_KERNEL void reduce_blocks_kernel(std::uint8_t const* recv, std::int64_t blo
         std::uint8_t const* block = recv + (r0 + k) * block_bytes;
         codes[k] =
             ::agoq::detail::gpu::load_codes<8>(block + payload_header_bytes + run.begin, run.count);
-        first[k] = payload_scale(block + scales_offset, run.group);
-        second[k] =
-            run.split < run.count ? payload_scale(block + scales_offset, run.group + 1) : first[k];
+        first[k] = payload_scale(block + scales_offset, run.group, aligned_scales);
+        second[k] = run.split < run.count
+                        ? payload_scale(block + scales_offset, run.group + 1, aligned_scales)
+                        : first[k];
       }
       AGOQ_UNROLL
       for (int k = 0; k < reduce_rank_batch; ++k) {

@@ -94,13 +94,19 @@ __device__ inline void store_run(T* y, int count, float const (&v)[run]) noexcep
   }
 }
 
-/// Loads the packed codes of a run into the low bytes of a word.
+/// Loads the packed codes of a run into the low bytes of a word: one aligned load for a whole run
+/// (two 4-byte loads for 8 bytes on a 4-byte boundary, as the blocks of the 8-bit collectives can
+/// be), byte loads otherwise.
 template <int Bits>
 __device__ inline std::uint64_t load_codes(std::uint8_t const* src, int count) noexcept {
   constexpr int full_bytes = run * Bits / 8;
   if (count == run) {
     if constexpr (full_bytes == 8) {
       if (aligned(src, 8)) return *reinterpret_cast<std::uint64_t const*>(src);
+      if (aligned(src, 4)) {
+        auto const* w = reinterpret_cast<std::uint32_t const*>(src);
+        return std::uint64_t{w[0]} | (std::uint64_t{w[1]} << 32);
+      }
     } else if constexpr (full_bytes == 4) {
       if (aligned(src, 4)) return *reinterpret_cast<std::uint32_t const*>(src);
     } else {
