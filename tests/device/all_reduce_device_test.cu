@@ -177,6 +177,9 @@ TEST_CASE("all_reduce_8bit_async: bit-identical to the CPU executor, every rank"
   sweep<bfloat16, float>("bf16->f32", {2, 3}, {1, 127, 7919}, {32, 33, 100, 256}, false);
   // A length past a million, a prime (partial last group, uneven chunks).
   sweep<bfloat16, float>("bf16->f32", {1, 3, 8}, {1000003}, {128}, false);
+  // Past 8 ranks the reduce kernel loads 16 ranks per round (reduce_rank_batch_wide): 12 ranks
+  // (one partial round), 20 (a full round and a partial one).
+  sweep<bfloat16, float>("bf16->f32", {12, 20}, {1, 7919, 65537}, {33, 128}, false);
 }
 
 TEST_CASE("reduce_scatter_8bit_async: bit-identical to the CPU executor, every rank") {
@@ -184,6 +187,7 @@ TEST_CASE("reduce_scatter_8bit_async: bit-identical to the CPU executor, every r
   sweep<float, bfloat16>("f32->bf16", all_ranks, small_lengths, {128}, true);
   sweep<half, float>("f16->f32", {2, 3}, {1, 127, 7919}, {33, 100}, true);
   sweep<bfloat16, float>("bf16->f32", {3, 8}, {1000003}, {128}, true);
+  sweep<bfloat16, float>("bf16->f32", {12, 20}, {7919}, {128}, true);
 }
 
 TEST_CASE("all_reduce_8bit_async: output may be the input") {

@@ -74,8 +74,15 @@ namespace detail {
 
 static_assert(reduce_run_elements == ::agoq::detail::gpu::run);
 
-/// Ranks whose blocks reduce_blocks_kernel loads together.
+/// Ranks whose blocks reduce_blocks_kernel loads together: reduce_rank_batch up to
+/// reduce_wide_ranks ranks, reduce_rank_batch_wide beyond. At large P a chunk has few elements
+/// (N / P), so few threads, each adding P blocks in rank order: the kernel's time is then the
+/// latency of its ceil(P / batch) rounds of loads, which the wider batch divides by 4 (127
+/// registers on sm_90 instead of 64, no spills: 2 blocks of 256 threads per SM instead of 4, which
+/// such chunks do not fill anyway).
 inline constexpr int reduce_rank_batch = 4;
+inline constexpr int reduce_rank_batch_wide = 16;
+inline constexpr int reduce_wide_ranks = 8;
 
 /// The fp32 scale of group g of a block's inline scales (load_group_params of an f32 view): one
 /// 4-byte load where `aligned` (the scales of every block on a 4-byte boundary, as for every G that
@@ -96,7 +103,7 @@ __device__ inline group_params payload_scale(std::uint8_t const* scales, std::in
 /// The fused dequantize-sum(-divide): out[0, count) = the elements of the `ranks` blocks at
 /// `recv` (block r at recv + r block_bytes, `count` elements each) decoded and added in rank
 /// order, divided by `divisor` unless it is 1, stored as Out (rounded to nearest even).
-template <class Out>
+template <class Out, int Batch>
 AGOQ_KERNEL void reduce_blocks_kernel(std::uint8_t const* recv, std::int64_t block_bytes,
                                       std::int64_t scales_offset, std::int64_t ranks,
                                       std::int64_t count, std::int64_t group_size, float divisor,
@@ -109,13 +116,13 @@ AGOQ_KERNEL void reduce_blocks_kernel(std::uint8_t const* recv, std::int64_t blo
        t < threads; t += step) {
     reduce_run const run = reduce_run_of(t, count, group_size);
     float v[reduce_run_elements] = {};
-    // reduce_rank_batch ranks' codes and scales are loaded before any of them is added, so that
-    // many loads are in flight per thread; the additions keep rank order.
-    for (std::int64_t r0 = 0; r0 < ranks; r0 += reduce_rank_batch) {
-      std::uint64_t codes[reduce_rank_batch] = {};
-      group_params first[reduce_rank_batch], second[reduce_rank_batch];
+    // Batch ranks' codes and scales are loaded before any of them is added, so that many loads
+    // are in flight per thread; the additions keep rank order.
+    for (std::int64_t r0 = 0; r0 < ranks; r0 += Batch) {
+      std::uint64_t codes[Batch] = {};
+      group_params first[Batch], second[Batch];
       AGOQ_UNROLL
-      for (int k = 0; k < reduce_rank_batch; ++k) {
+      for (int k = 0; k < Batch; ++k) {
         if (r0 + k >= ranks) break;
         std::uint8_t const* block = recv + (r0 + k) * block_bytes;
         codes[k] =
@@ -126,7 +133,7 @@ AGOQ_KERNEL void reduce_blocks_kernel(std::uint8_t const* recv, std::int64_t blo
                         : first[k];
       }
       AGOQ_UNROLL
-      for (int k = 0; k < reduce_rank_batch; ++k) {
+      for (int k = 0; k < Batch; ++k) {
         if (r0 + k >= ranks) break;
         AGOQ_UNROLL
         for (int i = 0; i < reduce_run_elements; ++i) {
@@ -443,10 +450,16 @@ void launch_reduce(cudaStream_t stream, chunk_plan const& plan, std::int64_t j,
   std::int64_t const count = plan.count(j);
   if (count == 0) return;
   device::launch_policy const pol = ::agoq::detail::gpu::current_policy();
-  reduce_blocks_kernel<Out>
-      <<<::agoq::detail::gpu::grid_for(reduce_thread_count(count), pol), pol.block_threads, 0,
-         stream>>>(reinterpret_cast<std::uint8_t const*>(recv), plan.block_bytes(),
-                   plan.scales_offset(), plan.ranks, count, plan.group_size, divisor, out);
+  auto const launch = [&](auto kernel) {
+    kernel<<<::agoq::detail::gpu::grid_for(reduce_thread_count(count), pol), pol.block_threads, 0,
+             stream>>>(reinterpret_cast<std::uint8_t const*>(recv), plan.block_bytes(),
+                       plan.scales_offset(), plan.ranks, count, plan.group_size, divisor, out);
+  };
+  if (plan.ranks > reduce_wide_ranks) {
+    launch(reduce_blocks_kernel<Out, reduce_rank_batch_wide>);
+  } else {
+    launch(reduce_blocks_kernel<Out, reduce_rank_batch>);
+  }
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
 
