@@ -49,6 +49,8 @@ TEST_CASE("group_lane_run covers every element once and names its layout group")
       int const lanes_log2 = group_lanes_log2(g);
       REQUIRE((std::int64_t{1} << lanes_log2) == lanes);
       std::int64_t const threads = l.groups() * lanes;
+      REQUIRE(lane_groups_per_row(cols, lanes_log2) == l.group_grid_cols);
+      REQUIRE(group_lane_threads(rows, cols, lanes_log2) == threads);
       std::vector<int> hits(static_cast<std::size_t>(rows * cols), 0);
       for (std::int64_t t = 0; t < threads + 64; ++t) {
         std::int64_t group = -1;

@@ -119,9 +119,7 @@ __device__ inline void for_each_unit(std::int64_t rows, std::int64_t cols, F&& f
 template <class F>
 __device__ inline void for_each_group_lane(std::int64_t rows, std::int64_t cols, int lanes_log2,
                                            F&& f) {
-  int const group_log2 = lanes_log2 + run_log2;
-  std::int64_t const threads = (rows * ((cols + (std::int64_t{1} << group_log2) - 1) >> group_log2))
-                               << lanes_log2;
+  std::int64_t const threads = device::group_lane_threads(rows, cols, lanes_log2);
   std::int64_t const lane_mask = (std::int64_t{1} << lanes_log2) - 1;
   agoq::detail::gpu::block_uniform_loop(threads, [&](std::int64_t t) {
     std::int64_t group = 0;
@@ -283,7 +281,7 @@ AGOQ_KERNEL void rmsnorm_forward_kernel(X const* x, W const* w, float eps, Y* y,
   float const inv_cols = __fdiv_rn(1.0f, static_cast<float>(cols));
   // The save's groups of G = 8 * 2^lanes_log2 columns: shifts by log2(G).
   int const group_log2 = save.lanes_log2 + run_log2;
-  std::int64_t const group_grid_cols = (cols + (std::int64_t{1} << group_log2) - 1) >> group_log2;
+  std::int64_t const group_grid_cols = device::lane_groups_per_row(cols, save.lanes_log2);
   unsigned const lane_mask = (1u << save.lanes_log2) - 1u;
   unsigned long long bad = 0;
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {

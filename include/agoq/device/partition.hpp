@@ -94,6 +94,22 @@ AGOQ_HOST_DEVICE constexpr element_run padded_group_lane_run(std::int64_t t,
   return r;
 }
 
+/// Groups of G = elements_per_thread * 2^lanes_log2 columns in a row of `cols`: ceil(cols / G),
+/// by shifts. Host and device.
+AGOQ_HOST_DEVICE constexpr std::int64_t lane_groups_per_row(std::int64_t cols,
+                                                            int lanes_log2) noexcept {
+  int const group_log2 = lanes_log2 + elements_per_thread_log2;
+  return (cols + (std::int64_t{1} << group_log2) - 1) >> group_log2;
+}
+
+/// Threads of a one-pass per-group walk over a [rows, cols] tensor with 2^lanes_log2 lanes per
+/// group of G = elements_per_thread * 2^lanes_log2 columns (group_lane_run's t in [0, threads)).
+/// Host and device.
+AGOQ_HOST_DEVICE constexpr std::int64_t group_lane_threads(std::int64_t rows, std::int64_t cols,
+                                                           int lanes_log2) noexcept {
+  return (rows * lane_groups_per_row(cols, lanes_log2)) << lanes_log2;
+}
+
 /// In the one-pass per-group kernel, 2^lanes_log2 consecutive threads share a group of
 /// G = elements_per_thread * 2^lanes_log2 columns: thread t covers lane t % lanes of group
 /// t / lanes. Returns that run (count 0 past the end of the row or of the tensor) and the group
@@ -101,9 +117,9 @@ AGOQ_HOST_DEVICE constexpr element_run padded_group_lane_run(std::int64_t t,
 AGOQ_HOST_DEVICE constexpr element_run group_lane_run(std::int64_t t, int lanes_log2,
                                                       std::int64_t rows, std::int64_t cols,
                                                       std::int64_t& group) noexcept {
-  std::int64_t const group_size = std::int64_t{elements_per_thread} << lanes_log2;
-  std::int64_t const per_row = (cols + group_size - 1) >> (lanes_log2 + elements_per_thread_log2);
-  return padded_group_lane_run(t, group_size, per_row, lanes_log2, rows, cols, group);
+  return padded_group_lane_run(t, std::int64_t{elements_per_thread} << lanes_log2,
+                               lane_groups_per_row(cols, lanes_log2), lanes_log2, rows, cols,
+                               group);
 }
 
 /// The runs of one thread (slot) of the linear per-group kernels, where whole groups tile the

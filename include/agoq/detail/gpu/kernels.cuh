@@ -175,9 +175,7 @@ AGOQ_KERNEL void quantize_groups_kernel(T const* x, quantized_view out, int lane
     add_warp_count(nonfinite, bad);
     return;
   }
-  std::int64_t const threads = (rows * ((cols + group_size - 1) >> (lanes_log2 + run_log2)))
-                               << lanes_log2;
-  block_uniform_loop(threads, [&](std::int64_t t) {
+  block_uniform_loop(device::group_lane_threads(rows, cols, lanes_log2), [&](std::int64_t t) {
     std::int64_t group = 0;
     device::element_run const r = device::group_lane_run(t, lanes_log2, rows, cols, group);
     float v[run];
