@@ -365,8 +365,14 @@ namespace {
 
 template <class Code>
 void check_dequantize_fragment(std::mt19937& gen) {
-  // The largest scale whose products with every b-bit code (-2^(b-1) included) stay finite.
-  float const big = std::numeric_limits<float>::max() / static_cast<float>(Code::qmax + 1);
+  // The largest scale whose products with every finite code (-2^(b-1) included) stay finite.
+  float largest = 0.0f;
+  if constexpr (is_fp8_code<Code>) {
+    largest = Code::format.max_value;
+  } else {
+    largest = static_cast<float>(Code::qmax + 1);
+  }
+  float const big = std::numeric_limits<float>::max() / largest;
   std::vector<float> scales = {0.0f,
                                1.0f,
                                0.5f,
@@ -383,20 +389,21 @@ void check_dequantize_fragment(std::mt19937& gen) {
     scales.push_back(
         std::ldexp(static_cast<float>(gen() % 1000 + 1), static_cast<int>(gen() % 250) - 140));
   }
+  // Every code (NaN and Inf codes of FP8, and -2^(b-1), which quantize never writes, included),
+  // eight to a fragment.
+  constexpr std::uint32_t codes = 1u << Code::bits;
   for (float s : scales) {
-    std::uint8_t q[8];
-    for (int i = 0; i < 8; ++i)
-      q[i] = static_cast<std::uint8_t>(gen() & numeric::code_mask(Code::bits));
-    q[0] = static_cast<std::uint8_t>(Code::qmax);  // the extremes, and -2^(b-1) (no valid code)
-    q[1] = static_cast<std::uint8_t>((1u << Code::bits) - Code::qmax);
-    q[2] = static_cast<std::uint8_t>(1u << (Code::bits - 1));
-    float v[8];
-    dequantize_fragment<Code>(q, group_params{s, 0}, v);
-    for (int i = 0; i < 8; ++i) {
-      CAPTURE(s);
-      CAPTURE(int{q[i]});
-      float const ref = decode<Code>(q[i], group_params{s, 0});
-      REQUIRE((same_bits(v[i], ref) || (std::isnan(v[i]) && std::isnan(ref))));
+    for (std::uint32_t c0 = 0; c0 < codes; c0 += 8) {
+      std::uint8_t q[8];
+      for (std::uint32_t i = 0; i < 8; ++i) q[i] = static_cast<std::uint8_t>((c0 + i) % codes);
+      float v[8];
+      dequantize_fragment<Code>(q, group_params{s, 0}, v);
+      for (int i = 0; i < 8; ++i) {
+        CAPTURE(s);
+        CAPTURE(int{q[i]});
+        float const ref = decode<Code>(q[i], group_params{s, 0});
+        REQUIRE((same_bits(v[i], ref) || (std::isnan(v[i]) && std::isnan(ref))));
+      }
     }
   }
 }
@@ -408,6 +415,8 @@ TEST_CASE("dequantize_fragment equals decode, saturation included") {
   check_dequantize_fragment<int_sym<2>>(gen);
   check_dequantize_fragment<int_sym<4>>(gen);
   check_dequantize_fragment<int_sym<8>>(gen);
+  check_dequantize_fragment<fp8_e4m3>(gen);
+  check_dequantize_fragment<fp8_e5m2>(gen);
 }
 
 TEST_CASE("dequantize_packed equals unpack_fragment then dequantize_fragment") {

@@ -81,15 +81,70 @@ TEST_CASE("fp8 encoding of non-finite values follows the format contract") {
   CHECK(float_to_fp8_rne_sat(-inf, fp8_e5m2_format) == 0xfb);
 }
 
-TEST_CASE("fp8 truncation is the largest magnitude not above the value") {
+TEST_CASE("fp8 stochastic rounding at u = 0 truncates toward zero and saturates") {
   for (fp8_format const f : {fp8_e4m3_format, fp8_e5m2_format}) {
     for (std::uint32_t c = 0; c < f.max_code; ++c) {
       float const lo = fp8_magnitude_to_float(c, f);
       float const hi = fp8_magnitude_to_float(c + 1, f);
-      REQUIRE(fp8_magnitude_truncate(lo, f) == c);
-      REQUIRE(fp8_magnitude_truncate(std::nextafter(hi, 0.0f), f) == c);
-      REQUIRE(fp8_magnitude_truncate(hi, f) == c + 1);
+      REQUIRE(fp8_stochastic_magnitude(float_bits(lo), 0.0f, f) == c);
+      REQUIRE(fp8_stochastic_magnitude(float_bits(std::nextafter(hi, 0.0f)), 0.0f, f) == c);
+      REQUIRE(fp8_stochastic_magnitude(float_bits(hi), 0.0f, f) == c + 1);
     }
-    CHECK(fp8_magnitude_truncate(1e30f, f) == f.max_code);
+    CHECK(fp8_stochastic_magnitude(float_bits(1e30f), 0.0f, f) == f.max_code);
+    CHECK(fp8_stochastic_magnitude(0x7f800000u, 0x1.fffffep-1f, f) == f.max_code);
   }
+}
+
+namespace {
+
+/// The reference of fp8_stochastic_magnitude, in double from the format's values: lo the largest
+/// finite FP8 magnitude not above a, and the smallest k with (1 - k 2^-24) (next - lo) <= a - lo
+/// (exact in double), 2^24 when none or when lo is the largest magnitude: the magnitude under the
+/// draw u = k 2^-24 is lo + (k >= threshold).
+struct stochastic_reference {
+  std::uint32_t lo = 0;
+  std::uint32_t threshold = 0;
+
+  stochastic_reference(double a, fp8_format f) {
+    while (lo < f.max_code && fp8_magnitude_to_float(lo + 1, f) <= a) ++lo;
+    threshold = 1u << 24;
+    if (lo == f.max_code || a != a) return;
+    double const below = fp8_magnitude_to_float(lo, f);
+    double const gap = static_cast<double>(fp8_magnitude_to_float(lo + 1, f)) - below;
+    threshold = static_cast<std::uint32_t>(std::ceil(0x1p24 - 0x1p24 * ((a - below) / gap)));
+  }
+  std::uint32_t at(std::uint32_t k) const { return lo + (k >= threshold ? 1u : 0u); }
+};
+
+}  // namespace
+
+TEST_CASE("fp8 stochastic rounding rounds up exactly when (1 - u) gap <= a - lo") {
+  // Floats from 0 to twice the largest value (every 1031st, and the 64 on each side of every FP8
+  // magnitude: binade edges, the subnormal-normal edge, the largest value) and +Inf, each at u = 0,
+  // at the largest u, and at the two draws around the threshold where it starts to round up.
+  std::int64_t checked = 0;
+  for (fp8_format const f : {fp8_e4m3_format, fp8_e5m2_format}) {
+    auto check = [&](std::uint32_t a) {
+      stochastic_reference const ref(bits_float(a), f);
+      std::uint32_t const t = ref.threshold;
+      for (std::uint32_t const k : {0u, t > 0 ? t - 1u : 0u, t, (1u << 24) - 1u}) {
+        if (k >= (1u << 24)) continue;
+        CAPTURE(a);
+        CAPTURE(k);
+        REQUIRE(fp8_stochastic_magnitude(a, static_cast<float>(k) * 0x1p-24f, f) == ref.at(k));
+        ++checked;
+      }
+    };
+    std::uint32_t const end = float_bits(2.0f * f.max_value);
+    for (std::uint32_t a = 0; a < end; a += 1031) check(a);
+    for (std::uint32_t c = 0; c <= f.max_code; ++c) {
+      std::uint32_t const b = float_bits(fp8_magnitude_to_float(c, f));
+      for (std::uint32_t d = 0; d < 64; ++d) {
+        check(b + d);
+        if (b >= d) check(b - d);
+      }
+    }
+    check(0x7f800000u);
+  }
+  CHECK(checked > 7000000);
 }

@@ -228,17 +228,9 @@ template <code_format Code>
 AGOQ_HOST_DEVICE inline std::uint8_t stochastic_code(float v, group_params p, float u) noexcept {
   if constexpr (is_fp8_code<Code>) {
     std::uint32_t const u32 = float_bits(v);
-    if ((u32 & 0x7fffffffu) > 0x7f800000u) return 0;
-    float const a = bits_float(u32 & 0x7fffffffu);
-    std::uint32_t mag = fp8_magnitude_truncate(a, Code::format);
-    if (mag < Code::format.max_code) {
-      float const lo = fp8_magnitude_to_float(mag, Code::format);
-      float const hi = fp8_magnitude_to_float(mag + 1u, Code::format);
-      // Both sides are exact: 1 - u has 24 bits, hi - lo is a power of two, and a - lo is a
-      // Sterbenz difference.
-      if ((1.0f - u) * (hi - lo) <= a - lo) ++mag;
-    }
-    return static_cast<std::uint8_t>(((u32 >> 24) & 0x80u) | mag);
+    std::uint32_t const a = u32 & 0x7fffffffu;
+    std::uint32_t const code = ((u32 >> 24) & 0x80u) | fp8_stochastic_magnitude(a, u, Code::format);
+    return static_cast<std::uint8_t>(a > 0x7f800000u ? 0u : code);
   } else {
     return integer_code<Code>(floor_stochastic(clamped_quotient<Code>(v, p), u), p);
   }

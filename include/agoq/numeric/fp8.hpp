@@ -21,6 +21,12 @@ struct fp8_format {
   AGOQ_HOST_DEVICE constexpr std::uint32_t min_normal_bits() const noexcept {
     return (127u + 1u - static_cast<std::uint32_t>(exponent_bias)) << 23;
   }
+  /// Float bits of the subnormal step (the smallest positive value), 2^(1 - bias - mantissa_bits).
+  AGOQ_HOST_DEVICE constexpr std::uint32_t step_bits() const noexcept {
+    return (127u + 1u - static_cast<std::uint32_t>(exponent_bias) -
+            static_cast<std::uint32_t>(mantissa_bits))
+           << 23;
+  }
   /// Float bits of 1 / (subnormal step) = 2^(bias - 1 + mantissa_bits); multiplying by it is
   /// exact, and gives a subnormal magnitude in units of the step.
   AGOQ_HOST_DEVICE constexpr std::uint32_t inv_step_bits() const noexcept {
@@ -50,9 +56,7 @@ AGOQ_HOST_DEVICE constexpr float fp8_magnitude_to_float(std::uint32_t mag, fp8_f
   std::uint32_t const man = mag & man_mask;
   if (exp == 0) {
     // Subnormal: man * 2^(1 - bias - mantissa_bits); a power-of-two multiply, exact.
-    std::uint32_t const step_exp = 127u + 1u - static_cast<std::uint32_t>(f.exponent_bias) -
-                                   static_cast<std::uint32_t>(f.mantissa_bits);
-    return static_cast<float>(man) * bits_float(step_exp << 23);
+    return static_cast<float>(man) * bits_float(f.step_bits());
   }
   std::uint32_t const exp32 = exp + 127u - static_cast<std::uint32_t>(f.exponent_bias);
   return bits_float((exp32 << 23) | (man << (23 - f.mantissa_bits)));
@@ -72,16 +76,35 @@ AGOQ_HOST_DEVICE constexpr float fp8_to_float(std::uint8_t code, fp8_format f) n
   return (code & 0x80u) ? -v : v;
 }
 
-/// Rounds a non-negative finite float to the magnitude code of the nearest FP8 value toward zero
-/// (truncation), saturating at the largest finite value. Helper of the rounding modes.
-AGOQ_HOST_DEVICE constexpr std::uint32_t fp8_magnitude_truncate(float a, fp8_format f) noexcept {
-  if (!(a < f.max_value)) return f.max_code;
-  std::uint32_t const u = float_bits(a);
-  if (u < f.min_normal_bits()) {
-    // Subnormal range: a / step < 2^mantissa_bits; a power-of-two multiply, exact.
-    return static_cast<std::uint32_t>(a * bits_float(f.inv_step_bits()));
-  }
-  return (u >> f.drop()) - f.rebias();
+/// The magnitude code of FP8 stochastic rounding of the magnitude with float bits `a` (not NaN)
+/// under the draw u in [0, 1): the magnitude lo truncated toward zero (saturating at the largest
+/// finite value), plus one when lo is below the largest finite value and
+/// (1 - u) * gap <= a - lo, where gap is the distance from lo to the next FP8 magnitude. Both sides
+/// are exact (1 - u has 24 bits and gap is a power of two; a - lo is a Sterbenz difference), so
+/// the comparison is the real one: the magnitude rounds up with probability
+/// floor(2^24 (a - lo) / gap) / 2^24. Written without a branch (host and device): lo and gap come
+/// from a's bits in the normal range (the dropped mantissa bits cleared; gap = 2^(e - mantissa
+/// bits) for a's exponent e, which is also the gap below the next binade) and from the exact
+/// power-of-two multiply trunc(a / step) in the subnormal range (gap = the subnormal step), and the
+/// result is clamped to max_code, which covers every a at or past the largest finite value, +Inf
+/// included (whose a - lo is NaN, so it never rounds up). Host and device.
+AGOQ_HOST_DEVICE constexpr std::uint32_t fp8_stochastic_magnitude(std::uint32_t a, float u,
+                                                                  fp8_format f) noexcept {
+  float const af = bits_float(a);
+  bool const normal = a >= f.min_normal_bits();
+  // Subnormal range: trunc(a / step), on a clamped to the smallest normal value so that the
+  // conversion stays in range for every a.
+  float const below = normal ? bits_float(f.min_normal_bits()) : af;
+  auto const sub = static_cast<std::uint32_t>(below * bits_float(f.inv_step_bits()));
+  float const step = bits_float(f.step_bits());
+  float const lo =
+      normal ? bits_float(a & ~((1u << f.drop()) - 1u)) : static_cast<float>(sub) * step;
+  float const gap =
+      normal ? bits_float((a & 0x7f800000u) - (static_cast<std::uint32_t>(f.mantissa_bits) << 23))
+             : step;
+  std::uint32_t mag = normal ? (a >> f.drop()) - f.rebias() : sub;
+  mag += (1.0f - u) * gap <= af - lo ? 1u : 0u;
+  return mag < f.max_code ? mag : f.max_code;
 }
 
 /// float -> FP8 code, round to nearest even, saturating to the largest finite value (±Inf too);

@@ -413,8 +413,6 @@ struct encoder {
   static __m512 fp8_magnitude_values(__m512i mag) noexcept {
     constexpr numeric::fp8_format f = Code::format;
     constexpr int mbits = f.mantissa_bits;
-    constexpr std::uint32_t step_exp =
-        127u + 1u - static_cast<std::uint32_t>(f.exponent_bias) - static_cast<std::uint32_t>(mbits);
     // Normal: the exponent rebiased into the float's, the mantissa moved to the top of the float's.
     __m512 const normal = _mm512_castsi512_ps(_mm512_add_epi32(
         _mm512_slli_epi32(mag, 23 - mbits),
@@ -423,16 +421,16 @@ struct encoder {
     // Subnormal: the mantissa times the subnormal step (a power of two), exact.
     __m512 const sub =
         _mm512_mul_ps(_mm512_cvtepi32_ps(mag),
-                      _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(step_exp << 23))));
+                      _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(f.step_bits()))));
     return _mm512_mask_mov_ps(normal, _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(1 << mbits)),
                               sub);
   }
 
   /// numeric::encode_stochastic of an FP8 code on v = x / scale, lane by lane: the magnitude
-  /// truncated as numeric::fp8_magnitude_truncate does (saturating at the largest finite value,
-  /// ±Inf and NaN included), then one up where (1 - u) * (hi - lo) <= |v| - lo for its
-  /// neighbours lo and hi. Both sides are exact (a 24-bit 1 - u times a power of two, a Sterbenz
-  /// difference), so the comparison decides exactly as the scalar one; NaN encodes to 0.
+  /// truncated toward zero (saturating at the largest finite value, ±Inf and NaN included), then
+  /// one up where (1 - u) * (hi - lo) <= |v| - lo for its neighbours lo and hi. Both sides are
+  /// exact (a 24-bit 1 - u times a power of two, a Sterbenz difference), so the comparison decides
+  /// exactly as the scalar one; NaN encodes to 0.
   static __m512i fp8_stochastic(__m512 v, __m512 u) noexcept {
     constexpr numeric::fp8_format f = Code::format;
     constexpr std::uint32_t min_normal_bits = f.min_normal_bits();
