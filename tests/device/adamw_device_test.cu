@@ -235,6 +235,12 @@ TEST_CASE("quantized gradients of any grouping, decoded in row-major order") {
   compare_quantized("fp8e4m3_g32_rne_e8m0", 33, 129, false, 33);
   compare_quantized("int8_row_asym_rne_bf16", 5, 77, true, 34);
   compare_quantized("fp8e5m2_g128_sr_bf16", 3, 1001, false, 35);
+  // Groups of a power of two that tile the elements: whole runs take one load of codes and one
+  // of parameters (a gradient_buffer's [1, n] view; rows of whole groups; per-row scales of
+  // power-of-two rows; zero points, bf16 and e8m0 scales).
+  compare_quantized("int8_g64_sym_rne_f32", 1, 4099, false, 36);
+  compare_quantized("fp8e4m3_g32_rne_e8m0", 4, 256, true, 37);
+  compare_quantized("int8_row_asym_rne_bf16", 3, 512, false, 38);
 }
 
 TEST_CASE("bad arguments throw before any launch") {

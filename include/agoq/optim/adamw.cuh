@@ -2,21 +2,26 @@
 /// The CUDA executor of the 8-bit AdamW step (optim/adamw.hpp): the same update on device
 /// buffers, bit-identical to the host step. Needs nvcc.
 ///
-/// One kernel reads each parameter, gradient and moment once and writes each once: 16
-/// consecutive lanes hold one 128-element block (8 elements each); every lane decodes its m and v
-/// codes with numeric::decode, runs adamw_update (the host step's function) per element, the
-/// lanes reduce the block's new absolute maxima with shuffles (device::group_allreduce, exact in
-/// any order) and each lane encodes its own elements (device::quantize_group_lanes). Stochastic
+/// One kernel reads each parameter, gradient and moment once and writes each once. Where every
+/// buffer is aligned for whole-run vector accesses (the usual case) it takes its linear path:
+/// 8 lanes hold one 128-element block, two runs of 8 elements each (device::linear_group_slot),
+/// load the runs and the block's two scales before using any, decode the moments
+/// (device::dequantize_packed), run adamw_update (the host step's function) per element, reduce
+/// the block's new absolute maxima with shuffles (exact in any order) and encode their runs
+/// (device::quantize_group_slot); the ragged last block, if any, and misaligned buffers take the
+/// general path, 16 lanes of one run per block (device::quantize_group_lanes). Stochastic
 /// rounding draws what the host step draws: stream_seed(seed, t, 0) for m and
 /// stream_seed(seed, t, 1) for v, element i at stream position i. So params, codes and scales
-/// equal the host step's bit for bit: tests/device/adamw_device_test.cu checks it (it passed on an
-/// H200; bench/device_check.sh runs it).
+/// equal the host step's bit for bit: tests/device/adamw_device_test.cu checks it (the kernel
+/// before the linear path passed it on an H200; bench/device_check.sh runs it).
 ///
 /// Supported state formats are adamw_state's defaults: m as int8_g128_sym_sr_f32 (int8_linear),
 /// v as fp8e4m3_g128_sr_f32 codes of sqrt(v) (e4m3_sqrt). Other moment formats, block sizes or
 /// roundings throw agoq::unsupported_scheme (the host step takes them).
 #pragma once
 
+#include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -64,11 +69,16 @@ namespace detail::gpu {
 // The executor's device helpers (load_run, store_run, grid_for, ...).
 namespace base = agoq::detail::gpu;
 
-/// Lanes per 128-element block of the device step (8 elements per lane), and its log2.
+/// Lanes per 128-element block of the device step's general path (8 elements each), and its log2.
 inline constexpr int adamw_lanes_log2 = 4;
 inline constexpr int adamw_lanes = 1 << adamw_lanes_log2;
 /// Elements per block scale of the device step.
 inline constexpr std::int64_t adamw_block = std::int64_t{adamw_lanes} * base::run;
+/// Runs of one block that a thread of the linear path holds (log2), so 16 / 2^this lanes hold a
+/// block. Two: four took the kernel past 128 registers (every run keeps its gradient, parameter
+/// and both moments live until the update).
+inline constexpr int adamw_slot_runs_log2 = 1;
+inline constexpr int adamw_slot_runs = 1 << adamw_slot_runs_log2;
 
 /// Gradient source of the device step over a span of float, bfloat16 or half.
 template <class T>
@@ -78,6 +88,12 @@ struct span_gradient_source {
   __device__ void load(std::int64_t first, int count, float (&v)[base::run]) const noexcept {
     base::load_run(g + first, count, v);
   }
+  /// Whether load_whole may be used: whole runs at a multiple of the run length are aligned.
+  AGOQ_HOST_DEVICE bool whole_runs_aligned() const noexcept { return base::aligned(g, 16); }
+  /// Loads the whole run at `first` (a multiple of the run length) with vector loads.
+  __device__ void load_whole(std::int64_t first, float (&v)[base::run]) const noexcept {
+    base::load_aligned_run<true>(g + first, v);
+  }
 };
 
 /// Gradient source over an 8-bit quantized view of any grouping, elements in row-major order
@@ -86,9 +102,38 @@ template <class Code>
 struct quantized_gradient_source {
   const_quantized_view q;
   quantized_layout l;
+  /// log2 G where a whole run decodes from one load of codes and one of its group's parameters
+  /// (groups of G consecutive elements of one row, G a power of two of at least 8, that tile the
+  /// elements in row-major order, with aligned codes and scales: a gradient_buffer's view, for
+  /// one), else -1.
+  int group_log2 = -1;
+
+  /// The source of `q` (host): group_log2 as documented above.
+  quantized_gradient_source(const_quantized_view const& view, quantized_layout const& layout)
+      : q(view), l(layout) {
+    std::int64_t const g = l.tile.cols;
+    if (l.tile.rows == 1 && g >= base::run && (g & (g - 1)) == 0 &&
+        (l.rows == 1 || l.cols % g == 0) && base::params_and_codes_aligned<8>(q)) {
+      group_log2 = std::countr_zero(static_cast<std::uint64_t>(g));
+    }
+  }
   /// Loads elements [first, first + count) as floats (0 past count).
   __device__ void load(std::int64_t first, int count, float (&v)[base::run]) const noexcept {
     optim::detail::decode_flat_run<Code>(q, l, first, count, v);
+  }
+  /// load_whole reads at any address.
+  AGOQ_HOST_DEVICE bool whole_runs_aligned() const noexcept { return true; }
+  /// Loads the whole run at `first` (a multiple of the run length): one 8-byte load of codes and
+  /// one of parameters (device::dequantize_packed, decode's values) where group_log2 allows, else
+  /// as load.
+  __device__ void load_whole(std::int64_t first, float (&v)[base::run]) const noexcept {
+    if (group_log2 >= 0) {
+      std::uint64_t const w =
+          __ldg(reinterpret_cast<std::uint64_t const*>(q.codes) + first / base::run);
+      device::dequantize_packed<Code>(w, base::load_params_aligned(q, first >> group_log2), v);
+    } else {
+      load(first, base::run, v);
+    }
   }
 };
 
@@ -103,48 +148,134 @@ __device__ inline void load_moment(quantized_view const& q, std::int64_t first, 
   if (count <= 0) return;
   std::uint8_t codes[n];
   device::unpack_fragment<8>(base::load_codes<8>(q.codes + first, count), codes);
-  group_params const p = load_group_params(q, group);
+  float d[n];
+  device::dequantize_fragment<Code>(codes, load_group_params(q, group), d);
   AGOQ_UNROLL
-  for (int i = 0; i < n; ++i) {
-    if (i < count) v[i] = decode<Code>(codes[i], p);
-  }
+  for (int i = 0; i < n; ++i) v[i] = i < count ? d[i] : 0.0f;
 }
 
-/// The fused step: thread t is lane t % 16 of block t / 16. Weights w (float or bfloat16) and
-/// the optional fp32 master copy are read and written in place; `skipped` (may be null) counts
-/// the elements whose gradient was not finite.
+/// The step's arguments, as the kernel receives them.
 template <class P, class Source>
-AGOQ_KERNEL void adamw_step_kernel(adamw_coefficients c, P* w, float* master, Source grad,
-                                   quantized_view m, quantized_view v, std::uint64_t seed_m,
-                                   std::uint64_t seed_v, unsigned long long* skipped) {
+struct adamw_step_args {
+  adamw_coefficients c;
+  P* w;           ///< weights (float or bfloat16)
+  float* master;  ///< fp32 master copy, or null
+  Source grad;    ///< gradient source
+  quantized_view m;
+  quantized_view v;
+  std::uint64_t seed_m = 0;
+  std::uint64_t seed_v = 0;
+
+  /// Whether the linear path applies: weights, master copy, gradient, codes and scales aligned
+  /// for whole-run vector accesses and one-load scales. Host and device.
+  AGOQ_HOST_DEVICE bool linear() const noexcept {
+    return base::aligned(w, 16) && base::aligned(master, 16) && grad.whole_runs_aligned() &&
+           base::params_and_codes_aligned<8>(m) && base::params_and_codes_aligned<8>(v);
+  }
+};
+
+/// The general path's work for thread t: lane t % 16 of block t / 16 holds its 8 elements (fewer
+/// or none at the end), decodes them, updates them, and with the block's other lanes requantizes
+/// the moments (device::quantize_group_lanes). Every lane of the warp must call it together.
+template <class P, class Source>
+__device__ inline void adamw_lane(adamw_step_args<P, Source> const& a, std::int64_t t,
+                                  unsigned long long& bad) {
   constexpr int n_run = base::run;
-  std::int64_t const n = m.cols;
-  std::int64_t const threads = (n + adamw_block - 1) / adamw_block * adamw_lanes;
-  unsigned long long bad = 0;
-  base::block_uniform_loop(threads, [&](std::int64_t t) {
-    std::int64_t group = 0;
-    device::element_run const r = device::group_lane_run(t, adamw_lanes_log2, 1, n, group);
-    float g[n_run], mv[n_run], vv[n_run], p[n_run];
-    grad.load(r.col, r.count, g);
-    load_moment<int_sym<8>>(m, r.col, r.count, group, mv);
-    load_moment<fp8_e4m3>(v, r.col, r.count, group, vv);
-    if (master != nullptr) {
-      base::load_run(master + r.col, r.count, p);
+  std::int64_t group = 0;
+  device::element_run const r = device::group_lane_run(t, adamw_lanes_log2, 1, a.m.cols, group);
+  float g[n_run], mv[n_run], vv[n_run], p[n_run];
+  a.grad.load(r.col, r.count, g);
+  load_moment<int_sym<8>>(a.m, r.col, r.count, group, mv);
+  load_moment<fp8_e4m3>(a.v, r.col, r.count, group, vv);
+  if (a.master != nullptr) {
+    base::load_run(a.master + r.col, r.count, p);
+  } else {
+    base::load_run(a.w + r.col, r.count, p);
+  }
+  AGOQ_UNROLL
+  for (int i = 0; i < n_run; ++i) {
+    if (i < r.count && !adamw_update<true>(a.c, g[i], p[i], mv[i], vv[i])) ++bad;
+  }
+  if (a.master != nullptr) base::store_run(a.master + r.col, r.count, p);
+  base::store_run(a.w + r.col, r.count, p);
+  auto const lane = static_cast<unsigned>(t & (adamw_lanes - 1));
+  device::quantize_group_lanes<int_sym<8>, round_stochastic>(a.m, 0, r.col, r.count, group, lane,
+                                                             adamw_lanes, mv, a.seed_m, 0);
+  device::quantize_group_lanes<fp8_e4m3, round_stochastic>(a.v, 0, r.col, r.count, group, lane,
+                                                           adamw_lanes, vv, a.seed_v, 0);
+}
+
+/// The linear path's work for one slot (device::linear_group_slot) of a whole block: the thread
+/// loads its adamw_slot_runs runs (gradient, parameters, both moments' codes) and the block's two
+/// scales with one load each before using any, updates them, stores the parameters and, with the
+/// block's other lanes, requantizes the moments once for all its runs
+/// (device::quantize_group_slot). An inactive slot stores nothing. Every lane of the warp must
+/// call it together.
+template <class P, class Source>
+__device__ inline void adamw_slot(adamw_step_args<P, Source> const& a,
+                                  device::linear_slot const& slot, bool active,
+                                  unsigned long long& bad) {
+  constexpr int n_run = base::run;
+  constexpr int runs = adamw_slot_runs;
+  auto const* m_codes = reinterpret_cast<std::uint64_t const*>(a.m.codes);
+  auto const* v_codes = reinterpret_cast<std::uint64_t const*>(a.v.codes);
+  float g[runs][n_run], p[runs][n_run], mv[runs][n_run], vv[runs][n_run];
+  std::uint64_t m_word[runs], v_word[runs];
+  AGOQ_UNROLL
+  for (int k = 0; k < runs; ++k) {
+    std::int64_t const u = slot.first + k * slot.lanes;
+    m_word[k] = m_codes[u];
+    v_word[k] = v_codes[u];
+    a.grad.load_whole(u * n_run, g[k]);
+    if (a.master != nullptr) {
+      base::load_aligned_run(a.master + u * n_run, p[k]);
     } else {
-      base::load_run(w + r.col, r.count, p);
+      base::load_aligned_run(a.w + u * n_run, p[k]);
     }
+  }
+  group_params const pm{reinterpret_cast<float const*>(a.m.scales)[slot.group], 0};
+  group_params const pv{reinterpret_cast<float const*>(a.v.scales)[slot.group], 0};
+  unsigned skipped = 0;
+  AGOQ_UNROLL
+  for (int k = 0; k < runs; ++k) {
+    device::dequantize_packed<int_sym<8>>(m_word[k], pm, mv[k]);
+    device::dequantize_packed<fp8_e4m3>(v_word[k], pv, vv[k]);
     AGOQ_UNROLL
     for (int i = 0; i < n_run; ++i) {
-      if (i < r.count && !adamw_update<true>(c, g[i], p[i], mv[i], vv[i])) ++bad;
+      skipped += adamw_update<true>(a.c, g[k][i], p[k][i], mv[k][i], vv[k][i]) ? 0u : 1u;
     }
-    if (master != nullptr) base::store_run(master + r.col, r.count, p);
-    base::store_run(w + r.col, r.count, p);
-    auto const lane = static_cast<unsigned>(t % adamw_lanes);
-    device::quantize_group_lanes<int_sym<8>, round_stochastic>(m, 0, r.col, r.count, group, lane,
-                                                               adamw_lanes, mv, seed_m, 0);
-    device::quantize_group_lanes<fp8_e4m3, round_stochastic>(v, 0, r.col, r.count, group, lane,
-                                                             adamw_lanes, vv, seed_v, 0);
-  });
+    if (active) {
+      std::int64_t const first = (slot.first + k * slot.lanes) * n_run;
+      if (a.master != nullptr) base::store_aligned_run(a.master + first, p[k]);
+      base::store_aligned_run(a.w + first, p[k]);
+    }
+  }
+  if (active) bad += skipped;
+  device::quantize_group_slot<int_sym<8>, round_stochastic>(a.m, slot, active, mv, a.seed_m, 0);
+  device::quantize_group_slot<fp8_e4m3, round_stochastic>(a.v, slot, active, vv, a.seed_v, 0);
+}
+
+/// The fused step. Linear path (adamw_step_args::linear): the whole blocks in slots of
+/// adamw_slot_runs runs (adamw_slot), then the ragged last block, if any, by the first warp of
+/// block 0 (adamw_lane). General path: thread t is lane t % 16 of block t / 16 (adamw_lane).
+/// Weights and the optional fp32 master copy are read and written in place; `skipped` (may be
+/// null) counts the elements whose gradient was not finite.
+template <class P, class Source>
+AGOQ_KERNEL void adamw_step_kernel(adamw_step_args<P, Source> a, unsigned long long* skipped) {
+  std::int64_t const n = a.m.cols;
+  unsigned long long bad = 0;
+  if (a.linear()) {
+    std::int64_t const whole = n / adamw_block;
+    base::for_each_linear_slot(
+        whole << adamw_lanes_log2, adamw_lanes_log2, adamw_slot_runs_log2,
+        [&](device::linear_slot const& slot, bool active) { adamw_slot(a, slot, active, bad); });
+    if (whole * adamw_block < n && blockIdx.x == 0 && threadIdx.x < 32) {
+      adamw_lane(a, (whole << adamw_lanes_log2) + threadIdx.x, bad);
+    }
+  } else {
+    std::int64_t const threads = (n + adamw_block - 1) / adamw_block * adamw_lanes;
+    base::block_uniform_loop(threads, [&](std::int64_t t) { adamw_lane(a, t, bad); });
+  }
   base::add_warp_count(skipped, bad);
 }
 
@@ -186,10 +317,16 @@ void launch_adamw_step(cuda_executor ex, adamw_device_state& s, adamw_hyper cons
   if (count != nullptr) AGOQ_CUDA_TRY(cudaMemsetAsync(count, 0, sizeof(*count), stream));
   std::int64_t const n = s.size();
   if (n > 0) {
+    adamw_step_args<P, Source> const a{
+        c, w, master, grad, s.m, s.v, stream_seed(s.seed, t, 0), stream_seed(s.seed, t, 1)};
     device::launch_policy const pol = base::current_policy();
-    std::int64_t const threads = (n + adamw_block - 1) / adamw_block * adamw_lanes;
-    adamw_step_kernel<P, Source><<<base::grid_for(threads, pol), pol.block_threads, 0, stream>>>(
-        c, w, master, grad, s.m, s.v, stream_seed(s.seed, t, 0), stream_seed(s.seed, t, 1), count);
+    // The linear path's slots (at least one warp for the ragged block), else the lanes.
+    std::int64_t const blocks = (n + adamw_block - 1) / adamw_block;
+    std::int64_t const threads =
+        a.linear() ? std::max<std::int64_t>(blocks << (adamw_lanes_log2 - adamw_slot_runs_log2), 32)
+                   : blocks * adamw_lanes;
+    adamw_step_kernel<P, Source>
+        <<<base::grid_for(threads, pol), pol.block_threads, 0, stream>>>(a, count);
     AGOQ_CUDA_TRY(cudaGetLastError());
   }
   ++s.step;
@@ -230,7 +367,7 @@ void with_quantized_gradient(const_quantized_view const& g, F&& f) {
   quantized_layout const l = g.layout();
   dispatch_code(g.spec, [&](auto code) {
     using Code = decltype(code);
-    if constexpr (Code::bits == 8) f(quantized_gradient_source<Code>{g, l});
+    if constexpr (Code::bits == 8) f(quantized_gradient_source<Code>(g, l));
   });
 }
 
