@@ -111,16 +111,19 @@ void compare_accumulate(std::int64_t n, buffer_options const& opt, int k, bool n
 
 TEST_CASE("device_gradient_buffer: accumulate writes the CPU buffer's bits") {
   for (auto rounding : {rounding_kind::stochastic, rounding_kind::nearest}) {
-    for (int g : {128, 32, 256, 33, 100}) {
+    for (int g : {128, 32, 64, 256, 33, 100}) {
       buffer_options const opt{g, rounding, 0x5eed + static_cast<std::uint64_t>(g)};
       for (std::int64_t n :
            {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, std::int64_t{127}, std::int64_t{128},
             std::int64_t{129}, std::int64_t{7919}, std::int64_t{65537}}) {
         compare_accumulate(n, opt, 4, false, 0);
       }
-      // A length past a million (prime: a short last group), misaligned gradients, NaN and ±Inf.
+      // A length past a million (prime: a short last group), misaligned gradients, NaN and ±Inf;
+      // NaN and ±Inf on the aligned path (whole groups in slots of four runs where G is a power
+      // of two).
       compare_accumulate(1000003, opt, 3, true, 1);
       compare_accumulate(4099, opt, 5, true, 3);
+      compare_accumulate(40961, opt, 3, true, 0);
     }
   }
 }

@@ -18,6 +18,7 @@
 /// holds the bit-for-bit comparison with gradient_buffer that a device run will check.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -37,42 +38,117 @@ namespace agoq::gradient {
 
 namespace detail {
 
+/// Whether accumulate_kernel takes its linear path: G a power of two (8 * 2^lanes_log2, at least
+/// 8 * runs_in_flight), the gradient 16-byte aligned, the codes and scales aligned. Host and
+/// device: the launcher sizes the grid by it.
+template <class T>
+AGOQ_HOST_DEVICE inline bool accumulate_linear(T const* g, quantized_view const& buf) noexcept {
+  namespace gpu = ::agoq::detail::gpu;
+  std::int64_t const group_size = buf.spec.group_cols;
+  return (group_size & (group_size - 1)) == 0 && group_size >= gpu::run * gpu::runs_in_flight &&
+         gpu::aligned(g, 16) && gpu::params_and_codes_aligned<8>(buf);
+}
+
+/// The general path's work for thread t of the accumulate pass: lane t % 2^lanes_log2 of group
+/// t / 2^lanes_log2 adds its run (device::padded_group_lane_run) and the group's lanes requantize
+/// it (device::quantize_group_lanes). Every lane of the warp must call it together.
+template <class T, class Rounding>
+__device__ inline void accumulate_lane(T const* g, quantized_view const& buf, int lanes_log2,
+                                       bool add, std::uint64_t key, std::int64_t t,
+                                       unsigned long long& bad) {
+  namespace gpu = ::agoq::detail::gpu;
+  std::int64_t const n = buf.cols;
+  std::int64_t const group_size = buf.spec.group_cols;
+  std::int64_t const groups = (n + group_size - 1) / group_size;
+  std::int64_t group = 0;
+  device::element_run const r =
+      device::padded_group_lane_run(t, group_size, groups, lanes_log2, 1, n, group);
+  float v[gpu::run];
+  gpu::load_run(g + r.col, r.count, v);
+  if (add && r.count > 0) {
+    std::uint8_t q[gpu::run];
+    device::unpack_fragment<8>(gpu::load_codes<8>(buf.codes + r.col, r.count), q);
+    float old[gpu::run];
+    device::dequantize_fragment<payload_code>(q, load_group_params(buf, group), old);
+    AGOQ_UNROLL
+    for (int i = 0; i < gpu::run; ++i) {
+      if (i < r.count) v[i] = __fadd_rn(old[i], v[i]);
+    }
+  }
+  // Every lane of the group has read its codes and the scale before the shuffles inside, and
+  // the group's first lane stores the new scale after them.
+  auto const lane = static_cast<unsigned>(t & ((std::int64_t{1} << lanes_log2) - 1));
+  bad += static_cast<unsigned long long>(device::quantize_group_lanes<payload_code, Rounding>(
+      buf, 0, r.col, r.count, group, lane, 1 << lanes_log2, v, key, 0));
+}
+
+/// The linear path's work for one slot (device::linear_group_slot) of a whole group:
+/// runs_in_flight runs of the gradient and, when adding, their codes and the group's scale, each
+/// with one load, all before any is used; the sums are requantized by the group's G / 32 lanes
+/// (device::quantize_group_slot). An inactive slot stores nothing. Every lane of the warp must
+/// call it together.
+template <class T, class Rounding>
+__device__ inline void accumulate_slot(T const* g, quantized_view const& buf, bool add,
+                                       std::uint64_t key, device::linear_slot const& slot,
+                                       bool active, unsigned long long& bad) {
+  namespace gpu = ::agoq::detail::gpu;
+  constexpr int runs = gpu::runs_in_flight;
+  auto const* codes = reinterpret_cast<std::uint64_t const*>(buf.codes);
+  float v[runs][gpu::run];
+  std::uint64_t w[runs] = {};
+  AGOQ_UNROLL
+  for (int k = 0; k < runs; ++k) {
+    std::int64_t const u = slot.first + k * slot.lanes;
+    gpu::load_aligned_run<true>(g + u * gpu::run, v[k]);
+    if (add) w[k] = codes[u];
+  }
+  if (add) {
+    // Read before the shuffles inside quantize_group_slot, after which the group's first lane
+    // stores the new scale.
+    group_params const p{reinterpret_cast<float const*>(buf.scales)[slot.group], 0};
+    AGOQ_UNROLL
+    for (int k = 0; k < runs; ++k) {
+      float old[gpu::run];
+      device::dequantize_packed<payload_code>(w[k], p, old);
+      AGOQ_UNROLL
+      for (int i = 0; i < gpu::run; ++i) v[k][i] = __fadd_rn(old[i], v[k][i]);
+    }
+  }
+  bad += static_cast<unsigned long long>(
+      device::quantize_group_slot<payload_code, Rounding>(buf, slot, active, v, key, 0));
+}
+
 /// The accumulate pass over a [1, N] int8 buffer `buf` with groups of G <= 8 * 2^lanes_log2
 /// (device::group_lanes_log2; one kernel for every G): adds g (decoded + g in fp32 when `add`,
 /// else g alone) and requantizes every group with Rounding under Philox key `key`; adds the count
-/// of non-finite sums to *call_count and *total (either may be null).
+/// of non-finite sums to *call_count and *total (either may be null). Linear path
+/// (accumulate_linear): the whole groups in slots of runs_in_flight runs (accumulate_slot), then
+/// the ragged last group, if any, by the first warp of block 0 (accumulate_lane). General path:
+/// accumulate_lane for every thread.
 template <class T, class Rounding>
 AGOQ_KERNEL void accumulate_kernel(T const* g, quantized_view buf, int lanes_log2, bool add,
                                    std::uint64_t key, unsigned long long* call_count,
                                    unsigned long long* total) {
   namespace gpu = ::agoq::detail::gpu;
   std::int64_t const n = buf.cols;
-  std::int64_t const group_size = buf.spec.group_cols;
-  int const lanes = 1 << lanes_log2;
-  std::int64_t const groups = (n + group_size - 1) / group_size;
-  std::int64_t const threads = groups << lanes_log2;
   unsigned long long bad = 0;
-  gpu::block_uniform_loop(threads, [&](std::int64_t t) {
-    std::int64_t group = 0;
-    device::element_run const r =
-        device::padded_group_lane_run(t, group_size, groups, lanes_log2, 1, n, group);
-    float v[gpu::run];
-    gpu::load_run(g + r.col, r.count, v);
-    if (add && r.count > 0) {
-      std::uint8_t q[gpu::run];
-      device::unpack_fragment<8>(gpu::load_codes<8>(buf.codes + r.col, r.count), q);
-      float old[gpu::run];
-      device::dequantize_fragment<payload_code>(q, load_group_params(buf, group), old);
-      AGOQ_UNROLL
-      for (int i = 0; i < gpu::run; ++i) {
-        if (i < r.count) v[i] = __fadd_rn(old[i], v[i]);
-      }
+  if (accumulate_linear(g, buf)) {
+    std::int64_t const whole = n >> (lanes_log2 + gpu::run_log2);
+    gpu::for_each_linear_slot(whole << lanes_log2, lanes_log2, gpu::runs_in_flight_log2,
+                              [&](device::linear_slot const& slot, bool active) {
+                                accumulate_slot<T, Rounding>(g, buf, add, key, slot, active, bad);
+                              });
+    if ((whole << (lanes_log2 + gpu::run_log2)) < n && blockIdx.x == 0 && threadIdx.x < 32) {
+      accumulate_lane<T, Rounding>(g, buf, lanes_log2, add, key,
+                                   (whole << lanes_log2) + threadIdx.x, bad);
     }
-    // Every lane of the group has read its codes and the scale before the shuffles inside, and
-    // the group's first lane stores the new scale after them.
-    bad += static_cast<unsigned long long>(device::quantize_group_lanes<payload_code, Rounding>(
-        buf, 0, r.col, r.count, group, static_cast<unsigned>(t & (lanes - 1)), lanes, v, key, 0));
-  });
+  } else {
+    std::int64_t const group_size = buf.spec.group_cols;
+    std::int64_t const threads = ((n + group_size - 1) / group_size) << lanes_log2;
+    gpu::block_uniform_loop(threads, [&](std::int64_t t) {
+      accumulate_lane<T, Rounding>(g, buf, lanes_log2, add, key, t, bad);
+    });
+  }
   gpu::add_warp_count(call_count, bad);
   gpu::add_warp_count(total, bad);
 }
@@ -84,7 +160,12 @@ void launch_accumulate(T const* g, quantized_view const& buf, bool add, std::uin
   namespace gpu = ::agoq::detail::gpu;
   std::int64_t const group_size = buf.spec.group_cols;
   int const lanes_log2 = device::group_lanes_log2(group_size);
-  std::int64_t const threads = ((buf.cols + group_size - 1) / group_size) << lanes_log2;
+  std::int64_t const lane_threads = ((buf.cols + group_size - 1) / group_size) << lanes_log2;
+  // The linear path's slots (at least one warp for the ragged group), else the lanes.
+  std::int64_t const threads =
+      accumulate_linear(g, buf)
+          ? std::max<std::int64_t>(lane_threads >> gpu::runs_in_flight_log2, 32)
+          : lane_threads;
   device::launch_policy const pol = gpu::current_policy();
   dispatch_rounding(buf.spec, [&](auto rounding) {
     accumulate_kernel<T, decltype(rounding)>
