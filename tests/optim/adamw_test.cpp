@@ -328,6 +328,12 @@ TEST_CASE("adamw: bad arguments throw before anything changes") {
   o.m = moment_format::e4m3_sqrt;
   CHECK_THROWS_AS(adamw_state(10, o), agoq::invalid_argument);
   CHECK_THROWS_AS(adamw_state(-1), agoq::invalid_argument);
+  // The block size sets the step's chunk for every format, fp32 moments included.
+  o = adamw_state_options{};
+  o.m = moment_format::f32;
+  o.v = moment_format::f32;
+  o.block = 0;
+  CHECK_THROWS_AS(adamw_state(10, o), agoq::invalid_argument);
   adamw_state empty(0);
   std::vector<float> none;
   CHECK(adamw_step(host, empty, adamw_hyper{}, std::span<float>(none),

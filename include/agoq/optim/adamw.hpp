@@ -373,6 +373,14 @@ class moment_storage {
   quantized_tensor const& quantized() const noexcept { return codes_; }
   /// Writable access to the quantized tensor (restoring a checkpoint).
   quantized_tensor& quantized() noexcept { return codes_; }
+  /// The values of an f32 moment (empty for the other formats), e.g. to checkpoint them.
+  std::span<float const> f32() const noexcept { return f32_; }
+  /// Writable values of an f32 moment (restoring a checkpoint).
+  std::span<float> f32() noexcept { return f32_; }
+  /// The bfloat16 bits of a bf16 moment (empty for the other formats).
+  std::span<std::uint16_t const> bf16() const noexcept { return bf16_; }
+  /// Writable bfloat16 bits of a bf16 moment (restoring a checkpoint).
+  std::span<std::uint16_t> bf16() noexcept { return bf16_; }
 
   /// The moment's values (v itself, also for the sqrt formats) as floats, for inspection and
   /// tests. Host only; synchronous; allocates n floats.
@@ -445,8 +453,8 @@ class adamw_state {
   /// other than f32, bf16 or int8_linear (the sqrt and E4M3 codes assume v >= 0);
   /// std::bad_alloc when memory runs out.
   explicit adamw_state(std::int64_t n, adamw_state_options const& opt = {})
-      : opt_(opt),
-        m_(check_m(opt.m), n, opt.block, opt.m_rounding),
+      : opt_(check_options(opt)),
+        m_(opt.m, n, opt.block, opt.m_rounding),
         v_(opt.v, n, opt.block, opt.v_rounding) {
     chunk_ = std::max<std::int64_t>(opt.block, detail::adamw_chunk_target / opt.block * opt.block);
     std::size_t const k = static_cast<std::size_t>(std::min<std::int64_t>(chunk_, n));
@@ -492,13 +500,17 @@ class adamw_state {
   friend std::int64_t adamw_step_impl(host_executor, adamw_state&, adamw_hyper const&, P*, float*,
                                       Source&&);
 
-  static moment_format check_m(moment_format f) {
-    AGOQ_EXPECTS(
-        f == moment_format::f32 || f == moment_format::bf16 || f == moment_format::int8_linear,
-        std::string("adamw_state: the first moment is signed; it takes f32, bf16 or "
-                    "int8_linear, got ") +
-            format_name(f));
-    return f;
+  /// The block size (used by every format: it sets the step's chunk) and the first moment's
+  /// format.
+  static adamw_state_options const& check_options(adamw_state_options const& o) {
+    AGOQ_EXPECTS(o.block >= 1,
+                 "adamw_state: the block size must be at least 1, got " + std::to_string(o.block));
+    AGOQ_EXPECTS(o.m == moment_format::f32 || o.m == moment_format::bf16 ||
+                     o.m == moment_format::int8_linear,
+                 std::string("adamw_state: the first moment is signed; it takes f32, bf16 or "
+                             "int8_linear, got ") +
+                     format_name(o.m));
+    return o;
   }
 
   adamw_state_options opt_;
