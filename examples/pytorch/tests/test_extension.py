@@ -4,6 +4,7 @@ of several processes. Run: python3 -m unittest discover -s examples/pytorch/test
 
 import math
 import os
+import pickle
 import socket
 import sys
 import unittest
@@ -226,6 +227,34 @@ class GradientAndOptimizerTest(unittest.TestCase):
             opt8.step(p8, torch.randn(n - 1), lr=1e-2)
         with self.assertRaises(ValueError):
             agoq.AdamW8bit(16, v_format="int3")
+
+    def test_adamw8bit_checkpoint_resumes_bit_for_bit(self):
+        """state_bytes / from_state_bytes and pickling give a state that continues the run with
+        the same parameters, bit for bit; a damaged record raises ValueError."""
+        torch.manual_seed(5)
+        n = 1000
+        p = torch.randn(n)
+        opt = agoq.AdamW8bit(n, seed=4)
+        for _ in range(3):
+            opt.step(p, torch.randn(n), lr=1e-2)
+        record = opt.state_bytes()
+        restored = agoq.AdamW8bit.from_state_bytes(record)
+        pickled = pickle.loads(pickle.dumps(opt))
+        self.assertEqual(restored.step_count, 3)
+        self.assertEqual(pickled.state_bytes(), record)
+        p1, p2, p3 = p.clone(), p.clone(), p.clone()
+        for _ in range(3):
+            g = torch.randn(n)
+            opt.step(p1, g, lr=1e-2)
+            restored.step(p2, g, lr=1e-2)
+            pickled.step(p3, g, lr=1e-2)
+        self.assertTrue(torch.equal(p1, p2))
+        self.assertTrue(torch.equal(p1, p3))
+        self.assertEqual(opt.state_bytes(), restored.state_bytes())
+        with self.assertRaises(ValueError):
+            agoq.AdamW8bit.from_state_bytes(record[: len(record) // 2])
+        with self.assertRaises(ValueError):
+            agoq.AdamW8bit.from_state_bytes(b"AGOQTNSR" + record[8:])
 
 
 class PlanningTest(unittest.TestCase):

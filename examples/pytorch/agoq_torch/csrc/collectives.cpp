@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <exception>
 #include <span>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -216,6 +217,19 @@ optim::adamw_state make_adamw(std::int64_t n, std::int64_t block, std::uint64_t 
 }
 
 /// One AdamW step on fp32 parameters (updated in place) with a tensor or GradientBuffer gradient.
+/// The state as an agoq AdamW state record (optim/checkpoint.hpp).
+py::bytes adamw_state_bytes(optim::adamw_state const& s) {
+  std::ostringstream out;
+  optim::write_adamw_state(out, s);
+  return py::bytes(out.str());
+}
+
+/// The state of an AdamW state record.
+optim::adamw_state adamw_from_bytes(py::bytes const& data) {
+  std::istringstream in(static_cast<std::string>(data));
+  return optim::read_adamw_state(in);
+}
+
 std::int64_t adamw_step(optim::adamw_state& s, torch::Tensor const& params, py::object const& grad,
                         double lr, double beta1, double beta2, double eps, double weight_decay) {
   check_vector(params, s.size(), "AdamW8bit.step (params)");
@@ -309,7 +323,13 @@ void register_collectives(py::module_& m) {
       .def_property_readonly("size", &optim::adamw_state::size)
       .def_property_readonly("bytes", &optim::adamw_state::bytes)
       .def_property_readonly("bytes_per_parameter", &optim::adamw_state::bytes_per_parameter)
-      .def_property_readonly("step_count", &optim::adamw_state::step);
+      .def_property_readonly("step_count", &optim::adamw_state::step)
+      .def("state_bytes", &adamw_state_bytes,
+           "The whole state (options, step count, both moments) as an agoq AdamW state record "
+           "(docs/formats.md section 12), for a checkpoint.")
+      .def_static("from_state_bytes", &adamw_from_bytes, py::arg("data"),
+                  "The state of a record from state_bytes(): it continues the run bit for bit.")
+      .def(py::pickle(&adamw_state_bytes, &adamw_from_bytes));
 }
 
 }  // namespace agoq_torch
