@@ -7,9 +7,11 @@
 #include <limits>
 #include <random>
 #include <span>
+#include <sstream>
 #include <vector>
 
 #include <agoq/optim/adamw.cuh>
+#include <agoq/optim/checkpoint.hpp>
 
 using namespace agoq;
 using namespace agoq::optim;
@@ -301,4 +303,59 @@ TEST_CASE("an empty state only counts the step") {
   dskipped.download(&got, sizeof(got));
   CHECK(got == 0);
   CHECK(d.s.step == 1);
+}
+
+TEST_CASE("a device state checkpointed through a host state resumes bit for bit") {
+  std::int64_t const n = 3001;
+  adamw_state h = seeded_state(n, 41);
+  device_state d(h, 0);
+  std::vector<float> p = test::random_input<float>(n, 42, false);
+  device_bytes dp(n * sizeof(float)), dg(n * sizeof(float));
+  dp.upload(p.data(), n * sizeof(float));
+  auto* pd = reinterpret_cast<float*>(dp.get());
+  auto step = [&](adamw_device_state& s, int t) {
+    std::vector<float> const g = gradients<float>(n, 43 + t, 1.0f, false);
+    dg.upload(g.data(), n * sizeof(float));
+    adamw_step_async(ex, s, hyper, std::span<float>(pd, n),
+                     std::span<float const>(reinterpret_cast<float const*>(dg.get()), n));
+    return g;
+  };
+  for (int t = 0; t < 2; ++t) {
+    std::vector<float> const g = step(d.s, t);
+    adamw_step(host, h, hyper, std::span<float>(p), std::span<float const>(g));
+  }
+  // Device -> host state -> record -> host state -> fresh device buffers.
+  adamw_state saved = seeded_state(n, 41);
+  copy_state(ex, d.s, saved);
+  CHECK(saved.step() == 2);
+  std::stringstream io;
+  write_adamw_state(io, saved);
+  adamw_state const loaded = read_adamw_state(io);
+  device_state resumed(seeded_state(n, 41), 1);
+  copy_state(ex, loaded, resumed.s);
+  CHECK(resumed.s.step == 2);
+  check_same_state(h, resumed);
+  // Both device states continue with the host reference, bit for bit.
+  std::vector<float> const p_saved = p;
+  for (int t = 2; t < 4; ++t) {
+    std::vector<float> const g = step(d.s, t);
+    adamw_step(host, h, hyper, std::span<float>(p), std::span<float const>(g));
+  }
+  check_download(dp, p);
+  check_same_state(h, d);
+  dp.upload(p_saved.data(), n * sizeof(float));
+  for (int t = 2; t < 4; ++t) step(resumed.s, t);
+  check_download(dp, p);
+  check_same_state(h, resumed);
+  // Mismatched states are refused before anything is copied.
+  adamw_state other_seed = seeded_state(n, 7);
+  CHECK_THROWS_AS(copy_state(ex, d.s, other_seed), agoq::invalid_argument);
+  adamw_state other_size = seeded_state(n - 1, 41);
+  CHECK_THROWS_AS(copy_state(ex, other_size, d.s), agoq::invalid_argument);
+  adamw_state_options fp32;
+  fp32.m = moment_format::f32;
+  fp32.v = moment_format::f32;
+  fp32.seed = 41;
+  adamw_state plain(n, fp32);
+  CHECK_THROWS_AS(copy_state(ex, d.s, plain), agoq::invalid_argument);
 }

@@ -454,4 +454,64 @@ inline void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_
   });
 }
 
+namespace detail::gpu {
+
+/// Checks that a host state mirrors a device state: the same size, moment specs and seed.
+inline void check_mirror(adamw_state const& h, adamw_device_state const& d) {
+  check_device_state(d, h.size());
+  AGOQ_EXPECTS(is_quantized(h.options().m) && is_quantized(h.options().v) &&
+                   h.m().quantized().spec() == d.m.spec && h.v().quantized().spec() == d.v.spec,
+               std::string("copy_state: the host state stores m as ") + format_name(h.options().m) +
+                   " and v as " + format_name(h.options().v) +
+                   "; the device state needs adamw_state's default formats");
+  AGOQ_EXPECTS(h.options().seed == d.seed,
+               "copy_state: the host and device states have different seeds");
+}
+
+/// Copies the sections (codes, scales, zero points) of one view into another of the same spec
+/// and extents, in direction `kind`, on `stream`.
+template <class From, class To>
+void copy_sections(From const& from, To const& to, cudaMemcpyKind kind, cudaStream_t stream) {
+  quantized_layout const l = from.layout();
+  auto copy = [&](void* dst, void const* src, std::int64_t n) {
+    if (n > 0) {
+      AGOQ_CUDA_TRY(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n), kind, stream));
+    }
+  };
+  copy(to.codes, from.codes, l.codes_bytes);
+  copy(to.scales, from.scales, l.scales_bytes);
+  copy(to.zero_points, from.zero_points, l.zero_points_bytes);
+}
+
+}  // namespace detail::gpu
+
+/// Copies a device state's moments and step count into the host state `h` (to checkpoint it with
+/// write_adamw_state, optim/checkpoint.hpp), which must have the device state's size, default
+/// moment formats (adamw_device_m_spec / adamw_device_v_spec) and seed. Enqueued on `ex.stream`
+/// after the work before it; synchronizes the stream before returning.
+/// \throws agoq::invalid_argument when the states do not match (nothing is copied);
+/// agoq::cuda_error.
+inline void copy_state(cuda_executor ex, adamw_device_state const& d, adamw_state& h) {
+  detail::gpu::check_mirror(h, d);
+  cudaStream_t const stream = ex.stream.get();
+  detail::gpu::copy_sections(d.m, h.m().quantized().view(), cudaMemcpyDeviceToHost, stream);
+  detail::gpu::copy_sections(d.v, h.v().quantized().view(), cudaMemcpyDeviceToHost, stream);
+  AGOQ_CUDA_TRY(cudaStreamSynchronize(stream));
+  h.set_step(d.step);
+}
+
+/// Copies a host state's moments and step count into the device state `d` (to resume from
+/// read_adamw_state), which must have the host state's size, moment specs and seed. Enqueued on
+/// `ex.stream`; returns once the host bytes are staged (copies from pageable memory), so the host
+/// state may change or go then; CUDA may wait for the stream's earlier work before staging.
+/// \throws agoq::invalid_argument when the states do not match (nothing is copied);
+/// agoq::cuda_error.
+inline void copy_state(cuda_executor ex, adamw_state const& h, adamw_device_state& d) {
+  detail::gpu::check_mirror(h, d);
+  cudaStream_t const stream = ex.stream.get();
+  detail::gpu::copy_sections(h.m().quantized().view(), d.m, cudaMemcpyHostToDevice, stream);
+  detail::gpu::copy_sections(h.v().quantized().view(), d.v, cudaMemcpyHostToDevice, stream);
+  d.step = h.step();
+}
+
 }  // namespace agoq::optim
