@@ -3,7 +3,7 @@
 /// std::ostream, and read back into a state that continues the run bit for bit (the same
 /// parameters, codes and scales at every later step as the state that was written). Host only;
 /// a device state (optim/adamw.cuh) is checkpointed through a host adamw_state of the same
-/// options, its moments' bytes copied to and from the device views.
+/// formats and seed (optim::copy_state copies the moments and step count either way).
 #pragma once
 
 #include <algorithm>
