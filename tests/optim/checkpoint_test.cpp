@@ -1,6 +1,6 @@
 // Checkpoint records: quantized tensors and AdamW states written to a stream and read back bit for
-// bit, a restored AdamW state continuing the run exactly, and every malformed or truncated record
-// refused with agoq::invalid_argument.
+// bit, a restored AdamW state (and a gradient buffer restored through its view) continuing the run
+// exactly, and every malformed or truncated record refused with agoq::invalid_argument.
 #include <agoq/optim/checkpoint.hpp>
 
 #include <cstdint>
@@ -14,6 +14,7 @@
 
 #include <doctest/doctest.h>
 
+#include <agoq/gradient/buffer.hpp>
 #include <agoq/layout/serialize.hpp>
 #include <agoq/quantize.hpp>
 
@@ -247,4 +248,26 @@ TEST_CASE("checkpoint: malformed and truncated AdamW state records are refused")
   CHECK_THROWS_AS(read_adamw_state(tensor), agoq::invalid_argument);
   std::istringstream state(record);
   CHECK_THROWS_AS(read_quantized(state), agoq::invalid_argument);
+}
+
+TEST_CASE("checkpoint: a gradient buffer restored through its view accumulates on bit for bit") {
+  std::int64_t const n = 1000;
+  gradient::buffer_options const opt{128, rounding_kind::stochastic, 21};
+  gradient::gradient_buffer a(n, opt);
+  for (std::uint32_t k = 0; k < 3; ++k) {
+    a.accumulate(std::span<float const>(random_values(n, 200 + k)));
+  }
+  std::stringstream io;
+  write_quantized(io, a.view());
+  gradient::gradient_buffer b(n, opt);
+  read_quantized_into(io, b.view());
+  b.mark_written(a.nonfinite_count());
+  b.set_counter(a.counter());
+  for (std::uint32_t k = 3; k < 5; ++k) {
+    std::vector<float> const g = random_values(n, 200 + k);
+    a.accumulate(std::span<float const>(g));
+    b.accumulate(std::span<float const>(g));
+  }
+  CHECK(sections(a.view()) == sections(b.view()));
+  CHECK(a.counter() == b.counter());
 }
