@@ -174,30 +174,13 @@ AGOQ_HOST_DEVICE constexpr bool unsaturated(float scale) noexcept {
   return extreme <= numeric::max_finite_float && extreme >= -numeric::max_finite_float;
 }
 
-/// numeric::fp8_to_float without a branch: the code's sign, exponent and mantissa bits moved into
-/// a float's, whose value is then the FP8 value times 2^(bias - 127) (an FP8 subnormal lands on a
-/// float subnormal with the same significand), times 2^(127 - bias), exact; the codes past
-/// max_code (NaN, and E5M2's ±Inf) by a select.
-template <code_format Code>
-AGOQ_HOST_DEVICE inline float fp8_value(std::uint8_t code) noexcept {
-  constexpr numeric::fp8_format f = Code::format;
-  constexpr auto bias = static_cast<std::uint32_t>(f.exponent_bias);
-  std::uint32_t const sign = (std::uint32_t{code} & 0x80u) << 24;
-  std::uint32_t const magnitude = std::uint32_t{code} & 0x7fu;
-  float const moved = numeric::bits_float(sign | (magnitude << (23 - f.mantissa_bits))) *
-                      numeric::bits_float((254u - bias) << 23);
-  bool const inf = f.mantissa_bits == 2 && magnitude == 0x7cu;
-  float const special = numeric::bits_float(sign | (inf ? 0x7f800000u : 0x7fc00000u));
-  return magnitude > f.max_code ? special : moved;
-}
-
 }  // namespace fragment_detail
 
 /// Dequantizes N codes (one per byte) of one group: decode's values. For symmetric integer and
 /// FP8 codes under a scale that no finite code's product can take past ±FLT_MAX
 /// (fragment_detail::unsaturated) the products are taken without decode's saturation and without
-/// a branch (a multiply per element; FP8 values by fragment_detail::fp8_value), E5M2's ±Inf codes
-/// still saturated. Host and device.
+/// a branch (a multiply per element; FP8 values by numeric::fp8_to_float, itself branch-free),
+/// E5M2's ±Inf codes still saturated. Host and device.
 template <code_format Code, int N>
 AGOQ_HOST_DEVICE inline void dequantize_fragment(std::uint8_t const (&q)[N], group_params p,
                                                  float (&v)[N]) noexcept {
@@ -213,7 +196,7 @@ AGOQ_HOST_DEVICE inline void dequantize_fragment(std::uint8_t const (&q)[N], gro
     if (fragment_detail::unsaturated<Code>(p.scale)) {
       AGOQ_UNROLL
       for (int i = 0; i < N; ++i) {
-        float const y = fragment_detail::fp8_value<Code>(q[i]) * p.scale;
+        float const y = numeric::fp8_to_float(q[i], Code::format) * p.scale;
         if constexpr (Code::format.mantissa_bits == 2) {
           float const c = y > numeric::max_finite_float ? numeric::max_finite_float : y;
           v[i] = c < -numeric::max_finite_float ? -numeric::max_finite_float : c;

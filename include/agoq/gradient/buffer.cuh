@@ -49,20 +49,18 @@ AGOQ_HOST_DEVICE inline bool accumulate_linear(T const* g, quantized_view const&
          gpu::aligned(g, 16) && gpu::params_and_codes_aligned<8>(buf);
 }
 
-/// The general path's work for thread t of the accumulate pass: lane t % 2^lanes_log2 of group
-/// t / 2^lanes_log2 adds its run (device::padded_group_lane_run) and the group's lanes requantize
-/// it (device::quantize_group_lanes). Every lane of the warp must call it together.
+/// The general path's work for thread t of the accumulate pass over `groups` groups: lane
+/// t % 2^lanes_log2 of group t / 2^lanes_log2 adds its run (device::padded_group_lane_run) and the
+/// group's lanes requantize it (device::quantize_group_lanes). Every lane of the warp must call it
+/// together.
 template <class T, class Rounding>
-__device__ inline void accumulate_lane(T const* g, quantized_view const& buf, int lanes_log2,
-                                       bool add, std::uint64_t key, std::int64_t t,
+__device__ inline void accumulate_lane(T const* g, quantized_view const& buf, std::int64_t groups,
+                                       int lanes_log2, bool add, std::uint64_t key, std::int64_t t,
                                        unsigned long long& bad) {
   namespace gpu = ::agoq::detail::gpu;
-  std::int64_t const n = buf.cols;
-  std::int64_t const group_size = buf.spec.group_cols;
-  std::int64_t const groups = (n + group_size - 1) / group_size;
   std::int64_t group = 0;
   device::element_run const r =
-      device::padded_group_lane_run(t, group_size, groups, lanes_log2, 1, n, group);
+      device::padded_group_lane_run(t, buf.spec.group_cols, groups, lanes_log2, 1, buf.cols, group);
   float v[gpu::run];
   gpu::load_run(g + r.col, r.count, v);
   if (add && r.count > 0) {
@@ -131,6 +129,8 @@ AGOQ_KERNEL void accumulate_kernel(T const* g, quantized_view buf, int lanes_log
                                    unsigned long long* total) {
   namespace gpu = ::agoq::detail::gpu;
   std::int64_t const n = buf.cols;
+  std::int64_t const group_size = buf.spec.group_cols;
+  std::int64_t const groups = (n + group_size - 1) / group_size;
   unsigned long long bad = 0;
   if (accumulate_linear(g, buf)) {
     std::int64_t const whole = n >> (lanes_log2 + gpu::run_log2);
@@ -139,14 +139,12 @@ AGOQ_KERNEL void accumulate_kernel(T const* g, quantized_view buf, int lanes_log
                                 accumulate_slot<T, Rounding>(g, buf, add, key, slot, active, bad);
                               });
     if ((whole << (lanes_log2 + gpu::run_log2)) < n && blockIdx.x == 0 && threadIdx.x < 32) {
-      accumulate_lane<T, Rounding>(g, buf, lanes_log2, add, key,
+      accumulate_lane<T, Rounding>(g, buf, groups, lanes_log2, add, key,
                                    (whole << lanes_log2) + threadIdx.x, bad);
     }
   } else {
-    std::int64_t const group_size = buf.spec.group_cols;
-    std::int64_t const threads = ((n + group_size - 1) / group_size) << lanes_log2;
-    gpu::block_uniform_loop(threads, [&](std::int64_t t) {
-      accumulate_lane<T, Rounding>(g, buf, lanes_log2, add, key, t, bad);
+    gpu::block_uniform_loop(groups << lanes_log2, [&](std::int64_t t) {
+      accumulate_lane<T, Rounding>(g, buf, groups, lanes_log2, add, key, t, bad);
     });
   }
   gpu::add_warp_count(call_count, bad);

@@ -94,10 +94,9 @@ inline tensor_record read_tensor_header(std::istream& in) {
   r.rows = static_cast<std::int64_t>(read_le(in, 8, "a tensor record's header"));
   r.cols = static_cast<std::int64_t>(read_le(in, 8, "a tensor record's header"));
   r.layout = make_layout(r.s, r.rows, r.cols);
-  std::int64_t const sizes[3] = {
-      static_cast<std::int64_t>(read_le(in, 8, "a tensor record's header")),
-      static_cast<std::int64_t>(read_le(in, 8, "a tensor record's header")),
-      static_cast<std::int64_t>(read_le(in, 8, "a tensor record's header"))};
+  std::int64_t sizes[3] = {};  // codes, scales, zero points
+  for (std::int64_t& b : sizes)
+    b = static_cast<std::int64_t>(read_le(in, 8, "a tensor record's header"));
   AGOQ_EXPECTS(sizes[0] == r.layout.codes_bytes && sizes[1] == r.layout.scales_bytes &&
                    sizes[2] == r.layout.zero_points_bytes,
                "checkpoint: the tensor record's byte counts do not match " + name + " [" +

@@ -63,17 +63,20 @@ AGOQ_HOST_DEVICE constexpr float fp8_magnitude_to_float(std::uint32_t mag, fp8_f
 }
 
 /// Decodes an FP8 code (sign bit 7) into a float. Codes agoq never writes (NaN, Inf) decode to
-/// what the OCP format says they are. Exact. Host and device.
+/// what the OCP format says they are. Exact. Without a branch (the device kernels' decode): the
+/// code's sign, exponent and mantissa bits moved into a float's, whose value is then the FP8 value
+/// times 2^(bias - 127) (an FP8 subnormal lands on a float subnormal with the same significand),
+/// times 2^(127 - bias), exact; the codes past max_code (NaN, and E5M2's ±Inf) by a select. Host
+/// and device.
 AGOQ_HOST_DEVICE constexpr float fp8_to_float(std::uint8_t code, fp8_format f) noexcept {
-  std::uint32_t const mag = code & 0x7fu;
-  float v;
-  if (mag > f.max_code) {
-    bool const is_inf = f.mantissa_bits == 2 && mag == 0x7cu;
-    v = bits_float(is_inf ? 0x7f800000u : 0x7fc00000u);
-  } else {
-    v = fp8_magnitude_to_float(mag, f);
-  }
-  return (code & 0x80u) ? -v : v;
+  auto const bias = static_cast<std::uint32_t>(f.exponent_bias);
+  std::uint32_t const sign = (std::uint32_t{code} & 0x80u) << 24;
+  std::uint32_t const mag = std::uint32_t{code} & 0x7fu;
+  float const moved =
+      bits_float(sign | (mag << (23 - f.mantissa_bits))) * bits_float((254u - bias) << 23);
+  bool const is_inf = f.mantissa_bits == 2 && mag == 0x7cu;
+  float const special = bits_float(sign | (is_inf ? 0x7f800000u : 0x7fc00000u));
+  return mag > f.max_code ? special : moved;
 }
 
 /// The magnitude code of FP8 stochastic rounding of the magnitude with float bits `a` (not NaN)
