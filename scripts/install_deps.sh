@@ -6,7 +6,7 @@
 # extension's build) and python3-matplotlib (the results plot).
 set -euo pipefail
 
-packages=(cmake ninja-build g++ doctest-dev libbenchmark-dev openmpi-bin libopenmpi-dev
+packages=(cmake ninja-build g++ doctest-dev libbenchmark-dev libboost-context-dev openmpi-bin libopenmpi-dev
   python3-torch libopenblas0-pthread python3-dev python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do

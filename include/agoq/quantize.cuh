@@ -3,6 +3,7 @@
 /// CPU executor supports, bit-identical to it (both call numeric/codec.hpp). Needs nvcc.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -23,6 +24,20 @@ struct cuda_executor {
 };
 
 namespace detail::gpu {
+
+/// Launches `kernel` on `grid` x `block` threads with `shared_bytes` of dynamic shared memory on
+/// `stream` (the arguments convert to the kernel's parameters as in a triple-chevron launch). Every
+/// agoq kernel is launched here; under AGOQ_DEVICE_EMULATION (agoq's emulated device tier,
+/// tests/emulator) the grid runs on the host through agoq_emulation::launch instead.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
+            cudaStream_t stream, Args&&... args) {
+#if defined(AGOQ_DEVICE_EMULATION)
+  ::agoq_emulation::launch(grid, block, shared_bytes, stream, [&] { kernel(args...); });
+#else
+  kernel<<<grid, block, shared_bytes, stream>>>(args...);
+#endif
+}
 
 /// Blocks for `work` threads under the launch policy of the current device.
 inline unsigned grid_for(std::int64_t work, device::launch_policy pol) {
@@ -78,9 +93,8 @@ void launch_quantize(T const* x, quantized_view const& out, quantize_options opt
     std::int64_t const threads =
         (l.groups() << lanes_log2) /
         (quantize_linear(x, l.cols, out.spec.group_cols) ? runs_in_flight : 1);
-    quantize_groups_kernel<T, Code, Rounding>
-        <<<grid_for(threads, pol), pol.block_threads, 0, stream>>>(x, out, lanes_log2, opt.seed,
-                                                                   opt.offset, nonfinite);
+    launch(quantize_groups_kernel<T, Code, Rounding>, grid_for(threads, pol), pol.block_threads, 0,
+           stream, x, out, lanes_log2, opt.seed, opt.offset, nonfinite);
     AGOQ_CUDA_TRY(cudaGetLastError());
     return;
   }
@@ -88,15 +102,15 @@ void launch_quantize(T const* x, quantized_view const& out, quantize_options opt
   std::size_t const bytes = static_cast<std::size_t>(l.groups()) * sizeof(group_accumulator);
   AGOQ_CUDA_TRY(cudaMallocAsync(&scratch, bytes, stream));
   auto* acc = static_cast<group_accumulator*>(scratch);
-  init_accumulators_kernel<<<grid_for(l.groups(), pol), pol.block_threads, 0, stream>>>(acc,
-                                                                                        l.groups());
+  launch(init_accumulators_kernel, grid_for(l.groups(), pol), pol.block_threads, 0, stream, acc,
+         l.groups());
   std::int64_t const units = device::unit_count(l.rows, l.cols);
-  stats_kernel<T, Code>
-      <<<grid_for(units, pol), pol.block_threads, 0, stream>>>(x, l, acc, nonfinite);
-  params_kernel<Code>
-      <<<grid_for(l.groups(), pol), pol.block_threads, 0, stream>>>(acc, out, l.groups());
-  encode_kernel<T, Code, Rounding>
-      <<<grid_for(units, pol), pol.block_threads, 0, stream>>>(x, out, l, opt.seed, opt.offset);
+  launch(stats_kernel<T, Code>, grid_for(units, pol), pol.block_threads, 0, stream, x, l, acc,
+         nonfinite);
+  launch(params_kernel<Code>, grid_for(l.groups(), pol), pol.block_threads, 0, stream, acc, out,
+         l.groups());
+  launch(encode_kernel<T, Code, Rounding>, grid_for(units, pol), pol.block_threads, 0, stream, x,
+         out, l, opt.seed, opt.offset);
   AGOQ_CUDA_TRY(cudaGetLastError());
   AGOQ_CUDA_TRY(cudaFreeAsync(scratch, stream));
 }
@@ -157,9 +171,9 @@ void dequantize_async(cuda_executor ex, const_quantized_view in, matrix_view<Out
         (detail::gpu::dequantize_linear_applies<Code>(in, l, out.data_handle())
              ? detail::gpu::runs_in_flight
              : 1);
-    detail::gpu::dequantize_kernel<Out, Code>
-        <<<detail::gpu::grid_for(threads, pol), pol.block_threads, 0, stream>>>(
-            in, l, out.data_handle(), count);
+    detail::gpu::launch(detail::gpu::dequantize_kernel<Out, Code>,
+                        detail::gpu::grid_for(threads, pol), pol.block_threads, 0, stream, in, l,
+                        out.data_handle(), count);
   });
   AGOQ_CUDA_TRY(cudaGetLastError());
 }

@@ -523,7 +523,7 @@ TEST_CASE("all_reduce_8bit_async: a bucket past 2^31 elements (P = 2, bf16, in p
     ::agoq::detail::gpu::stream_allocation x(bytes, stream);
     ::agoq::detail::gpu::stream_allocation status(sizeof(all_reduce_status), stream);
     auto* const xp = reinterpret_cast<bfloat16*>(x.get());
-    fill_large_kernel<<<4096, 256, 0, stream>>>(xp, n, r);
+    ::agoq::detail::gpu::launch(fill_large_kernel, 4096, 256, 0, stream, xp, n, r);
     AGOQ_CUDA_TRY(cudaGetLastError());
     auto* const sp = reinterpret_cast<all_reduce_status*>(status.get());
     std::span<bfloat16> const xs(xp, static_cast<std::size_t>(n));

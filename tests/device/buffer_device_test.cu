@@ -228,6 +228,7 @@ std::vector<std::uint8_t> raw(std::vector<T> const& v) {
 }
 
 std::int64_t out_length(op o, std::int64_t n, int p, int r, int g) {
+  if (o == op::span_to_buffer || o == op::buffer_to_buffer) return 0;  // the output is a buffer
   if (o != op::scatter) return n;
   reduce_scatter_result const s = shard_range(n, p, r, g);
   return s.end - s.begin;

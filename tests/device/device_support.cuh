@@ -17,6 +17,14 @@
 
 namespace agoq::test {
 
+/// True in the emulated device tier (tests/emulator: the kernels run on the host), where a test
+/// that compares device code with the same host code compiled twice would prove nothing.
+#if defined(AGOQ_DEVICE_EMULATION)
+inline constexpr bool emulated = true;
+#else
+inline constexpr bool emulated = false;
+#endif
+
 /// A cudaMalloc'ed buffer of n bytes.
 class device_bytes {
  public:

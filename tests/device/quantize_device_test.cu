@@ -158,7 +158,7 @@ TEST_CASE("more than 2^31 elements: 64-bit indexing end to end") {
   }
   device_bytes dx(n * sizeof(element)), dq(l.total_bytes), dy(n * sizeof(element));
   auto* x = reinterpret_cast<element*>(dx.get());
-  fill_kernel<<<1024, 256>>>(x, n, 12345u);
+  ::agoq::detail::gpu::launch(fill_kernel, 1024, 256, 0, 0, x, n, 12345u);
   AGOQ_CUDA_TRY(cudaGetLastError());
   cuda_executor const ex{cudaStream_t{}};
   quantized_view const q = view_of_buffer(s, rows, cols, dq.get());

@@ -247,7 +247,11 @@ __device__ inline float lane_sum(std::int64_t n, F&& term) {
 /// The rows' buffers of a row kernel: dynamic shared memory when `shared`, else `scratch` (one
 /// slice of `floats` per block).
 __device__ inline float* row_buffer(bool shared, float* scratch, std::int64_t floats) noexcept {
+#if defined(AGOQ_DEVICE_EMULATION)
+  auto* const smem = static_cast<float*>(::agoq_emulation::dynamic_shared());
+#else
   extern __shared__ float smem[];
+#endif
   return shared ? smem : scratch + static_cast<std::int64_t>(blockIdx.x) * floats;
 }
 
@@ -698,9 +702,10 @@ void rmsnorm_forward(cuda_executor ex, matrix_view<X> x, std::span<W> weight, fl
   save_second_pass(static_cast<XT const*>(x.data_handle()), saved, opt, count, stream);
   row_launch const rl = make_row_launch(rows, cols, stream);
   with_lane_save(saved, opt, [&](auto save) {
-    rmsnorm_forward_kernel<XT, WT, YT><<<rl.grid, row_threads, rl.shared_bytes, stream>>>(
-        x.data_handle(), static_cast<WT const*>(weight.data()), eps, y.data_handle(), rstd.data(),
-        rows, cols, rl.scratch == nullptr, rl.scratch, save, count);
+    agoq::detail::gpu::launch(
+        rmsnorm_forward_kernel<XT, WT, YT, decltype(save)>, rl.grid, row_threads, rl.shared_bytes,
+        stream, x.data_handle(), static_cast<WT const*>(weight.data()), eps, y.data_handle(),
+        rstd.data(), rows, cols, rl.scratch == nullptr, rl.scratch, save, count);
   });
   end_row_launch(rl, stream);
 }
@@ -723,8 +728,8 @@ void gelu_forward(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y, quantize
   save_second_pass(static_cast<XT const*>(x.data_handle()), saved, opt, count, stream);
   elementwise_launch const el = make_elementwise_launch(rows, cols);
   with_lane_save(saved, opt, [&](auto save) {
-    gelu_forward_kernel<XT, YT><<<el.grid, el.threads, 0, stream>>>(
-        x.data_handle(), y.data_handle(), rows, cols, save, count);
+    agoq::detail::gpu::launch(gelu_forward_kernel<XT, YT, decltype(save)>, el.grid, el.threads, 0,
+                              stream, x.data_handle(), y.data_handle(), rows, cols, save, count);
   });
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
@@ -763,17 +768,18 @@ void swiglu_forward(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, ma
       launch_save(static_cast<GT const*>(gate.data_handle()), *saved_gate, opt, count, stream);
       launch_save(static_cast<UT const*>(up.data_handle()), *saved_up, up_opt, count, stream);
     }
-    swiglu_forward_kernel<GT, UT, OT><<<el.grid, el.threads, 0, stream>>>(
-        gate.data_handle(), up.data_handle(), out.data_handle(), rows, cols, no_save{}, no_save{},
-        count);
+    agoq::detail::gpu::launch(swiglu_forward_kernel<GT, UT, OT, no_save>, el.grid, el.threads, 0,
+                              stream, gate.data_handle(), up.data_handle(), out.data_handle(), rows,
+                              cols, no_save{}, no_save{}, count);
   } else {
     with_lane_save(saved_gate, opt, [&](auto sg) {
       if constexpr (!std::is_same_v<decltype(sg), no_save>) {
         auto su = sg;
         su.out = *saved_up;
         su.offset = up_opt.offset;
-        swiglu_forward_kernel<GT, UT, OT><<<el.grid, el.threads, 0, stream>>>(
-            gate.data_handle(), up.data_handle(), out.data_handle(), rows, cols, sg, su, count);
+        agoq::detail::gpu::launch(swiglu_forward_kernel<GT, UT, OT, decltype(sg)>, el.grid,
+                                  el.threads, 0, stream, gate.data_handle(), up.data_handle(),
+                                  out.data_handle(), rows, cols, sg, su, count);
       }
     });
   }
@@ -797,8 +803,9 @@ void residual_add(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_v
   using BT = std::remove_const_t<B>;
   elementwise_launch const el = make_elementwise_launch(rows, cols);
   with_lane_save(saved, opt, [&](auto save) {
-    residual_add_kernel<AT, BT, S><<<el.grid, el.threads, 0, stream>>>(
-        a.data_handle(), b.data_handle(), sum.data_handle(), rows, cols, save, count);
+    agoq::detail::gpu::launch(residual_add_kernel<AT, BT, S, decltype(save)>, el.grid, el.threads,
+                              0, stream, a.data_handle(), b.data_handle(), sum.data_handle(), rows,
+                              cols, save, count);
   });
   AGOQ_CUDA_TRY(cudaGetLastError());
   // A spanning grouping is quantized from the stored sum, after it.
@@ -867,22 +874,22 @@ void rmsnorm_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantize
   float* partial = nullptr;
   AGOQ_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&partial),
                                 static_cast<std::size_t>(blocks * cols) * sizeof(float), stream));
-  fused_gpu::rmsnorm_dweight_blocks_kernel<DYT>
-      <<<agoq::detail::gpu::grid_for(blocks * device::unit_count(1, cols), pol), pol.block_threads,
-         0, stream>>>(static_cast<DYT const*>(dy.data_handle()), saved_x, l, rstd.data(), partial);
+  agoq::detail::gpu::launch(fused_gpu::rmsnorm_dweight_blocks_kernel<DYT>,
+                            agoq::detail::gpu::grid_for(blocks * device::unit_count(1, cols), pol),
+                            pol.block_threads, 0, stream, static_cast<DYT const*>(dy.data_handle()),
+                            saved_x, l, rstd.data(), partial);
   AGOQ_CUDA_TRY(cudaGetLastError());
-  fused_gpu::
-      rmsnorm_dweight_fold_kernel<<<agoq::detail::gpu::grid_for(device::unit_count(1, cols), pol),
-                                    pol.block_threads, 0, stream>>>(partial, blocks, cols,
-                                                                    dweight.data());
+  agoq::detail::gpu::launch(fused_gpu::rmsnorm_dweight_fold_kernel,
+                            agoq::detail::gpu::grid_for(device::unit_count(1, cols), pol),
+                            pol.block_threads, 0, stream, partial, blocks, cols, dweight.data());
   AGOQ_CUDA_TRY(cudaGetLastError());
   AGOQ_CUDA_TRY(cudaFreeAsync(partial, stream));
   fused_gpu::row_launch const rl = fused_gpu::make_row_launch(rows, 2 * cols, stream);
-  fused_gpu::rmsnorm_backward_kernel<DYT, WT, DX>
-      <<<rl.grid, fused_gpu::row_threads, rl.shared_bytes, stream>>>(
-          static_cast<DYT const*>(dy.data_handle()), saved_x, l, rstd.data(),
-          static_cast<WT const*>(weight.data()), dx.data_handle(), rl.scratch == nullptr,
-          rl.scratch, count);
+  agoq::detail::gpu::launch(fused_gpu::rmsnorm_backward_kernel<DYT, WT, DX>, rl.grid,
+                            fused_gpu::row_threads, rl.shared_bytes, stream,
+                            static_cast<DYT const*>(dy.data_handle()), saved_x, l, rstd.data(),
+                            static_cast<WT const*>(weight.data()), dx.data_handle(),
+                            rl.scratch == nullptr, rl.scratch, count);
   fused_gpu::end_row_launch(rl, stream);
 }
 
@@ -934,9 +941,10 @@ void swiglu_backward_async(cuda_executor ex, matrix_view<D> dout, const_quantize
   agoq::detail::gpu::check_device_view(saved_up, what);
   using DT = std::remove_const_t<D>;
   fused_gpu::elementwise_launch const el = fused_gpu::make_elementwise_launch(rows, cols);
-  fused_gpu::swiglu_backward_kernel<DT, DG, DU><<<el.grid, el.threads, 0, stream>>>(
-      static_cast<DT const*>(dout.data_handle()), saved_gate, saved_gate.layout(), saved_up,
-      saved_up.layout(), dgate.data_handle(), dup.data_handle(), count);
+  agoq::detail::gpu::launch(fused_gpu::swiglu_backward_kernel<DT, DG, DU>, el.grid, el.threads, 0,
+                            stream, static_cast<DT const*>(dout.data_handle()), saved_gate,
+                            saved_gate.layout(), saved_up, saved_up.layout(), dgate.data_handle(),
+                            dup.data_handle(), count);
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
 
@@ -978,9 +986,9 @@ void gelu_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantized_v
   agoq::detail::gpu::check_device_view(saved_x, what);
   using DYT = std::remove_const_t<DY>;
   fused_gpu::elementwise_launch const el = fused_gpu::make_elementwise_launch(rows, cols);
-  fused_gpu::gelu_backward_kernel<DYT, DX>
-      <<<el.grid, el.threads, 0, stream>>>(static_cast<DYT const*>(dy.data_handle()), saved_x,
-                                           saved_x.layout(), dx.data_handle(), count);
+  agoq::detail::gpu::launch(fused_gpu::gelu_backward_kernel<DYT, DX>, el.grid, el.threads, 0,
+                            stream, static_cast<DYT const*>(dy.data_handle()), saved_x,
+                            saved_x.layout(), dx.data_handle(), count);
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
 

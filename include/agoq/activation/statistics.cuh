@@ -122,8 +122,10 @@ tensor_stats measure_in_chunks(cuda_executor ex, matrix_view<In> x, tile_shape t
   auto const sweep = [&](float const* group_absmax, auto fold_piece) {
     for (std::int64_t first = 0; first < slots; first += per_pass) {
       std::int64_t const n = std::min(per_pass, slots - first);
-      measure_slices_kernel<<<agoq::detail::gpu::grid_for(n * slice_lanes, pol), pol.block_threads,
-                              0, stream>>>(x.data_handle(), g, first, n, group_absmax, out);
+      agoq::detail::gpu::launch(measure_slices_kernel<std::remove_const_t<In>>,
+                                agoq::detail::gpu::grid_for(n * slice_lanes, pol),
+                                pol.block_threads, 0, stream, x.data_handle(), g, first, n,
+                                group_absmax, out);
       AGOQ_CUDA_TRY(cudaGetLastError());
       AGOQ_CUDA_TRY(cudaMemcpyAsync(host.data(), out, static_cast<std::size_t>(n) * sizeof(*out),
                                     cudaMemcpyDeviceToHost, stream));

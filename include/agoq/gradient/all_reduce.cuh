@@ -433,13 +433,14 @@ void scatter_blocks(cudaStream_t stream, C& comm, comm_join& join, chunk_plan co
                     spec const& s, std::uint64_t key, Source const& src, device_workspace const& ws,
                     std::int64_t* acc) {
   src.pack(cuda_executor{::cuda::stream_ref(stream)}, plan, s, key, ws.send, ws.counts);
-  scatter_headers_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t*>(ws.send), plan,
-                                              ws.counts, src.flags);
+  ::agoq::detail::gpu::launch(scatter_headers_kernel, 1, 1, 0, stream,
+                              reinterpret_cast<std::uint8_t*>(ws.send), plan, ws.counts, src.flags);
   AGOQ_CUDA_TRY(cudaGetLastError());
   join(comm,
        [&] { comm.all_to_all(ws.send, ws.recv, static_cast<std::size_t>(plan.block_bytes())); });
-  check_headers_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t const*>(ws.recv), plan,
-                                            comm.rank(), acc);
+  ::agoq::detail::gpu::launch(check_headers_kernel, 1, 1, 0, stream,
+                              reinterpret_cast<std::uint8_t const*>(ws.recv), plan, comm.rank(),
+                              acc);
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
 
@@ -450,15 +451,16 @@ void launch_reduce(cudaStream_t stream, chunk_plan const& plan, std::int64_t j,
   std::int64_t const count = plan.count(j);
   if (count == 0) return;
   device::launch_policy const pol = ::agoq::detail::gpu::current_policy();
-  auto const launch = [&](auto kernel) {
-    kernel<<<::agoq::detail::gpu::grid_for(reduce_thread_count(count), pol), pol.block_threads, 0,
-             stream>>>(reinterpret_cast<std::uint8_t const*>(recv), plan.block_bytes(),
-                       plan.scales_offset(), plan.ranks, count, plan.group_size, divisor, out);
+  auto const run = [&](auto kernel) {
+    ::agoq::detail::gpu::launch(
+        kernel, ::agoq::detail::gpu::grid_for(reduce_thread_count(count), pol), pol.block_threads,
+        0, stream, reinterpret_cast<std::uint8_t const*>(recv), plan.block_bytes(),
+        plan.scales_offset(), plan.ranks, count, plan.group_size, divisor, out);
   };
   if (plan.ranks > reduce_wide_ranks) {
-    launch(reduce_blocks_kernel<Out, reduce_rank_batch_wide>);
+    run(reduce_blocks_kernel<Out, reduce_rank_batch_wide>);
   } else {
-    launch(reduce_blocks_kernel<Out, reduce_rank_batch>);
+    run(reduce_blocks_kernel<Out, reduce_rank_batch>);
   }
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
@@ -485,12 +487,13 @@ void reduce_gather(cudaStream_t stream, C& comm, comm_join& join, chunk_plan con
                    quantize_options{key, position0 + static_cast<std::uint64_t>(plan.begin(rank))},
                    ws.requantized);
   }
-  gather_header_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t*>(ws.send), plan, rank,
-                                            acc, ws.requantized);
+  ::agoq::detail::gpu::launch(gather_header_kernel, 1, 1, 0, stream,
+                              reinterpret_cast<std::uint8_t*>(ws.send), plan, rank, acc,
+                              ws.requantized);
   AGOQ_CUDA_TRY(cudaGetLastError());
   join(comm, [&] { comm.all_gather(ws.send, ws.recv, static_cast<std::size_t>(bb)); });
-  check_headers_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t const*>(ws.recv), plan,
-                                            -1, acc);
+  ::agoq::detail::gpu::launch(check_headers_kernel, 1, 1, 0, stream,
+                              reinterpret_cast<std::uint8_t const*>(ws.recv), plan, -1, acc);
   AGOQ_CUDA_TRY(cudaGetLastError());
   for (std::int64_t j = 0; j < plan.ranks; ++j) sink(ex, plan, j, s, ws.recv + j * bb);
 }
@@ -498,7 +501,8 @@ void reduce_gather(cudaStream_t stream, C& comm, comm_join& join, chunk_plan con
 inline void launch_status(cudaStream_t stream, std::int64_t ranks, device_workspace const& ws,
                           all_reduce_status* status, std::int64_t* flag_count) {
   if (status == nullptr && flag_count == nullptr) return;
-  status_kernel<<<1, 1, 0, stream>>>(ranks, ws.counts, ws.acc, status, flag_count);
+  ::agoq::detail::gpu::launch(status_kernel, 1, 1, 0, stream, ranks, ws.counts, ws.acc, status,
+                              flag_count);
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
 
@@ -547,10 +551,11 @@ void reduce_scatter_async(cudaStream_t stream, C& comm, std::int64_t n, Source c
 /// The hierarchical all-reduce on the device (detail::hierarchical's twin), its steps composed
 /// from the flat ones: scatter_blocks inside the node and the fused reduction of this rank's
 /// shard (fp32, divisor 1); scatter_blocks of the shard among the peers (positions counted in the
-/// bucket, the node's flags carried) and reduce_gather among them (divided by L K), its sink
-/// assembling the 8-bit shard in the node's gather block; that block's header, the all_gather
-/// inside the node and `sink`. One acc serves every stage: each header step reads the flags the
-/// previous check left, in stream order, and the corruption mark accumulates.
+/// bucket, the node's flags carried) and reduce_gather among them (divided by L K when
+/// opt.average, as detail::hierarchical), its sink assembling the 8-bit shard in the node's
+/// gather block; that block's header, the all_gather inside the node and `sink`. One acc serves
+/// every stage: each header step reads the flags the previous check left, in stream order, and
+/// the corruption mark accumulates.
 template <comm::communicator Intra, comm::communicator Inter, class Source, class Sink>
 void hierarchical_async(cudaStream_t stream, Intra& intra, Inter& inter, std::int64_t n,
                         Source const& src, Sink const& sink, all_reduce_options const& opt,
@@ -590,17 +595,18 @@ void hierarchical_async(cudaStream_t stream, Intra& intra, Inter& inter, std::in
       stream_key(opt.seed, opt.step, stream_tag::inter_scatter, static_cast<std::uint32_t>(a)),
       device_span_source<float>{nws.sums, static_cast<std::uint64_t>(shard_begin), acc}, pws, acc);
   AGOQ_CUDA_TRY(cudaMemsetAsync(nws.send, 0, static_cast<std::size_t>(node.block_bytes()), stream));
-  reduce_gather(stream, inter, join, peers, s, static_cast<float>(l) * static_cast<float>(k),
+  float const divisor = opt.average ? static_cast<float>(l) * static_cast<float>(k) : 1.0f;
+  reduce_gather(stream, inter, join, peers, s, divisor,
                 stream_key(opt.seed, opt.step, stream_tag::inter_gather, 0),
                 static_cast<std::uint64_t>(shard_begin), pws, acc,
                 device_quantized_sink{payload_view(s, node, nws.send, shard_n)});
-  gather_header_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t*>(nws.send), node, i, acc,
-                                            nullptr);
+  ::agoq::detail::gpu::launch(gather_header_kernel, 1, 1, 0, stream,
+                              reinterpret_cast<std::uint8_t*>(nws.send), node, i, acc, nullptr);
   AGOQ_CUDA_TRY(cudaGetLastError());
   join(intra,
        [&] { intra.all_gather(nws.send, nws.recv, static_cast<std::size_t>(node.block_bytes())); });
-  check_headers_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<std::uint8_t const*>(nws.recv), node,
-                                            -1, acc);
+  ::agoq::detail::gpu::launch(check_headers_kernel, 1, 1, 0, stream,
+                              reinterpret_cast<std::uint8_t const*>(nws.recv), node, -1, acc);
   AGOQ_CUDA_TRY(cudaGetLastError());
   cuda_executor const ex{::cuda::stream_ref(stream)};
   for (std::int64_t j = 0; j < l; ++j) sink(ex, node, j, s, nws.recv + j * node.block_bytes());

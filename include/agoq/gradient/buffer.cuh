@@ -166,10 +166,10 @@ void launch_accumulate(T const* g, quantized_view const& buf, bool add, std::uin
           : lane_threads;
   device::launch_policy const pol = gpu::current_policy();
   dispatch_rounding(buf.spec, [&](auto rounding) {
-    accumulate_kernel<T, decltype(rounding)>
-        <<<gpu::grid_for(threads, pol), pol.block_threads, 0, stream>>>(
-            g, buf, lanes_log2, add, key, reinterpret_cast<unsigned long long*>(call_count),
-            reinterpret_cast<unsigned long long*>(total));
+    gpu::launch(accumulate_kernel<T, decltype(rounding)>, gpu::grid_for(threads, pol),
+                pol.block_threads, 0, stream, g, buf, lanes_log2, add, key,
+                reinterpret_cast<unsigned long long*>(call_count),
+                reinterpret_cast<unsigned long long*>(total));
   });
   AGOQ_CUDA_TRY(cudaGetLastError());
 }

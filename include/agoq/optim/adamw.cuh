@@ -326,8 +326,8 @@ void launch_adamw_step(cuda_executor ex, adamw_device_state& s, adamw_hyper cons
     std::int64_t const threads =
         a.linear() ? std::max<std::int64_t>(blocks << (adamw_lanes_log2 - adamw_slot_runs_log2), 32)
                    : blocks * adamw_lanes;
-    adamw_step_kernel<P, Source>
-        <<<base::grid_for(threads, pol), pol.block_threads, 0, stream>>>(a, count);
+    base::launch(adamw_step_kernel<P, Source>, base::grid_for(threads, pol), pol.block_threads, 0,
+                 stream, a, count);
     AGOQ_CUDA_TRY(cudaGetLastError());
   }
   ++s.step;
