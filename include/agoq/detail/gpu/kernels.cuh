@@ -72,8 +72,8 @@ inline constexpr int runs_in_flight = 1 << runs_in_flight_log2;
 /// The linear kernels' block-uniform loop over the slots of `runs` runs in whole groups of
 /// 2^runs_per_group_log2 runs, 2^slot_runs_log2 runs per slot (device::linear_group_slot): calls
 /// f(slot, active) with the same number of iterations in every thread of a block; an inactive slot
-/// (past the end) names runs of the first group, so its loads stay in bounds, and must store
-/// nothing. 64-bit.
+/// (past the end) names runs of the first group and that group, so its loads (runs and group
+/// parameters) stay in bounds, and must store nothing. 64-bit.
 template <class F>
 __device__ inline void for_each_linear_slot(std::int64_t runs, int runs_per_group_log2,
                                             int slot_runs_log2, F&& f) {
@@ -81,7 +81,10 @@ __device__ inline void for_each_linear_slot(std::int64_t runs, int runs_per_grou
   block_uniform_loop(slots, [&](std::int64_t t) {
     bool const active = t < slots;
     device::linear_slot s = device::linear_group_slot(t, runs_per_group_log2, slot_runs_log2);
-    if (!active) s.first = s.place;
+    if (!active) {
+      s.group = 0;
+      s.first = s.place;
+    }
     f(s, active);
   });
 }
