@@ -141,22 +141,26 @@ T atomicAdd(T* p, T v) {
   return std::atomic_ref<T>(*p).fetch_add(v);
 }
 
-template <class T>
-T atomicMax(T* p, T v) {
+namespace agoq_emulation {
+/// Stores v at *p where better(v, *p), atomically; returns the old value.
+template <class T, class Better>
+T atomic_replace_if(T* p, T v, Better better) {
   std::atomic_ref<T> a(*p);
   T old = a.load();
-  while (old < v && !a.compare_exchange_weak(old, v)) {
+  while (better(v, old) && !a.compare_exchange_weak(old, v)) {
   }
   return old;
+}
+}  // namespace agoq_emulation
+
+template <class T>
+T atomicMax(T* p, T v) {
+  return agoq_emulation::atomic_replace_if(p, v, [](T a, T b) { return b < a; });
 }
 
 template <class T>
 T atomicMin(T* p, T v) {
-  std::atomic_ref<T> a(*p);
-  T old = a.load();
-  while (v < old && !a.compare_exchange_weak(old, v)) {
-  }
-  return old;
+  return agoq_emulation::atomic_replace_if(p, v, [](T a, T b) { return a < b; });
 }
 
 inline int __ffsll(long long x) {
