@@ -51,17 +51,20 @@ optim = out / "optim_bench.json"
 if optim.exists():
     print("\n## AdamW step (bytes moved per second; ratio to a copy of the same bytes)\n")
     steps, copies = {}, {}
+    states = {0: "8-bit (default)", 1: "fp32 moments"}
     for b in json.loads(optim.read_text())["benchmarks"]:
         if b.get("error_occurred"):
             continue
-        size = int(re.search(r"/(\d+)/", b["name"] + "/").group(1))
+        shape = re.search(r"/(\d+)(?:/(\d+))?", b["name"])
+        key = (int(shape.group(2) or 0), int(shape.group(1)))
         target = copies if b["name"].startswith("bm_adamw_copy") else steps
-        target[size] = b["bytes_per_second"] / 1e9
-    print("| Mi parameters | step GB/s | copy GB/s | step / copy |")
-    print("|---|---|---|---|")
-    for size in sorted(steps):
-        c = copies.get(size, float("nan"))
-        print(f"| {size >> 20} | {steps[size]:.0f} | {c:.0f} | {steps[size] / c:.2f} |")
+        target[key] = b["bytes_per_second"] / 1e9
+    print("| state | Mi parameters | step GB/s | copy GB/s | step / copy |")
+    print("|---|---|---|---|---|")
+    for key in sorted(steps):
+        c = copies.get(key, float("nan"))
+        state = states.get(key[0], str(key[0]))
+        print(f"| {state} | {key[1] >> 20} | {steps[key]:.0f} | {c:.0f} | {steps[key] / c:.2f} |")
 
 # The fused dequantize-sum(-divide) kernel of the CUDA 8-bit all-reduce beside a copy of the same
 # bytes (bench/all_reduce_device_bench.cu; target >= 0.85).

@@ -2,22 +2,25 @@
 /// The CUDA executor of the 8-bit AdamW step (optim/adamw.hpp): the same update on device
 /// buffers, bit-identical to the host step. Needs nvcc.
 ///
-/// One kernel reads each parameter, gradient and moment once and writes each once. Where every
-/// buffer is aligned for whole-run vector accesses (the usual case) it takes its linear path:
-/// 8 lanes hold one 128-element block, two runs of 8 elements each (device::linear_group_slot),
-/// load the runs and the block's two scales before using any, decode the moments
-/// (device::dequantize_packed), run adamw_update (the host step's function) per element, reduce
-/// the block's new absolute maxima with shuffles (exact in any order) and encode their runs
-/// (device::quantize_group_slot); the ragged last block, if any, and misaligned buffers take the
-/// general path, 16 lanes of one run per block (device::quantize_group_lanes). Stochastic
+/// For adamw_state's default formats (int8_g128_sym_sr_f32 codes of m, fp8e4m3_g128_sr_f32 codes
+/// of sqrt(v)) one kernel reads each parameter, gradient and moment once and writes each once.
+/// Where every buffer is aligned for whole-run vector accesses (the usual case) it takes its linear
+/// path: 8 lanes hold one 128-element block, two runs of 8 elements each
+/// (device::linear_group_slot), load the runs and the block's two scales before using any, decode
+/// the moments (device::dequantize_packed), run adamw_update (the host step's function) per
+/// element, reduce the block's new absolute maxima with shuffles (exact in any order) and encode
+/// their runs (device::quantize_group_slot); the ragged last block, if any, and misaligned buffers
+/// take the general path, 16 lanes of one run per block (device::quantize_group_lanes). Stochastic
 /// rounding draws what the host step draws: stream_seed(seed, t, 0) for m and
 /// stream_seed(seed, t, 1) for v, element i at stream position i. So params, codes and scales
 /// equal the host step's bit for bit: tests/device/adamw_device_test.cu checks it (the kernel
 /// before the linear path passed it on an H200; bench/device_check.sh runs it).
 ///
-/// Supported state formats are adamw_state's defaults: m as int8_g128_sym_sr_f32 (int8_linear),
-/// v as fp8e4m3_g128_sr_f32 codes of sqrt(v) (e4m3_sqrt). Other moment formats, block sizes or
-/// roundings throw agoq::unsupported_scheme (the host step takes them).
+/// Every other state the host step takes (f32 or bf16 moments, the other 8-bit codes, nearest
+/// rounding, blocks of 32, 64 or 256) runs through a second kernel on the general path alone, whose
+/// lanes read and write each moment as its format says (a branch on values every thread shares);
+/// its results equal the host step's bit for bit too. Blocks of other sizes throw
+/// agoq::unsupported_scheme (the host step takes any).
 #pragma once
 
 #include <algorithm>
@@ -36,30 +39,90 @@
 
 namespace agoq::optim {
 
-/// A non-owning view of an AdamW state in device memory: the two quantized moments (views of
-/// [1, n] tensors, e.g. from view_of_buffer over a cudaMalloc'ed buffer of
-/// make_layout(adamw_device_m_spec(), 1, n).total_bytes bytes, zero-filled for a fresh state), the
-/// steps taken so far and the stochastic rounding seed. Trivially copyable; lives on the host
-/// (each adamw_step_async reads `step` and increments it there, the kernel receives the rest by
-/// value). Copying an adamw_state's moment bytes into such views continues its run exactly.
+/// A non-owning view of one AdamW moment in device memory, in any moment_format: the [1, n]
+/// quantized view of an 8-bit format (spec moment_spec(format, block, rounding): codes, block
+/// scales and, for uint8_sqrt, zero points), or the n floats (f32) or bfloat16 bit patterns (bf16)
+/// of a plain one. Zero bytes are a zero moment in every format. Trivially copyable; make one with
+/// moment_of_buffer.
+struct device_moment {
+  moment_format format = moment_format::int8_linear;  ///< how the moment is stored
+  quantized_view codes;       ///< the 8-bit formats' [1, n] view (unused by f32 and bf16)
+  void* values = nullptr;     ///< f32 / bf16: n floats or bfloat16s (null for the 8-bit formats)
+  std::int64_t elements = 0;  ///< f32 / bf16: n (an 8-bit format's n is codes.cols)
+
+  /// Number of elements.
+  AGOQ_HOST_DEVICE std::int64_t size() const noexcept {
+    return is_quantized(format) ? codes.cols : elements;
+  }
+};
+
+/// The view of a moment of n elements stored in format f (block size `block` and rounding `r`
+/// for the 8-bit formats) over `buffer`: device memory of at least moment_bytes(f, n, block)
+/// bytes, aligned to its element (4 bytes for f32, 2 for bf16, any address for the 8-bit formats),
+/// zero-filled for a fresh moment. Host only.
+/// \throws agoq::invalid_argument for n < 0, a block size below 1, or a null or misaligned
+/// buffer with n > 0.
+inline device_moment moment_of_buffer(moment_format f, std::int64_t n, std::int64_t block,
+                                      rounding_kind r, void* buffer) {
+  std::int64_t const bytes = moment_bytes(f, n, block);
+  AGOQ_EXPECTS(buffer != nullptr || bytes == 0, "moment_of_buffer: null buffer");
+  std::uintptr_t const align = f == moment_format::f32 ? 4 : f == moment_format::bf16 ? 2 : 1;
+  AGOQ_EXPECTS((reinterpret_cast<std::uintptr_t>(buffer) & (align - 1)) == 0,
+               std::string("moment_of_buffer: a ") + format_name(f) + " moment must be " +
+                   std::to_string(align) + "-byte aligned");
+  device_moment d;
+  d.format = f;
+  if (is_quantized(f)) {
+    d.codes = view_of_buffer(moment_spec(f, block, r), 1, n, static_cast<std::uint8_t*>(buffer));
+  } else {
+    d.values = buffer;
+    d.elements = n;
+  }
+  return d;
+}
+
+/// A non-owning view of an AdamW state in device memory: the two moments, the steps taken so far
+/// and the stochastic rounding seed. Trivially copyable; lives on the host (each adamw_step_async
+/// reads `step` and increments it there, the kernel receives the rest by value). Copying an
+/// adamw_state's moment bytes into such views (copy_state) continues its run exactly.
 struct adamw_device_state {
-  quantized_view m;        ///< first moment: int8_g128_sym_sr_f32 codes of m, device memory
-  quantized_view v;        ///< second moment: fp8e4m3_g128_sr_f32 codes of sqrt(v), device memory
+  device_moment m;         ///< first moment: f32, bf16 or int8_linear
+  device_moment v;         ///< second moment: any format (v itself, or sqrt(v) for the sqrt ones)
   std::int64_t step = 0;   ///< steps taken so far (the next step is step + 1)
   std::uint64_t seed = 0;  ///< as adamw_state_options::seed
 
   /// Number of parameters.
-  std::int64_t size() const noexcept { return m.cols; }
+  std::int64_t size() const noexcept { return m.size(); }
 };
 
-/// The spec of the first moment of adamw_device_state (int8_g128_sym_sr_f32, adamw_state's
-/// default). Host only.
+/// A zero state of n parameters stored as `opt` says (formats, block size, roundings, seed; the
+/// device step takes blocks of 32, 64, 128 or 256) over two buffers of device memory of
+/// moment_bytes(opt.m, n, opt.block) and moment_bytes(opt.v, n, opt.block) bytes, zero-filled by
+/// the caller and aligned as moment_of_buffer says. Host only.
+/// \throws agoq::invalid_argument as moment_of_buffer, or for a first moment format other than
+/// f32, bf16 or int8_linear.
+inline adamw_device_state adamw_device_state_of_buffers(std::int64_t n,
+                                                        adamw_state_options const& opt,
+                                                        void* m_buffer, void* v_buffer) {
+  AGOQ_EXPECTS(!is_quantized(opt.m) || opt.m == moment_format::int8_linear,
+               std::string("adamw_device_state_of_buffers: the first moment is signed; it takes "
+                           "f32, bf16 or int8_linear, got ") +
+                   format_name(opt.m));
+  adamw_device_state s;
+  s.m = moment_of_buffer(opt.m, n, opt.block, opt.m_rounding, m_buffer);
+  s.v = moment_of_buffer(opt.v, n, opt.block, opt.v_rounding, v_buffer);
+  s.seed = opt.seed;
+  return s;
+}
+
+/// The spec of adamw_state's default first moment (int8_g128_sym_sr_f32), which the device
+/// step's linear path takes. Host only.
 inline spec adamw_device_m_spec() {
   return moment_spec(moment_format::int8_linear, 128, rounding_kind::stochastic);
 }
 
-/// The spec of the second moment of adamw_device_state (fp8e4m3_g128_sr_f32 of sqrt(v),
-/// adamw_state's default). Host only.
+/// The spec of adamw_state's default second moment (fp8e4m3_g128_sr_f32 of sqrt(v)), which the
+/// device step's linear path takes. Host only.
 inline spec adamw_device_v_spec() {
   return moment_spec(moment_format::e4m3_sqrt, 128, rounding_kind::stochastic);
 }
@@ -155,39 +218,124 @@ __device__ inline void load_moment(quantized_view const& q, std::int64_t first, 
   for (int i = 0; i < n; ++i) v[i] = i < count ? d[i] : 0.0f;
 }
 
-/// The step's arguments, as the kernel receives them.
+/// How the general path reads and writes a moment whose code is fixed at compile time: the
+/// default state's, `Code` with stochastic rounding.
+template <class Code>
+struct coded_moment_access {
+  /// Decodes the lane's run `r` of block `group` (0 past r.count).
+  __device__ static void load(device_moment const& d, device::element_run const& r,
+                              std::int64_t group, float (&v)[base::run]) noexcept {
+    load_moment<Code>(d.codes, r.col, r.count, group, v);
+  }
+  /// Requantizes the block with its other `lanes` lanes (device::quantize_group_lanes).
+  __device__ static void store(device_moment const& d, device::element_run const& r,
+                               std::int64_t group, unsigned lane, int lanes,
+                               float const (&v)[base::run], std::uint64_t seed) noexcept {
+    device::quantize_group_lanes<Code, round_stochastic>(d.codes, 0, r.col, r.count, group, lane,
+                                                         lanes, v, seed, 0);
+  }
+};
+
+/// How the general path reads and writes a moment of any format, chosen at run time by its format
+/// and its codes' rounding (the same branch in every thread of the kernel).
+struct any_moment_access {
+  /// Decodes (or loads) the lane's run `r` of block `group` (0 past r.count).
+  __device__ static void load(device_moment const& d, device::element_run const& r,
+                              std::int64_t group, float (&v)[base::run]) noexcept {
+    switch (d.format) {
+      case moment_format::f32:
+        base::load_run(static_cast<float const*>(d.values) + r.col, r.count, v);
+        return;
+      case moment_format::bf16:
+        base::load_run(static_cast<bfloat16 const*>(d.values) + r.col, r.count, v);
+        return;
+      case moment_format::int8_linear:
+        load_moment<int_sym<8>>(d.codes, r.col, r.count, group, v);
+        return;
+      case moment_format::uint8_sqrt:
+        load_moment<uint_asym<8>>(d.codes, r.col, r.count, group, v);
+        return;
+      default:
+        load_moment<fp8_e4m3>(d.codes, r.col, r.count, group, v);
+        return;
+    }
+  }
+  /// Stores the run (rounded to nearest even for bf16) or requantizes the block with its other
+  /// `lanes` lanes.
+  __device__ static void store(device_moment const& d, device::element_run const& r,
+                               std::int64_t group, unsigned lane, int lanes,
+                               float const (&v)[base::run], std::uint64_t seed) noexcept {
+    switch (d.format) {
+      case moment_format::f32:
+        base::store_run(static_cast<float*>(d.values) + r.col, r.count, v);
+        return;
+      case moment_format::bf16:
+        base::store_run(static_cast<bfloat16*>(d.values) + r.col, r.count, v);
+        return;
+      case moment_format::int8_linear:
+        store_coded<int_sym<8>>(d.codes, r, group, lane, lanes, v, seed);
+        return;
+      case moment_format::uint8_sqrt:
+        store_coded<uint_asym<8>>(d.codes, r, group, lane, lanes, v, seed);
+        return;
+      default:
+        store_coded<fp8_e4m3>(d.codes, r, group, lane, lanes, v, seed);
+        return;
+    }
+  }
+
+ private:
+  template <class Code>
+  __device__ static void store_coded(quantized_view const& q, device::element_run const& r,
+                                     std::int64_t group, unsigned lane, int lanes,
+                                     float const (&v)[base::run], std::uint64_t seed) noexcept {
+    if (q.spec.rounding == rounding_kind::stochastic) {
+      device::quantize_group_lanes<Code, round_stochastic>(q, 0, r.col, r.count, group, lane, lanes,
+                                                           v, seed, 0);
+    } else {
+      device::quantize_group_lanes<Code, round_nearest>(q, 0, r.col, r.count, group, lane, lanes, v,
+                                                        seed, 0);
+    }
+  }
+};
+
+/// The step's arguments, as the kernels receive them.
 template <class P, class Source>
 struct adamw_step_args {
   adamw_coefficients c;
   P* w;           ///< weights (float or bfloat16)
   float* master;  ///< fp32 master copy, or null
   Source grad;    ///< gradient source
-  quantized_view m;
-  quantized_view v;
+  device_moment m;
+  device_moment v;
   std::uint64_t seed_m = 0;
   std::uint64_t seed_v = 0;
 
-  /// Whether the linear path applies: weights, master copy, gradient, codes and scales aligned
-  /// for whole-run vector accesses and one-load scales. Host and device.
+  /// Whether the default kernel's linear path applies: weights, master copy, gradient, codes and
+  /// scales aligned for whole-run vector accesses and one-load scales. Host and device.
   AGOQ_HOST_DEVICE bool linear() const noexcept {
     return base::aligned(w, 16) && base::aligned(master, 16) && grad.whole_runs_aligned() &&
-           base::params_and_codes_aligned<8>(m) && base::params_and_codes_aligned<8>(v);
+           base::params_and_codes_aligned<8>(m.codes) && base::params_and_codes_aligned<8>(v.codes);
   }
 };
 
-/// The general path's work for thread t: lane t % 16 of block t / 16 holds its 8 elements (fewer
-/// or none at the end), decodes them, updates them, and with the block's other lanes requantizes
-/// the moments (device::quantize_group_lanes). Every lane of the warp must call it together.
-template <class P, class Source>
-__device__ inline void adamw_lane(adamw_step_args<P, Source> const& a, std::int64_t t,
+/// The general path's work for thread t of n parameters: lane t % 2^lanes_log2 of block
+/// t / 2^lanes_log2 (blocks of 8 * 2^lanes_log2 elements) holds its 8 elements (fewer or none at
+/// the end), reads them and
+/// the moments (through MAccess and VAccess), updates them (v holding sqrt(v) when `sqrt_v`) and
+/// writes them back, the block's other lanes requantizing 8-bit moments with it. Every lane of
+/// the warp must call it together.
+template <class MAccess, class VAccess, class P, class Source>
+__device__ inline void adamw_lane(adamw_step_args<P, Source> const& a, std::int64_t n,
+                                  std::int64_t t, int lanes_log2, bool sqrt_v,
                                   unsigned long long& bad) {
   constexpr int n_run = base::run;
   std::int64_t group = 0;
-  device::element_run const r = device::group_lane_run(t, adamw_lanes_log2, 1, a.m.cols, group);
+  device::element_run const r = device::group_lane_run(t, lanes_log2, 1, n, group);
   float g[n_run], mv[n_run], vv[n_run], p[n_run];
   a.grad.load(r.col, r.count, g);
-  load_moment<int_sym<8>>(a.m, r.col, r.count, group, mv);
-  load_moment<fp8_e4m3>(a.v, r.col, r.count, group, vv);
+  MAccess::load(a.m, r, group, mv);
+  VAccess::load(a.v, r, group, vv);
   if (a.master != nullptr) {
     base::load_run(a.master + r.col, r.count, p);
   } else {
@@ -195,15 +343,18 @@ __device__ inline void adamw_lane(adamw_step_args<P, Source> const& a, std::int6
   }
   AGOQ_UNROLL
   for (int i = 0; i < n_run; ++i) {
-    if (i < r.count && !adamw_update<true>(a.c, g[i], p[i], mv[i], vv[i])) ++bad;
+    if (i < r.count) {
+      bool const ok = sqrt_v ? adamw_update<true>(a.c, g[i], p[i], mv[i], vv[i])
+                             : adamw_update<false>(a.c, g[i], p[i], mv[i], vv[i]);
+      if (!ok) ++bad;
+    }
   }
   if (a.master != nullptr) base::store_run(a.master + r.col, r.count, p);
   base::store_run(a.w + r.col, r.count, p);
-  auto const lane = static_cast<unsigned>(t & (adamw_lanes - 1));
-  device::quantize_group_lanes<int_sym<8>, round_stochastic>(a.m, 0, r.col, r.count, group, lane,
-                                                             adamw_lanes, mv, a.seed_m, 0);
-  device::quantize_group_lanes<fp8_e4m3, round_stochastic>(a.v, 0, r.col, r.count, group, lane,
-                                                           adamw_lanes, vv, a.seed_v, 0);
+  int const lanes = 1 << lanes_log2;
+  auto const lane = static_cast<unsigned>(t & (lanes - 1));
+  MAccess::store(a.m, r, group, lane, lanes, mv, a.seed_m);
+  VAccess::store(a.v, r, group, lane, lanes, vv, a.seed_v);
 }
 
 /// The linear path's work for one slot (device::linear_group_slot) of a whole block: the thread
@@ -218,8 +369,8 @@ __device__ inline void adamw_slot(adamw_step_args<P, Source> const& a,
                                   unsigned long long& bad) {
   constexpr int n_run = base::run;
   constexpr int runs = adamw_slot_runs;
-  auto const* m_codes = reinterpret_cast<std::uint64_t const*>(a.m.codes);
-  auto const* v_codes = reinterpret_cast<std::uint64_t const*>(a.v.codes);
+  auto const* m_codes = reinterpret_cast<std::uint64_t const*>(a.m.codes.codes);
+  auto const* v_codes = reinterpret_cast<std::uint64_t const*>(a.v.codes.codes);
   float g[runs][n_run], p[runs][n_run], mv[runs][n_run], vv[runs][n_run];
   std::uint64_t m_word[runs], v_word[runs];
   AGOQ_UNROLL
@@ -234,8 +385,8 @@ __device__ inline void adamw_slot(adamw_step_args<P, Source> const& a,
       base::load_aligned_run(a.w + u * n_run, p[k]);
     }
   }
-  group_params const pm{reinterpret_cast<float const*>(a.m.scales)[slot.group], 0};
-  group_params const pv{reinterpret_cast<float const*>(a.v.scales)[slot.group], 0};
+  group_params const pm{reinterpret_cast<float const*>(a.m.codes.scales)[slot.group], 0};
+  group_params const pv{reinterpret_cast<float const*>(a.v.codes.scales)[slot.group], 0};
   unsigned skipped = 0;
   AGOQ_UNROLL
   for (int k = 0; k < runs; ++k) {
@@ -252,18 +403,22 @@ __device__ inline void adamw_slot(adamw_step_args<P, Source> const& a,
     }
   }
   if (active) bad += skipped;
-  device::quantize_group_slot<int_sym<8>, round_stochastic>(a.m, slot, active, mv, a.seed_m, 0);
-  device::quantize_group_slot<fp8_e4m3, round_stochastic>(a.v, slot, active, vv, a.seed_v, 0);
+  device::quantize_group_slot<int_sym<8>, round_stochastic>(a.m.codes, slot, active, mv, a.seed_m,
+                                                            0);
+  device::quantize_group_slot<fp8_e4m3, round_stochastic>(a.v.codes, slot, active, vv, a.seed_v, 0);
 }
 
-/// The fused step. Linear path (adamw_step_args::linear): the whole blocks in slots of
-/// adamw_slot_runs runs (adamw_slot), then the ragged last block, if any, by the first warp of
-/// block 0 (adamw_lane). General path: thread t is lane t % 16 of block t / 16 (adamw_lane).
-/// Weights and the optional fp32 master copy are read and written in place; `skipped` (may be
-/// null) counts the elements whose gradient was not finite.
+/// The fused step of the default state (int8_linear m, e4m3_sqrt v, blocks of 128, stochastic
+/// rounding). Linear path (adamw_step_args::linear): the whole blocks in slots of adamw_slot_runs
+/// runs (adamw_slot), then the ragged last block, if any, by the first warp of block 0
+/// (adamw_lane). General path: thread t is lane t % 16 of block t / 16 (adamw_lane). Weights and
+/// the optional fp32 master copy are read and written in place; `skipped` (may be null) counts
+/// the elements whose gradient was not finite.
 template <class P, class Source>
 AGOQ_KERNEL void adamw_step_kernel(adamw_step_args<P, Source> a, unsigned long long* skipped) {
-  std::int64_t const n = a.m.cols;
+  using m_access = coded_moment_access<int_sym<8>>;
+  using v_access = coded_moment_access<fp8_e4m3>;
+  std::int64_t const n = a.m.codes.cols;
   unsigned long long bad = 0;
   if (a.linear()) {
     std::int64_t const whole = n / adamw_block;
@@ -271,43 +426,106 @@ AGOQ_KERNEL void adamw_step_kernel(adamw_step_args<P, Source> a, unsigned long l
         whole << adamw_lanes_log2, adamw_lanes_log2, adamw_slot_runs_log2,
         [&](device::linear_slot const& slot, bool active) { adamw_slot(a, slot, active, bad); });
     if (whole * adamw_block < n && blockIdx.x == 0 && threadIdx.x < 32) {
-      adamw_lane(a, (whole << adamw_lanes_log2) + threadIdx.x, bad);
+      adamw_lane<m_access, v_access>(a, n, (whole << adamw_lanes_log2) + threadIdx.x,
+                                     adamw_lanes_log2, true, bad);
     }
   } else {
     std::int64_t const threads = (n + adamw_block - 1) / adamw_block * adamw_lanes;
-    base::block_uniform_loop(threads, [&](std::int64_t t) { adamw_lane(a, t, bad); });
+    base::block_uniform_loop(threads, [&](std::int64_t t) {
+      adamw_lane<m_access, v_access>(a, n, t, adamw_lanes_log2, true, bad);
+    });
   }
   base::add_warp_count(skipped, bad);
 }
 
-/// Checks a device state against n parameters. \throws agoq::invalid_argument on bad shapes or
-/// pointers, agoq::unsupported_scheme on moment formats other than the defaults.
-inline void check_device_state(adamw_device_state const& s, std::int64_t n) {
-  s.m.validate();
-  s.v.validate();
-  AGOQ_EXPECTS(s.step >= 0, "adamw_step_async: negative step " + std::to_string(s.step));
-  AGOQ_EXPECTS(s.m.rows == 1 && s.v.rows == 1 && s.m.cols == s.v.cols,
-               "adamw_step_async: the moments must be [1, n] views of one size, got [" +
-                   std::to_string(s.m.rows) + ", " + std::to_string(s.m.cols) + "] and [" +
-                   std::to_string(s.v.rows) + ", " + std::to_string(s.v.cols) + "]");
-  AGOQ_EXPECTS(s.m.cols == n, "adamw_step_async: the parameters have " + std::to_string(n) +
-                                  " elements, the state " + std::to_string(s.m.cols));
-  if (!(s.m.spec == adamw_device_m_spec())) {
-    throw unsupported_scheme("agoq: adamw_step_async: the CUDA step stores m as " +
-                             adamw_device_m_spec().name() + " only (adamw_state's default), got " +
-                             s.m.spec.name());
-  }
-  if (!(s.v.spec == adamw_device_v_spec())) {
-    throw unsupported_scheme(
-        "agoq: adamw_step_async: the CUDA step stores v as " + adamw_device_v_spec().name() +
-        " codes of sqrt(v) only (adamw_state's default), got " + s.v.spec.name());
-  }
-  base::check_device_view(s.m, "adamw_step_async");
-  base::check_device_view(s.v, "adamw_step_async");
+/// The fused step of every other state: the general path alone, thread t lane t % 2^lanes_log2 of
+/// block t / 2^lanes_log2 (blocks of 8 * 2^lanes_log2 elements), each moment read and written as
+/// its format says (any_moment_access). Arguments as adamw_step_kernel's.
+template <class P, class Source>
+AGOQ_KERNEL void adamw_formats_kernel(adamw_step_args<P, Source> a, int lanes_log2,
+                                      unsigned long long* skipped) {
+  std::int64_t const n = a.m.size();
+  bool const sqrt_v = stores_sqrt(a.v.format);
+  unsigned long long bad = 0;
+  base::block_uniform_loop(device::group_lane_threads(1, n, lanes_log2), [&](std::int64_t t) {
+    adamw_lane<any_moment_access, any_moment_access>(a, n, t, lanes_log2, sqrt_v, bad);
+  });
+  base::add_warp_count(skipped, bad);
 }
 
-/// Validates, computes step t's coefficients and seeds on the host, launches, increments the
-/// step count.
+/// Whether a state takes adamw_step_kernel: the default formats, block size and roundings.
+inline bool default_formats(adamw_device_state const& s) {
+  return s.m.format == moment_format::int8_linear && s.v.format == moment_format::e4m3_sqrt &&
+         s.m.codes.spec == adamw_device_m_spec() && s.v.codes.spec == adamw_device_v_spec();
+}
+
+/// The block size of a state's 8-bit moments (both have the same, check_device_state sees to it),
+/// or adamw_block where both are f32 or bf16.
+inline std::int64_t moment_block(adamw_device_state const& s) {
+  if (is_quantized(s.m.format)) return s.m.codes.spec.group_cols;
+  if (is_quantized(s.v.format)) return s.v.codes.spec.group_cols;
+  return adamw_block;
+}
+
+/// Checks one moment (`which`) of a device state against n parameters: a known format, n
+/// elements, and for f32 / bf16 a device pointer aligned to its element, for the 8-bit formats a
+/// valid [1, n] device view whose spec is moment_spec(format, B, rounding) with B in {32, 64, 128,
+/// 256}.
+/// \throws agoq::invalid_argument, agoq::unsupported_scheme for another block size.
+inline void check_device_moment(device_moment const& d, std::int64_t n, char const* which) {
+  std::string const what = std::string("adamw_step_async: the ") + which;
+  auto const f = static_cast<unsigned>(d.format);
+  AGOQ_EXPECTS(f <= static_cast<unsigned>(moment_format::e4m3),
+               what + " has an unknown moment format " + std::to_string(f));
+  AGOQ_EXPECTS(d.size() == n, "adamw_step_async: the parameters have " + std::to_string(n) +
+                                  " elements, the " + which + " " + std::to_string(d.size()));
+  if (!is_quantized(d.format)) {
+    AGOQ_EXPECTS(d.values != nullptr || n == 0, what + " has null values");
+    std::uintptr_t const align = d.format == moment_format::f32 ? 4 : 2;
+    AGOQ_EXPECTS(base::aligned(d.values, align),
+                 what + " (" + format_name(d.format) + ") is not aligned to its elements");
+    if (n > 0) base::check_device_pointer(d.values, "adamw_step_async");
+    return;
+  }
+  d.codes.validate();
+  spec const& s = d.codes.spec;
+  AGOQ_EXPECTS(d.codes.rows == 1, what + " must be a [1, n] view, got [" +
+                                      std::to_string(d.codes.rows) + ", " +
+                                      std::to_string(d.codes.cols) + "]");
+  AGOQ_EXPECTS(s.grouping == grouping_kind::group && s.group_rows == 1 && s.group_cols >= 1 &&
+                   s == moment_spec(d.format, s.group_cols, s.rounding),
+               what + " is stored as " + format_name(d.format) + ", which its codes " + s.name() +
+                   " are not (see moment_spec)");
+  std::int64_t const b = s.group_cols;
+  if (b != 32 && b != 64 && b != 128 && b != 256) {
+    throw unsupported_scheme(
+        "agoq: adamw_step_async: the CUDA step takes blocks of 32, 64, 128 "
+        "or 256 elements (the host step any), the " +
+        std::string(which) + " has " + std::to_string(b));
+  }
+  base::check_device_view(d.codes, "adamw_step_async");
+}
+
+/// Checks a device state against n parameters: its step count, a first moment format that takes
+/// signed values, both moments (check_device_moment), and one block size for two 8-bit moments.
+/// \throws agoq::invalid_argument, agoq::unsupported_scheme as check_device_moment.
+inline void check_device_state(adamw_device_state const& s, std::int64_t n) {
+  AGOQ_EXPECTS(s.step >= 0, "adamw_step_async: negative step " + std::to_string(s.step));
+  AGOQ_EXPECTS(!is_quantized(s.m.format) || s.m.format == moment_format::int8_linear,
+               std::string("adamw_step_async: the first moment is signed; it takes f32, bf16 or "
+                           "int8_linear, got ") +
+                   format_name(s.m.format));
+  check_device_moment(s.m, n, "first moment");
+  check_device_moment(s.v, n, "second moment");
+  AGOQ_EXPECTS(!is_quantized(s.m.format) || !is_quantized(s.v.format) ||
+                   s.m.codes.spec.group_cols == s.v.codes.spec.group_cols,
+               "adamw_step_async: the moments have blocks of " +
+                   std::to_string(s.m.codes.spec.group_cols) + " and " +
+                   std::to_string(s.v.codes.spec.group_cols) + " elements; they must share one");
+}
+
+/// Validates, computes step t's coefficients and seeds on the host, launches the kernel of the
+/// state's formats, increments the step count.
 template <class P, class Source>
 void launch_adamw_step(cuda_executor ex, adamw_device_state& s, adamw_hyper const& h, P* w,
                        float* master, Source const& grad, std::int64_t* skipped) {
@@ -321,13 +539,21 @@ void launch_adamw_step(cuda_executor ex, adamw_device_state& s, adamw_hyper cons
     adamw_step_args<P, Source> const a{
         c, w, master, grad, s.m, s.v, stream_seed(s.seed, t, 0), stream_seed(s.seed, t, 1)};
     device::launch_policy const pol = base::current_policy();
-    // The linear path's slots (at least one warp for the ragged block), else the lanes.
-    std::int64_t const blocks = (n + adamw_block - 1) / adamw_block;
-    std::int64_t const threads =
-        a.linear() ? std::max<std::int64_t>(blocks << (adamw_lanes_log2 - adamw_slot_runs_log2), 32)
-                   : blocks * adamw_lanes;
-    base::launch(adamw_step_kernel<P, Source>, base::grid_for(threads, pol), pol.block_threads, 0,
-                 stream, a, count);
+    if (default_formats(s)) {
+      // The linear path's slots (at least one warp for the ragged block), else the lanes.
+      std::int64_t const blocks = (n + adamw_block - 1) / adamw_block;
+      std::int64_t const threads =
+          a.linear()
+              ? std::max<std::int64_t>(blocks << (adamw_lanes_log2 - adamw_slot_runs_log2), 32)
+              : blocks * adamw_lanes;
+      base::launch(adamw_step_kernel<P, Source>, base::grid_for(threads, pol), pol.block_threads, 0,
+                   stream, a, count);
+    } else {
+      int const lanes_log2 = device::group_lanes_log2(moment_block(s));
+      base::launch(adamw_formats_kernel<P, Source>,
+                   base::grid_for(device::group_lane_threads(1, n, lanes_log2), pol),
+                   pol.block_threads, 0, stream, a, lanes_log2, count);
+    }
     AGOQ_CUDA_TRY(cudaGetLastError());
   }
   ++s.step;
@@ -382,8 +608,9 @@ void with_quantized_gradient(const_quantized_view const& g, F&& f) {
 /// Parameters, codes and scales equal adamw_step(host, ...)'s bit for bit on the same state.
 /// Pointers need no particular alignment. Does not synchronize.
 /// \throws agoq::invalid_argument on mismatched sizes, null or pageable host pointers, invalid
-/// views or hyper-parameters (then nothing is enqueued); agoq::unsupported_scheme on moment
-/// formats other than adamw_device_m_spec() / adamw_device_v_spec(); agoq::cuda_error.
+/// views or hyper-parameters, a state whose moments do not match their formats (then nothing is
+/// enqueued); agoq::unsupported_scheme on 8-bit moments in blocks other than 32, 64, 128 or 256;
+/// agoq::cuda_error.
 template <class Grad>
 requires element_type<std::remove_const_t<Grad>>
 void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_hyper const& h,
@@ -456,16 +683,33 @@ inline void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_
 
 namespace detail::gpu {
 
-/// Checks that a host state mirrors a device state: the same size, moment specs and seed.
+/// The format of a moment as copy_state's messages name it: "int8_linear (int8_g128_sym_sr_f32)".
+inline std::string moment_name(moment_format f, spec const& codes) {
+  return is_quantized(f) ? std::string(format_name(f)) + " (" + codes.name() + ")" : format_name(f);
+}
+
+/// Checks that a host state mirrors a device state: the same size, moment formats (and specs for
+/// the 8-bit ones) and seed.
 inline void check_mirror(adamw_state const& h, adamw_device_state const& d) {
   check_device_state(d, h.size());
-  AGOQ_EXPECTS(is_quantized(h.options().m) && is_quantized(h.options().v) &&
-                   h.m().quantized().spec() == d.m.spec && h.v().quantized().spec() == d.v.spec,
-               std::string("copy_state: the host state stores m as ") + format_name(h.options().m) +
-                   " and v as " + format_name(h.options().v) +
-                   "; the device state needs adamw_state's default formats");
+  auto same = [](moment_storage const& hm, device_moment const& dm) {
+    return hm.format() == dm.format &&
+           (!is_quantized(dm.format) || hm.quantized().spec() == dm.codes.spec);
+  };
+  AGOQ_EXPECTS(same(h.m(), d.m) && same(h.v(), d.v),
+               "copy_state: the host state stores m as " +
+                   moment_name(h.m().format(), h.m().quantized().spec()) + " and v as " +
+                   moment_name(h.v().format(), h.v().quantized().spec()) +
+                   ", the device state m as " + moment_name(d.m.format, d.m.codes.spec) +
+                   " and v as " + moment_name(d.v.format, d.v.codes.spec));
   AGOQ_EXPECTS(h.options().seed == d.seed,
                "copy_state: the host and device states have different seeds");
+}
+
+/// Copies n bytes in direction `kind` on `stream` (nothing for n = 0).
+inline void copy_bytes(void* dst, void const* src, std::int64_t n, cudaMemcpyKind kind,
+                       cudaStream_t stream) {
+  if (n > 0) AGOQ_CUDA_TRY(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n), kind, stream));
 }
 
 /// Copies the sections (codes, scales, zero points) of one view into another of the same spec
@@ -473,44 +717,69 @@ inline void check_mirror(adamw_state const& h, adamw_device_state const& d) {
 template <class From, class To>
 void copy_sections(From const& from, To const& to, cudaMemcpyKind kind, cudaStream_t stream) {
   quantized_layout const l = from.layout();
-  auto copy = [&](void* dst, void const* src, std::int64_t n) {
-    if (n > 0) {
-      AGOQ_CUDA_TRY(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n), kind, stream));
-    }
-  };
-  copy(to.codes, from.codes, l.codes_bytes);
-  copy(to.scales, from.scales, l.scales_bytes);
-  copy(to.zero_points, from.zero_points, l.zero_points_bytes);
+  copy_bytes(to.codes, from.codes, l.codes_bytes, kind, stream);
+  copy_bytes(to.scales, from.scales, l.scales_bytes, kind, stream);
+  copy_bytes(to.zero_points, from.zero_points, l.zero_points_bytes, kind, stream);
+}
+
+/// The values of a host f32 or bf16 moment, as bytes (writable through a writable storage).
+template <class Storage>
+auto* plain_values(Storage& h) noexcept {
+  using bytes = std::conditional_t<std::is_const_v<Storage>, void const, void>;
+  return h.format() == moment_format::f32 ? static_cast<bytes*>(h.f32().data())
+                                          : static_cast<bytes*>(h.bf16().data());
+}
+
+/// Copies a device moment into the host storage of the same format and size, on `stream`.
+inline void copy_moment(device_moment const& d, moment_storage& h, cudaStream_t stream) {
+  if (is_quantized(d.format)) {
+    copy_sections(d.codes, h.quantized().view(), cudaMemcpyDeviceToHost, stream);
+  } else {
+    copy_bytes(plain_values(h), d.values, moment_bytes(d.format, d.size(), 1),
+               cudaMemcpyDeviceToHost, stream);
+  }
+}
+
+/// Copies a host moment into the device view of the same format and size, on `stream`.
+inline void copy_moment(moment_storage const& h, device_moment const& d, cudaStream_t stream) {
+  if (is_quantized(d.format)) {
+    copy_sections(h.quantized().view(), d.codes, cudaMemcpyHostToDevice, stream);
+  } else {
+    copy_bytes(d.values, plain_values(h), moment_bytes(d.format, d.size(), 1),
+               cudaMemcpyHostToDevice, stream);
+  }
 }
 
 }  // namespace detail::gpu
 
 /// Copies a device state's moments and step count into the host state `h` (to checkpoint it with
-/// write_adamw_state, optim/checkpoint.hpp), which must have the device state's size, default
-/// moment formats (adamw_device_m_spec / adamw_device_v_spec) and seed. Enqueued on `ex.stream`
-/// after the work before it; synchronizes the stream before returning.
+/// write_adamw_state, optim/checkpoint.hpp), which must have the device state's size, moment
+/// formats (the same specs for the 8-bit ones: adamw_state_options with the same block size and
+/// roundings) and seed. Enqueued on `ex.stream` after the work before it; synchronizes the stream
+/// before returning.
 /// \throws agoq::invalid_argument when the states do not match (nothing is copied);
 /// agoq::cuda_error.
 inline void copy_state(cuda_executor ex, adamw_device_state const& d, adamw_state& h) {
   detail::gpu::check_mirror(h, d);
   cudaStream_t const stream = ex.stream.get();
-  detail::gpu::copy_sections(d.m, h.m().quantized().view(), cudaMemcpyDeviceToHost, stream);
-  detail::gpu::copy_sections(d.v, h.v().quantized().view(), cudaMemcpyDeviceToHost, stream);
+  detail::gpu::copy_moment(d.m, h.m(), stream);
+  detail::gpu::copy_moment(d.v, h.v(), stream);
   AGOQ_CUDA_TRY(cudaStreamSynchronize(stream));
   h.set_step(d.step);
 }
 
 /// Copies a host state's moments and step count into the device state `d` (to resume from
-/// read_adamw_state), which must have the host state's size, moment specs and seed. Enqueued on
-/// `ex.stream`; returns once the host bytes are staged (copies from pageable memory), so the host
-/// state may change or go then; CUDA may wait for the stream's earlier work before staging.
+/// read_adamw_state), which must have the host state's size, moment formats and specs, and seed.
+/// Enqueued on `ex.stream`; returns once the host bytes are staged (copies from pageable memory),
+/// so the host state may change or go then; CUDA may wait for the stream's earlier work before
+/// staging.
 /// \throws agoq::invalid_argument when the states do not match (nothing is copied);
 /// agoq::cuda_error.
 inline void copy_state(cuda_executor ex, adamw_state const& h, adamw_device_state& d) {
   detail::gpu::check_mirror(h, d);
   cudaStream_t const stream = ex.stream.get();
-  detail::gpu::copy_sections(h.m().quantized().view(), d.m, cudaMemcpyHostToDevice, stream);
-  detail::gpu::copy_sections(h.v().quantized().view(), d.v, cudaMemcpyHostToDevice, stream);
+  detail::gpu::copy_moment(h.m(), d.m, stream);
+  detail::gpu::copy_moment(h.v(), d.v, stream);
   d.step = h.step();
 }
 

@@ -16,7 +16,7 @@
 /// reads the gradient (float, bfloat16 or half, or the codes of an 8-bit quantized view, decoded
 /// group by group), updates in fp32 and requantizes m and v with fresh block scales. No full-size
 /// fp32 temporary is made. The per-element math is adamw_update (host and device), so a CUDA
-/// step can be its bit-exact twin: optim/adamw.cuh is that step (default formats only).
+/// step can be its bit-exact twin: optim/adamw.cuh is that step (every format, blocks of 32-256).
 #pragma once
 
 #include <algorithm>
@@ -85,7 +85,7 @@ AGOQ_HOST_DEVICE constexpr bool stores_sqrt(moment_format f) noexcept {
 }
 
 /// True for the formats kept as agoq quantized tensors (codes and block scales).
-constexpr bool is_quantized(moment_format f) noexcept {
+AGOQ_HOST_DEVICE constexpr bool is_quantized(moment_format f) noexcept {
   return f != moment_format::f32 && f != moment_format::bf16;
 }
 
@@ -128,6 +128,20 @@ inline spec moment_spec(moment_format f, std::int64_t block, rounding_kind r) {
   s.rounding = r;
   s.scale = scale_format::f32;
   return s;
+}
+
+/// Bytes one moment of n elements takes in format f, block size `block` (moment_storage::bytes:
+/// for the 8-bit formats the whole quantized buffer of make_layout(moment_spec(f, block, r), 1, n),
+/// codes, alignment padding, scales and zero points; 4 or 2 bytes per element for f32 and bf16).
+/// Host only.
+/// \throws agoq::invalid_argument for n < 0 or a block size below 1.
+inline std::int64_t moment_bytes(moment_format f, std::int64_t n, std::int64_t block) {
+  AGOQ_EXPECTS(n >= 0, "moment_bytes: the size must be >= 0, got " + std::to_string(n));
+  if (is_quantized(f))
+    return make_layout(moment_spec(f, block, rounding_kind::nearest), 1, n).total_bytes;
+  AGOQ_EXPECTS(block >= 1,
+               "moment_bytes: block size must be at least 1, got " + std::to_string(block));
+  return n * (f == moment_format::f32 ? 4 : 2);
 }
 
 /// The stochastic rounding seed of moment `moment` (0 = m, 1 = v) at step `step` under the
@@ -366,8 +380,7 @@ class moment_storage {
   /// Bytes held (for the 8-bit formats the whole quantized buffer: codes, alignment padding,
   /// scales and, for uint8_sqrt, zero points).
   std::int64_t bytes() const noexcept {
-    if (is_quantized(format_)) return codes_.bytes();
-    return size_ * (format_ == moment_format::f32 ? 4 : 2);
+    return is_quantized(format_) ? codes_.bytes() : moment_bytes(format_, size_, 1);
   }
   /// The quantized tensor of an 8-bit format (a 0x0 tensor otherwise), e.g. to checkpoint it.
   quantized_tensor const& quantized() const noexcept { return codes_; }
