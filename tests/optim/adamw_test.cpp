@@ -100,6 +100,27 @@ TEST_CASE("adamw: bytes per parameter of the default state") {
   CHECK(adamw_state(n, u).bytes() == s.bytes() + n / 128 + 0);
 }
 
+TEST_CASE("adamw: moment_bytes is what a moment of each format holds") {
+  using f = moment_format;
+  for (f fmt : {f::f32, f::bf16, f::int8_linear, f::uint8_sqrt, f::e4m3_sqrt, f::e4m3}) {
+    for (std::int64_t block : {1, 32, 100, 128}) {
+      for (std::int64_t n : {0, 1, 127, 129, 4096}) {
+        INFO(format_name(fmt) << " block " << block << " n " << n);
+        moment_storage const m(fmt, n, block, rounding_kind::nearest);
+        CHECK(moment_bytes(fmt, n, block) == m.bytes());
+      }
+    }
+  }
+  // By hand (docs/formats.md): 130 codes, the two fp32 scales at align(130) = 256, the two
+  // zero points at align(264) = 384.
+  CHECK(moment_bytes(f::uint8_sqrt, 130, 128) == 384 + 2);
+  CHECK(moment_bytes(f::e4m3, 130, 128) == 256 + 8);
+  CHECK(moment_bytes(f::bf16, 130, 128) == 260);
+  CHECK_THROWS_AS(moment_bytes(f::f32, -1, 128), agoq::invalid_argument);
+  CHECK_THROWS_AS(moment_bytes(f::e4m3, 10, 0), agoq::invalid_argument);
+  CHECK_THROWS_AS(moment_bytes(f::bf16, 10, 0), agoq::invalid_argument);
+}
+
 TEST_CASE("adamw: the 8-bit state tracks fp32 AdamW on least squares over 500 steps") {
   // Metrics after N = 500 steps (lr 1e-2 decayed linearly, weight decay 0.01), w0 = 0:
   // - prediction distance ||A (w - w_fp32)|| / ||A w_fp32||: measured 0.018 (bf16 v: 0.012);

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <concepts>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -629,13 +630,18 @@ void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_hyper c
 }
 
 /// The fp32-parameter step reading the gradient from an 8-bit quantized view in device memory
-/// (any grouping and 8-bit code; elements in row-major order), bit-identical to the host
-/// overload. Does not synchronize.
+/// (a const_quantized_view or a quantized_view; any grouping and 8-bit code; elements in
+/// row-major order), bit-identical to the host overload. Does not synchronize. A template only so
+/// that its kernels (one pair per 8-bit code) are compiled where it is called, not in every
+/// translation unit that includes this header.
 /// \throws as the span overload, and agoq::invalid_argument on an invalid view or codes that are
 /// not 8-bit.
-inline void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_hyper const& h,
-                             std::span<float> params, const_quantized_view grads,
-                             std::int64_t* skipped = nullptr) {
+template <class View>
+requires std::convertible_to<View, const_quantized_view>
+void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_hyper const& h,
+                      std::span<float> params, View const& quantized_grads,
+                      std::int64_t* skipped = nullptr) {
+  const_quantized_view const grads = quantized_grads;
   auto const np = static_cast<std::int64_t>(params.size());
   detail::gpu::check_device_state(state, np);
   AGOQ_EXPECTS(grads.size() == np, "adamw_step_async: the gradient has " +
@@ -669,11 +675,14 @@ void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_hyper c
 }
 
 /// The bfloat16-weight step reading an 8-bit quantized gradient in device memory (see the
-/// overloads above). Does not synchronize.
+/// overloads above; a template for the same reason). Does not synchronize.
 /// \throws as they do.
-inline void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_hyper const& h,
-                             std::span<bfloat16> weights, std::span<float> master,
-                             const_quantized_view grads, std::int64_t* skipped = nullptr) {
+template <class View>
+requires std::convertible_to<View, const_quantized_view>
+void adamw_step_async(cuda_executor ex, adamw_device_state& state, adamw_hyper const& h,
+                      std::span<bfloat16> weights, std::span<float> master,
+                      View const& quantized_grads, std::int64_t* skipped = nullptr) {
+  const_quantized_view const grads = quantized_grads;
   detail::gpu::check_weight_step(state, weights, master, grads.size());
   detail::gpu::with_quantized_gradient(grads, [&](auto const& source) {
     detail::gpu::launch_adamw_step(ex, state, h, weights.data(),
