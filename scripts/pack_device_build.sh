@@ -48,7 +48,7 @@ pack_targets() {
 build=build-dev
 configure . "$build"
 tests=(quantize_device_test_float quantize_device_test_bfloat16 quantize_device_test_half
-       adamw_device_test all_reduce_device_test fused_device_test_float
+       adamw_device_test all_reduce_device_test epilogue_device_test fused_device_test_float
        fused_device_test_bfloat16 fused_device_test_half buffer_device_test_float
        buffer_device_test_bfloat16 buffer_device_test_half statistics_device_test_float
        statistics_device_test_bfloat16 statistics_device_test_half weights_device_test_float
