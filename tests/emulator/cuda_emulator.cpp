@@ -186,8 +186,10 @@ void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes, kernel_body body)
   }
   shared_memory.assign((shared_bytes + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t),
                        std::max_align_t{});
-  std::memset(static_cast<void*>(shared_memory.data()), 0xA5,
-              shared_memory.size() * sizeof(std::max_align_t));
+  if (!shared_memory.empty()) {
+    std::memset(static_cast<void*>(shared_memory.data()), 0xA5,
+                shared_memory.size() * sizeof(std::max_align_t));
+  }
   block_run r;
   r.body = body;
   r.shared = shared_memory.data();

@@ -237,28 +237,34 @@ struct coded_moment_access {
   }
 };
 
-/// How the general path reads and writes a moment of any format, chosen at run time by its format
-/// and its codes' rounding (the same branch in every thread of the kernel).
+/// Calls fn(Code{}) with the code of an 8-bit moment format: int_sym<8> for int8_linear,
+/// uint_asym<8> for uint8_sqrt, fp8_e4m3 for e4m3 and e4m3_sqrt. Without `Second` only int8_linear,
+/// the one 8-bit format of the first moment (check_device_state), so only its code is compiled.
+template <bool Second, class F>
+__device__ inline void with_moment_code(moment_format f, F&& fn) {
+  if constexpr (Second) {
+    if (f == moment_format::uint8_sqrt) return fn(uint_asym<8>{});
+    if (f == moment_format::e4m3 || f == moment_format::e4m3_sqrt) return fn(fp8_e4m3{});
+  }
+  fn(int_sym<8>{});
+}
+
+/// How the general path reads and writes a moment of any format (the first moment's when not
+/// `Second`: f32, bf16 or int8_linear), chosen at run time by its format and its codes' rounding
+/// (the same branch in every thread of the kernel).
+template <bool Second>
 struct any_moment_access {
   /// Decodes (or loads) the lane's run `r` of block `group` (0 past r.count).
   __device__ static void load(device_moment const& d, device::element_run const& r,
                               std::int64_t group, float (&v)[base::run]) noexcept {
-    switch (d.format) {
-      case moment_format::f32:
-        base::load_run(static_cast<float const*>(d.values) + r.col, r.count, v);
-        return;
-      case moment_format::bf16:
-        base::load_run(static_cast<bfloat16 const*>(d.values) + r.col, r.count, v);
-        return;
-      case moment_format::int8_linear:
-        load_moment<int_sym<8>>(d.codes, r.col, r.count, group, v);
-        return;
-      case moment_format::uint8_sqrt:
-        load_moment<uint_asym<8>>(d.codes, r.col, r.count, group, v);
-        return;
-      default:
-        load_moment<fp8_e4m3>(d.codes, r.col, r.count, group, v);
-        return;
+    if (d.format == moment_format::f32) {
+      base::load_run(static_cast<float const*>(d.values) + r.col, r.count, v);
+    } else if (d.format == moment_format::bf16) {
+      base::load_run(static_cast<bfloat16 const*>(d.values) + r.col, r.count, v);
+    } else {
+      with_moment_code<Second>(d.format, [&](auto code) {
+        load_moment<decltype(code)>(d.codes, r.col, r.count, group, v);
+      });
     }
   }
   /// Stores the run (rounded to nearest even for bf16) or requantizes the block with its other
@@ -266,36 +272,22 @@ struct any_moment_access {
   __device__ static void store(device_moment const& d, device::element_run const& r,
                                std::int64_t group, unsigned lane, int lanes,
                                float const (&v)[base::run], std::uint64_t seed) noexcept {
-    switch (d.format) {
-      case moment_format::f32:
-        base::store_run(static_cast<float*>(d.values) + r.col, r.count, v);
-        return;
-      case moment_format::bf16:
-        base::store_run(static_cast<bfloat16*>(d.values) + r.col, r.count, v);
-        return;
-      case moment_format::int8_linear:
-        store_coded<int_sym<8>>(d.codes, r, group, lane, lanes, v, seed);
-        return;
-      case moment_format::uint8_sqrt:
-        store_coded<uint_asym<8>>(d.codes, r, group, lane, lanes, v, seed);
-        return;
-      default:
-        store_coded<fp8_e4m3>(d.codes, r, group, lane, lanes, v, seed);
-        return;
-    }
-  }
-
- private:
-  template <class Code>
-  __device__ static void store_coded(quantized_view const& q, device::element_run const& r,
-                                     std::int64_t group, unsigned lane, int lanes,
-                                     float const (&v)[base::run], std::uint64_t seed) noexcept {
-    if (q.spec.rounding == rounding_kind::stochastic) {
-      device::quantize_group_lanes<Code, round_stochastic>(q, 0, r.col, r.count, group, lane, lanes,
-                                                           v, seed, 0);
+    if (d.format == moment_format::f32) {
+      base::store_run(static_cast<float*>(d.values) + r.col, r.count, v);
+    } else if (d.format == moment_format::bf16) {
+      base::store_run(static_cast<bfloat16*>(d.values) + r.col, r.count, v);
     } else {
-      device::quantize_group_lanes<Code, round_nearest>(q, 0, r.col, r.count, group, lane, lanes, v,
-                                                        seed, 0);
+      with_moment_code<Second>(d.format, [&](auto code) {
+        using Code = decltype(code);
+        quantized_view const& q = d.codes;
+        if (q.spec.rounding == rounding_kind::stochastic) {
+          device::quantize_group_lanes<Code, round_stochastic>(q, 0, r.col, r.count, group, lane,
+                                                               lanes, v, seed, 0);
+        } else {
+          device::quantize_group_lanes<Code, round_nearest>(q, 0, r.col, r.count, group, lane,
+                                                            lanes, v, seed, 0);
+        }
+      });
     }
   }
 };
@@ -449,7 +441,7 @@ AGOQ_KERNEL void adamw_formats_kernel(adamw_step_args<P, Source> a, int lanes_lo
   bool const sqrt_v = stores_sqrt(a.v.format);
   unsigned long long bad = 0;
   base::block_uniform_loop(device::group_lane_threads(1, n, lanes_log2), [&](std::int64_t t) {
-    adamw_lane<any_moment_access, any_moment_access>(a, n, t, lanes_log2, sqrt_v, bad);
+    adamw_lane<any_moment_access<false>, any_moment_access<true>>(a, n, t, lanes_log2, sqrt_v, bad);
   });
   base::add_warp_count(skipped, bad);
 }
