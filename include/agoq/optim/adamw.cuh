@@ -57,6 +57,12 @@ struct device_moment {
   }
 };
 
+/// The alignment a moment's buffer needs in format f: its element's size for f32 and bf16, none
+/// for the 8-bit formats. Host and device.
+AGOQ_HOST_DEVICE constexpr std::uintptr_t moment_alignment(moment_format f) noexcept {
+  return f == moment_format::f32 ? 4 : f == moment_format::bf16 ? 2 : 1;
+}
+
 /// The view of a moment of n elements stored in format f (block size `block` and rounding `r`
 /// for the 8-bit formats) over `buffer`: device memory of at least moment_bytes(f, n, block)
 /// bytes, aligned to its element (4 bytes for f32, 2 for bf16, any address for the 8-bit formats),
@@ -67,7 +73,7 @@ inline device_moment moment_of_buffer(moment_format f, std::int64_t n, std::int6
                                       rounding_kind r, void* buffer) {
   std::int64_t const bytes = moment_bytes(f, n, block);
   AGOQ_EXPECTS(buffer != nullptr || bytes == 0, "moment_of_buffer: null buffer");
-  std::uintptr_t const align = f == moment_format::f32 ? 4 : f == moment_format::bf16 ? 2 : 1;
+  std::uintptr_t const align = moment_alignment(f);
   AGOQ_EXPECTS((reinterpret_cast<std::uintptr_t>(buffer) & (align - 1)) == 0,
                std::string("moment_of_buffer: a ") + format_name(f) + " moment must be " +
                    std::to_string(align) + "-byte aligned");
@@ -474,8 +480,7 @@ inline void check_device_moment(device_moment const& d, std::int64_t n, char con
                                   " elements, the " + which + " " + std::to_string(d.size()));
   if (!is_quantized(d.format)) {
     AGOQ_EXPECTS(d.values != nullptr || n == 0, what + " has null values");
-    std::uintptr_t const align = d.format == moment_format::f32 ? 4 : 2;
-    AGOQ_EXPECTS(base::aligned(d.values, align),
+    AGOQ_EXPECTS(base::aligned(d.values, moment_alignment(d.format)),
                  what + " (" + format_name(d.format) + ") is not aligned to its elements");
     if (n > 0) base::check_device_pointer(d.values, "adamw_step_async");
     return;
