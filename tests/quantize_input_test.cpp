@@ -550,6 +550,41 @@ TEST_CASE_TEMPLATE("unaligned pointers work on the host", T, float, agoq::half, 
   }
 }
 
+TEST_CASE("a call compiled for a code list gives the full set's bits and refuses other families") {
+  using int8_only = agoq::type_list<agoq::int_sym<8>>;
+  std::vector<float> x(300);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * 3.0f;
+  agoq::matrix_view<float const> const in(x.data(), 3, 100);
+  for (char const* name : {"int8_g32_sym_sr_bf16", "int8_row_sym_rne_f32"}) {
+    CAPTURE(name);
+    agoq::spec const s = agoq::spec::parse(name);
+    agoq::quantized_tensor full(s, 3, 100), listed(s, 3, 100);
+    CHECK(agoq::quantize(agoq::host, in, full.view(), {5, 6}) ==
+          agoq::quantize<int8_only>(agoq::host, in, listed.view(), {5, 6}));
+    CHECK(std::memcmp(full.data(), listed.data(), static_cast<std::size_t>(full.bytes())) == 0);
+    std::vector<float> y(300), z(300), f(300);
+    agoq::dequantize(agoq::host, full.view(), agoq::matrix_view<float>(y.data(), 3, 100));
+    agoq::dequantize<int8_only>(agoq::host, listed.view(),
+                                agoq::matrix_view<float>(z.data(), 3, 100));
+    agoq::fake_quantize<int8_only>(agoq::host, s, in, agoq::matrix_view<float>(f.data(), 3, 100),
+                                   {5, 6});
+    CHECK(std::memcmp(y.data(), z.data(), sizeof(float) * 300) == 0);
+    CHECK(std::memcmp(y.data(), f.data(), sizeof(float) * 300) == 0);
+  }
+  agoq::spec const int4 = agoq::spec::parse("int4_g32_sym_rne_f32");
+  agoq::quantized_tensor q(int4, 3, 100);
+  std::vector<float> y(300, 7.0f);
+  agoq::matrix_view<float> const out(y.data(), 3, 100);
+  char const* const why = "outside the code list the call was compiled for";
+  CHECK_THROWS_WITH_AS(agoq::quantize<int8_only>(agoq::host, in, q.view()), Contains(why),
+                       agoq::unsupported_scheme);
+  CHECK_THROWS_WITH_AS(agoq::dequantize<int8_only>(agoq::host, q.view(), out), Contains(why),
+                       agoq::unsupported_scheme);
+  CHECK_THROWS_WITH_AS(agoq::fake_quantize<int8_only>(agoq::host, int4, in, out), Contains(why),
+                       agoq::unsupported_scheme);
+  CHECK(std::all_of(y.begin(), y.end(), [](float v) { return v == 7.0f; }));
+}
+
 TEST_CASE("dispatch refuses a valid spec outside the dispatch set; the host takes it") {
   for (char const* name : {"int4_g48_sym_rne_f32", "int8_g7_asym_sr_bf16",
                            "fp8e4m3_b64x64_rne_e8m0", "int2_b128x64_sym_rne_f32"}) {

@@ -121,13 +121,18 @@ void launch_quantize(T const* x, quantized_view const& out, quantize_options opt
 /// not null it must point to one device-accessible std::int64_t, which receives the count of
 /// non-finite inputs once the stream reaches the end of the call. Codes and scales equal the CPU
 /// executor's bit for bit. Does not synchronize. Any size (64-bit indexing); pointers need no
-/// particular alignment (16-byte accesses are used where they are aligned).
+/// particular alignment (16-byte accesses are used where they are aligned). `Codes` lists the
+/// code families whose kernels the call compiles (by default the dispatch set's eight, 16 kernels
+/// per element type); a caller that knows its schemes names fewer, e.g.
+/// `quantize_async<type_list<int_sym<8>>>(ex, in, out)`, and compiles a quarter of them.
 /// \throws agoq::invalid_argument on an invalid spec, mismatched extents, a null or pageable host
-/// pointer; agoq::cuda_error when a CUDA call fails.
-template <detail::readable_elements In>
+/// pointer; agoq::unsupported_scheme on a code family outside `Codes`; agoq::cuda_error when a
+/// CUDA call fails.
+template <code_list Codes = dispatch_codes, detail::readable_elements In>
 void quantize_async(cuda_executor ex, matrix_view<In> in, quantized_view out,
                     quantize_options opt = {}, std::int64_t* nonfinite = nullptr) {
   out.validate();
+  dispatch_code<Codes>(out.spec, [](auto) {});  // refuses a family outside Codes, enqueuing nothing
   detail::check_extents(in.extent(0), in.extent(1), out.rows, out.cols, "quantize_async");
   detail::check_data(in.data_handle(), in.size(), "quantize_async");
   cudaStream_t const stream = ex.stream.get();
@@ -137,7 +142,7 @@ void quantize_async(cuda_executor ex, matrix_view<In> in, quantized_view out,
   detail::gpu::check_device_pointer(in.data_handle(), "quantize_async");
   detail::gpu::check_device_view(out, "quantize_async");
   using T = std::remove_const_t<In>;
-  dispatch_code(out.spec, [&](auto code) {
+  dispatch_code<Codes>(out.spec, [&](auto code) {
     dispatch_rounding(out.spec, [&](auto rounding) {
       detail::gpu::launch_quantize<decltype(code), decltype(rounding)>(
           static_cast<T const*>(in.data_handle()), out, opt, count, stream);
@@ -147,12 +152,14 @@ void quantize_async(cuda_executor ex, matrix_view<In> in, quantized_view out,
 
 /// Dequantizes `in` into `out` (both device memory) on `ex.stream`. When `nonfinite` is not null
 /// it receives the count of outputs decoded under a non-finite stored scale (zero for buffers
-/// written by quantize). Bit-identical to the CPU executor. Does not synchronize.
+/// written by quantize). Bit-identical to the CPU executor. Does not synchronize. `Codes` as in
+/// quantize_async.
 /// \throws as quantize_async.
-template <detail::writable_elements Out>
+template <code_list Codes = dispatch_codes, detail::writable_elements Out>
 void dequantize_async(cuda_executor ex, const_quantized_view in, matrix_view<Out> out,
                       std::int64_t* nonfinite = nullptr) {
   in.validate();
+  dispatch_code<Codes>(in.spec, [](auto) {});
   detail::check_extents(out.extent(0), out.extent(1), in.rows, in.cols, "dequantize_async");
   detail::check_data(out.data_handle(), out.size(), "dequantize_async");
   cudaStream_t const stream = ex.stream.get();
@@ -163,7 +170,7 @@ void dequantize_async(cuda_executor ex, const_quantized_view in, matrix_view<Out
   detail::gpu::check_device_view(in, "dequantize_async");
   quantized_layout const l = in.layout();
   device::launch_policy const pol = detail::gpu::current_policy();
-  dispatch_code(in.spec, [&](auto code) {
+  dispatch_code<Codes>(in.spec, [&](auto code) {
     using Code = decltype(code);
     // The linear path holds runs_in_flight runs per thread.
     std::int64_t const threads =
@@ -180,12 +187,14 @@ void dequantize_async(cuda_executor ex, const_quantized_view in, matrix_view<Out
 
 /// Quantizes and dequantizes `in` with scheme `s` into `out` on `ex.stream` through a
 /// stream-ordered temporary, bit-identical to quantize_async followed by dequantize_async.
-/// `in` and `out` may be the same buffer. Does not synchronize.
+/// `in` and `out` may be the same buffer. Does not synchronize. `Codes` as in quantize_async.
 /// \throws as quantize_async.
-template <detail::readable_elements In, detail::writable_elements Out>
+template <code_list Codes = dispatch_codes, detail::readable_elements In,
+          detail::writable_elements Out>
 void fake_quantize_async(cuda_executor ex, spec const& s, matrix_view<In> in, matrix_view<Out> out,
                          quantize_options opt = {}, std::int64_t* nonfinite = nullptr) {
   s.validate();
+  dispatch_code<Codes>(s, [](auto) {});  // before the temporary is allocated
   detail::check_extents(in.extent(0), in.extent(1), out.extent(0), out.extent(1),
                         "fake_quantize_async", "the output");
   quantized_layout const l = make_layout(s, in.extent(0), in.extent(1));
@@ -194,8 +203,8 @@ void fake_quantize_async(cuda_executor ex, spec const& s, matrix_view<In> in, ma
   if (l.total_bytes > 0) AGOQ_CUDA_TRY(cudaMallocAsync(&tmp, l.total_bytes, stream));
   quantized_view const q =
       view_of_buffer(s, in.extent(0), in.extent(1), static_cast<std::uint8_t*>(tmp));
-  quantize_async(ex, in, q, opt, nonfinite);
-  dequantize_async(ex, const_quantized_view(q), out);
+  quantize_async<Codes>(ex, in, q, opt, nonfinite);
+  dequantize_async<Codes>(ex, const_quantized_view(q), out);
   if (tmp != nullptr) AGOQ_CUDA_TRY(cudaFreeAsync(tmp, stream));
 }
 

@@ -70,9 +70,12 @@ void check_data(T const* p, std::int64_t n, char const* what) {
 /// Quantizes `in` into `out` (whose spec is the scheme) and returns how many non-finite inputs
 /// (NaN, ±Inf) it met; those are left out of their group's statistics and encoded as documented
 /// (NaN -> the code of zero, ±Inf -> the largest/smallest code). Host only; synchronous.
-/// Empty tensors are no-ops. Pointers need no particular alignment.
-/// \throws agoq::invalid_argument on an invalid spec, mismatched extents or a null pointer.
-template <detail::readable_elements In>
+/// Empty tensors are no-ops. Pointers need no particular alignment. `Codes` lists the code
+/// families the call compiles (by default the dispatch set's eight); a caller that knows its
+/// schemes names fewer, e.g. `quantize<type_list<int_sym<8>>>(ex, in, out)`, and compiles less.
+/// \throws agoq::invalid_argument on an invalid spec, mismatched extents or a null pointer;
+/// agoq::unsupported_scheme on a code family outside `Codes`.
+template <code_list Codes = dispatch_codes, detail::readable_elements In>
 std::int64_t quantize(host_executor ex, matrix_view<In> in, quantized_view out,
                       quantize_options opt = {}) {
   out.validate();
@@ -81,7 +84,7 @@ std::int64_t quantize(host_executor ex, matrix_view<In> in, quantized_view out,
   if (in.size() == 0) return 0;
   using T = std::remove_const_t<In>;
   T const* x = in.data_handle();
-  return dispatch_code(out.spec, [&](auto code) {
+  return dispatch_code<Codes>(out.spec, [&](auto code) {
     return dispatch_rounding(out.spec, [&](auto rounding) {
       return detail::host::quantize<decltype(code), decltype(rounding)>(
           x, out, opt.seed, opt.offset, ex.simd && detail::host::simd_available);
@@ -91,15 +94,16 @@ std::int64_t quantize(host_executor ex, matrix_view<In> in, quantized_view out,
 
 /// Dequantizes `in` into `out` and returns how many outputs were decoded under a non-finite
 /// stored scale (zero for any buffer written by quantize; non-zero flags a corrupted buffer).
-/// Host only; synchronous. Empty tensors are no-ops.
-/// \throws agoq::invalid_argument on an invalid spec, mismatched extents or a null pointer.
-template <detail::writable_elements Out>
+/// Host only; synchronous. Empty tensors are no-ops. `Codes` as in quantize.
+/// \throws agoq::invalid_argument on an invalid spec, mismatched extents or a null pointer;
+/// agoq::unsupported_scheme on a code family outside `Codes`.
+template <code_list Codes = dispatch_codes, detail::writable_elements Out>
 std::int64_t dequantize(host_executor ex, const_quantized_view in, matrix_view<Out> out) {
   in.validate();
   detail::check_extents(out.extent(0), out.extent(1), in.rows, in.cols, "dequantize");
   detail::check_data(out.data_handle(), out.size(), "dequantize");
   if (out.size() == 0) return 0;
-  return dispatch_code(in.spec, [&](auto code) {
+  return dispatch_code<Codes>(in.spec, [&](auto code) {
     return detail::host::dequantize<decltype(code)>(in, out.data_handle(),
                                                     ex.simd && detail::host::simd_available);
   });
@@ -108,10 +112,11 @@ std::int64_t dequantize(host_executor ex, const_quantized_view in, matrix_view<O
 /// Quantizes and dequantizes `in` with scheme `s` into `out` without storing the codes; the
 /// result is bit-identical to quantize followed by dequantize. `in` and `out` may be the same
 /// buffer (same element type); any other overlap is refused. Returns the non-finite input count.
-/// Host only; synchronous.
+/// Host only; synchronous. `Codes` as in quantize.
 /// \throws agoq::invalid_argument on an invalid spec, mismatched extents, a null pointer or
-/// partially overlapping buffers.
-template <detail::readable_elements In, detail::writable_elements Out>
+/// partially overlapping buffers; agoq::unsupported_scheme on a code family outside `Codes`.
+template <code_list Codes = dispatch_codes, detail::readable_elements In,
+          detail::writable_elements Out>
 std::int64_t fake_quantize(host_executor ex, spec const& s, matrix_view<In> in,
                            matrix_view<Out> out, quantize_options opt = {}) {
   s.validate();
@@ -129,7 +134,7 @@ std::int64_t fake_quantize(host_executor ex, spec const& s, matrix_view<In> in,
   bool const same = std::is_same_v<T, Out> && ib == ob;
   AGOQ_EXPECTS(disjoint || same,
                "fake_quantize: input and output overlap without being the same buffer");
-  return dispatch_code(s, [&](auto code) {
+  return dispatch_code<Codes>(s, [&](auto code) {
     return dispatch_rounding(s, [&](auto rounding) {
       return detail::host::fake_quantize<decltype(code), decltype(rounding)>(
           s, in.extent(0), in.extent(1), in.data_handle(), out.data_handle(), opt.seed, opt.offset,

@@ -27,7 +27,8 @@ std::vector<std::pair<std::int64_t, std::int64_t>> const shapes = {
 
 // Quantizes x on the CPU and on the device (input at element offset `shift`, codes at byte offset
 // `code_shift`) and compares every section, the non-finite count, and dequantization into Out.
-template <class Out>
+// The device calls are compiled for the code families of Codes.
+template <class Out, class Codes = dispatch_codes>
 void compare(spec const& s, std::int64_t rows, std::int64_t cols, std::vector<element> const& x,
              int shift, int code_shift, quantize_options opt) {
   std::int64_t const n = rows * cols;
@@ -50,7 +51,7 @@ void compare(spec const& s, std::int64_t rows, std::int64_t cols, std::vector<el
   auto* count = reinterpret_cast<std::int64_t*>(dcount.get());
   cuda_executor const ex{cudaStream_t{}};
   auto const* xin = reinterpret_cast<element const*>(dx.get()) + shift;
-  quantize_async(ex, matrix_view<element const>(xin, rows, cols), dq, opt, count);
+  quantize_async<Codes>(ex, matrix_view<element const>(xin, rows, cols), dq, opt, count);
   std::int64_t bad = -1;
   dcount.download(&bad, sizeof(bad));
   CHECK(bad == ref_bad);
@@ -65,14 +66,14 @@ void compare(spec const& s, std::int64_t rows, std::int64_t cols, std::vector<el
   dequantize(host, ref.view(), matrix_view<Out>(yref.data(), rows, cols));
   device_bytes dy((n + shift) * sizeof(Out));
   auto* yout = reinterpret_cast<Out*>(dy.get()) + shift;
-  dequantize_async(ex, const_quantized_view(dq), matrix_view<Out>(yout, rows, cols));
+  dequantize_async<Codes>(ex, const_quantized_view(dq), matrix_view<Out>(yout, rows, cols));
   std::vector<Out> y(static_cast<std::size_t>(n));
   dy.download(y.data(), n * sizeof(Out), shift * sizeof(Out));
   CHECK(std::memcmp(y.data(), yref.data(), n * sizeof(Out)) == 0);
 
   // fake_quantize: the same bits as the two calls.
-  fake_quantize_async(ex, s, matrix_view<element const>(xin, rows, cols),
-                      matrix_view<Out>(yout, rows, cols), opt);
+  fake_quantize_async<Codes>(ex, s, matrix_view<element const>(xin, rows, cols),
+                             matrix_view<Out>(yout, rows, cols), opt);
   std::vector<Out> f(static_cast<std::size_t>(n));
   dy.download(f.data(), n * sizeof(Out), shift * sizeof(Out));
   CHECK(std::memcmp(f.data(), yref.data(), n * sizeof(Out)) == 0);
@@ -108,6 +109,39 @@ TEST_CASE("misaligned inputs, outputs and codes take the element-wise path with 
       }
     }
   }
+}
+
+TEST_CASE("calls compiled for a code list give the same bits and refuse other families") {
+  using listed = type_list<int_sym<4>, fp8_e4m3>;
+  std::vector<element> const x = test::random_input<element>(9 * 2048, 41, true);
+  for (auto const& name :
+       {"int4_g128_sym_sr_f32", "fp8e4m3_g32_rne_e8m0", "int4_row_sym_rne_f32"}) {
+    INFO(name);
+    compare<float, listed>(spec::parse(name), 9, 2048, x, 0, 0, {11, 13});
+  }
+  // A refused call throws on the calling thread before it enqueues anything (the count keeps its
+  // bytes) or allocates fake_quantize_async's temporary.
+  spec const s = spec::parse("int8_g128_sym_rne_f32");
+  cuda_executor const ex{cudaStream_t{}};
+  device_bytes dx(256 * sizeof(element)), dy(256 * sizeof(float)), dcount(sizeof(std::int64_t));
+  quantized_layout const l = make_layout(s, 1, 256);
+  device_bytes dbuf(static_cast<std::size_t>(l.total_bytes));
+  quantized_view const q = view_of_buffer(s, 1, 256, dbuf.get());
+  std::int64_t const sentinel = 0x5a5a5a5a5a5a5a5a;
+  dcount.upload(&sentinel, sizeof(sentinel));
+  auto* count = reinterpret_cast<std::int64_t*>(dcount.get());
+  matrix_view<element const> const in(reinterpret_cast<element const*>(dx.get()), 1, 256);
+  matrix_view<float> const out(reinterpret_cast<float*>(dy.get()), 1, 256);
+  char const* const why = "outside the code list the call was compiled for";
+  CHECK_THROWS_WITH_AS(quantize_async<listed>(ex, in, q, {}, count), doctest::Contains(why),
+                       agoq::unsupported_scheme);
+  CHECK_THROWS_WITH_AS(dequantize_async<listed>(ex, const_quantized_view(q), out, count),
+                       doctest::Contains(why), agoq::unsupported_scheme);
+  CHECK_THROWS_WITH_AS(fake_quantize_async<listed>(ex, s, in, out, {}, count),
+                       doctest::Contains(why), agoq::unsupported_scheme);
+  std::int64_t after = 0;
+  dcount.download(&after, sizeof(after));
+  CHECK(after == sentinel);
 }
 
 TEST_CASE("empty tensors are no-ops and bad arguments throw before any launch") {

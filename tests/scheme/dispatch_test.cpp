@@ -74,6 +74,24 @@ TEST_CASE("specs outside the dispatch set throw unsupported_scheme") {
   CHECK_THROWS_AS(dispatch(bad, [](auto) { return 0; }), agoq::invalid_argument);
 }
 
+TEST_CASE("dispatch_code over a code list of the caller's") {
+  using list = type_list<int_sym<4>, fp8_e4m3>;
+  static_assert(code_list<list> && code_list<dispatch_codes>);
+  static_assert(!code_list<type_list<>> && !code_list<type_list<float>> && !code_list<int_sym<4>>);
+  CHECK(dispatch_code<list>(spec::parse("int4_g64_sym_sr_f32"),
+                            [](auto c) { return decltype(c)::bits; }) == 4);
+  CHECK(dispatch_code<list>(spec::parse("fp8e4m3_row_rne_f32"),
+                            [](auto c) { return decltype(c)::kind == code_kind::fp8_e4m3; }));
+  // int8 and int4 asymmetric share a kind or a width with the list's families, not both.
+  for (char const* name : {"int8_g64_sym_rne_f32", "int4_g64_asym_rne_f32"}) {
+    CAPTURE(name);
+    CHECK_THROWS_WITH_AS(dispatch_code<list>(spec::parse(name), [](auto) { return 0; }),
+                         doctest::Contains("outside the code list the call was compiled for"),
+                         agoq::unsupported_scheme);
+    CHECK(dispatch_code(spec::parse(name), [](auto) { return 1; }) == 1);
+  }
+}
+
 TEST_CASE("dispatch of a void callable") {
   int calls = 0;
   dispatch_code(spec::parse("fp8e5m2_row_rne_f32"), [&](auto c) {

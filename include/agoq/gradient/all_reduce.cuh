@@ -351,9 +351,9 @@ struct device_span_source {
       std::int64_t const b = plan.begin(j);
       std::int64_t const m = plan.count(j);
       if (m == 0) continue;
-      quantize_async(ex, as_row(data + b, m),
-                     payload_view(s, plan, send + j * plan.block_bytes(), m),
-                     quantize_options{key, position0 + static_cast<std::uint64_t>(b)}, counts + j);
+      quantize_async<payload_codes>(
+          ex, as_row(data + b, m), payload_view(s, plan, send + j * plan.block_bytes(), m),
+          quantize_options{key, position0 + static_cast<std::uint64_t>(b)}, counts + j);
     }
   }
 };
@@ -391,7 +391,8 @@ struct device_span_sink {
                   std::byte const* block) const {
     std::int64_t const m = plan.count(j);
     if (m > 0)
-      dequantize_async(ex, payload_view(s, plan, block, m), as_row(data + plan.begin(j), m));
+      dequantize_async<payload_codes>(ex, payload_view(s, plan, block, m),
+                                      as_row(data + plan.begin(j), m));
   }
 };
 
@@ -482,10 +483,11 @@ void reduce_gather(cudaStream_t stream, C& comm, comm_join& join, chunk_plan con
   // The gather block reuses block 0 of `send`, zeroed again (the all_to_all has read it).
   AGOQ_CUDA_TRY(cudaMemsetAsync(ws.send, 0, static_cast<std::size_t>(bb), stream));
   if (count > 0) {
-    quantize_async(ex, as_row(static_cast<float const*>(ws.sums), count),
-                   payload_view(s, plan, ws.send, count),
-                   quantize_options{key, position0 + static_cast<std::uint64_t>(plan.begin(rank))},
-                   ws.requantized);
+    quantize_async<payload_codes>(
+        ex, as_row(static_cast<float const*>(ws.sums), count),
+        payload_view(s, plan, ws.send, count),
+        quantize_options{key, position0 + static_cast<std::uint64_t>(plan.begin(rank))},
+        ws.requantized);
   }
   ::agoq::detail::gpu::launch(gather_header_kernel, 1, 1, 0, stream,
                               reinterpret_cast<std::uint8_t*>(ws.send), plan, rank, acc,

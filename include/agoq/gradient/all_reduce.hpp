@@ -262,8 +262,8 @@ struct span_source {
     std::int64_t const b = plan.begin(j);
     std::int64_t const n = plan.count(j);
     if (n == 0) return 0;
-    return quantize(ex, as_row(data + b, n), payload_view(s, plan, block, n),
-                    {key, position0 + static_cast<std::uint64_t>(b)});
+    return quantize<payload_codes>(ex, as_row(data + b, n), payload_view(s, plan, block, n),
+                                   {key, position0 + static_cast<std::uint64_t>(b)});
   }
 };
 
@@ -421,8 +421,9 @@ std::uint8_t requantize_chunk(host_executor ex, chunk_plan const& plan, std::int
   quantized_view const out = payload_view(s, plan, block, count);
   std::int64_t nonfinite = 0;
   std::uint8_t flags = reduce([&](std::int64_t b, float const* sum, std::int64_t n) {
-    nonfinite += quantize(ex, as_row(sum, n), sub_view(out, b, n),
-                          {key, position0 + static_cast<std::uint64_t>(plan.begin(j) + b)});
+    nonfinite +=
+        quantize<payload_codes>(ex, as_row(sum, n), sub_view(out, b, n),
+                                {key, position0 + static_cast<std::uint64_t>(plan.begin(j) + b)});
   });
   if (nonfinite > 0) flags |= payload_flag_nonfinite;
   write_payload_header(block, flags, plan.group_size, count);
@@ -436,7 +437,9 @@ struct span_sink {
   void operator()(host_executor ex, chunk_plan const& plan, std::int64_t j, spec const& s,
                   std::byte const* block) const {
     std::int64_t const n = plan.count(j);
-    if (n > 0) dequantize(ex, payload_view(s, plan, block, n), as_row(data + plan.begin(j), n));
+    if (n > 0)
+      dequantize<payload_codes>(ex, payload_view(s, plan, block, n),
+                                as_row(data + plan.begin(j), n));
   }
 };
 

@@ -132,18 +132,19 @@ class gradient_buffer {
     if (empty_) {
       // 0 + x == x for every x (and -0 encodes like +0), so the first addition quantizes g
       // directly: the same bits, one pass.
-      nonfinite = quantize(ex, as_row(static_cast<T const*>(g.data()), size()), v, {key, 0});
+      nonfinite = quantize<detail::payload_codes>(
+          ex, as_row(static_cast<T const*>(g.data()), size()), v, {key, 0});
     } else {
       std::int64_t const piece = detail::piece_elements(opt_.group_size);
       float* acc = scratch_.data();
       for (std::int64_t b = 0; b < size(); b += piece) {
         std::int64_t const n = std::min(piece, size() - b);
         quantized_view const part = sub_view(v, b, n);
-        dequantize(ex, const_quantized_view(part), as_row(acc, n));
+        dequantize<detail::payload_codes>(ex, const_quantized_view(part), as_row(acc, n));
         T const* x = g.data() + b;
         for (std::int64_t i = 0; i < n; ++i) acc[i] = acc[i] + numeric::to_float(x[i]);
-        nonfinite += quantize(ex, as_row(static_cast<float const*>(acc), n), part,
-                              {key, static_cast<std::uint64_t>(b)});
+        nonfinite += quantize<detail::payload_codes>(ex, as_row(static_cast<float const*>(acc), n),
+                                                     part, {key, static_cast<std::uint64_t>(b)});
       }
     }
     empty_ = false;

@@ -16,6 +16,7 @@
 #include "../error.hpp"
 #include "../layout/view.hpp"
 #include "../numeric/codes.hpp"
+#include "../scheme/dispatch.hpp"
 #include "../scheme/spec.hpp"
 
 namespace agoq::gradient {
@@ -182,6 +183,9 @@ namespace detail {
 
 /// The code family of every payload (payload_spec) and of gradient_buffer.
 using payload_code = int_sym<8>;
+/// payload_code as the code list of quantize and dequantize calls: the collectives and the
+/// gradient buffers compile the kernels of that one family, not the whole dispatch set's.
+using payload_codes = type_list<payload_code>;
 
 }  // namespace detail
 

@@ -43,13 +43,29 @@ decltype(auto) dispatch_type(type_list<T, Ts...>, Match&& match, F&& f, char con
   }
 }
 
-/// Calls `f(Code{})` for the code family of `s`.
-template <class F>
+namespace detail {
+template <class L>
+struct is_code_list : std::false_type {};
+template <code_format C, code_format... Cs>
+struct is_code_list<type_list<C, Cs...>> : std::true_type {};
+}  // namespace detail
+
+/// A non-empty type_list of code families, e.g. `type_list<int_sym<4>, int_sym<8>>`: the codes a
+/// quantize call compiles its kernels for (see quantize and quantize_async).
+template <class L>
+concept code_list = detail::is_code_list<L>::value;
+
+/// Calls `f(Code{})` for the code family of `s`, which must be one of `Codes` (by default every
+/// code family of the dispatch set): `f` is instantiated for the families of `Codes` alone, and any
+/// other family throws agoq::unsupported_scheme.
+template <code_list Codes = dispatch_codes, class F>
 decltype(auto) dispatch_code(spec const& s, F&& f) {
   return dispatch_type(
-      dispatch_codes{},
-      [&](auto c) { return decltype(c)::kind == s.code && decltype(c)::bits == s.bits; },
-      std::forward<F>(f), "code family outside the dispatch set");
+      Codes{}, [&](auto c) { return decltype(c)::kind == s.code && decltype(c)::bits == s.bits; },
+      std::forward<F>(f),
+      std::is_same_v<Codes, dispatch_codes>
+          ? "code family outside the dispatch set"
+          : "code family outside the code list the call was compiled for");
 }
 
 /// Calls `f(Rounding{})` for the rounding of `s`.
