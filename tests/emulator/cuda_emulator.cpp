@@ -80,8 +80,36 @@ struct block_run {
 };
 
 thread_local block_run* running = nullptr;
-/// Fiber stacks of this host thread, kept between launches.
-thread_local std::vector<std::unique_ptr<char[]>> stacks;
+
+using stack = std::unique_ptr<char[]>;
+/// Stacks of host threads that have exited, for the next threads to take: the in-process groups
+/// run each collective on threads of their own, which would otherwise allocate and first touch
+/// (page fault by page fault) fresh stacks for every launch of every collective.
+std::mutex spare_stacks_mutex;
+std::vector<stack> spare_stacks;
+
+/// The fiber stacks of one host thread, kept between its launches and handed to spare_stacks
+/// when it exits.
+struct thread_stacks {
+  std::vector<stack> held;
+  ~thread_stacks() {
+    std::lock_guard lock(spare_stacks_mutex);
+    for (stack& s : held) spare_stacks.push_back(std::move(s));
+  }
+  /// Grows `held` to n stacks, spare ones first.
+  void reserve(std::size_t n) {
+    if (held.size() >= n) return;
+    {
+      std::lock_guard lock(spare_stacks_mutex);
+      while (held.size() < n && !spare_stacks.empty()) {
+        held.push_back(std::move(spare_stacks.back()));
+        spare_stacks.pop_back();
+      }
+    }
+    while (held.size() < n) held.push_back(std::make_unique_for_overwrite<char[]>(stack_bytes));
+  }
+};
+thread_local thread_stacks stacks;
 /// Dynamic shared memory of the launch in progress on this host thread.
 thread_local std::vector<std::max_align_t> shared_memory;
 
@@ -134,9 +162,7 @@ void run_block(block_run& r, dim3 block, uint3 block_index) {
   r.warps.assign(static_cast<std::size_t>((n + 31) / 32), warp_state{});
   r.arrived = 0;
   r.generation = 0;
-  while (stacks.size() < static_cast<std::size_t>(n)) {
-    stacks.push_back(std::make_unique_for_overwrite<char[]>(stack_bytes));
-  }
+  stacks.reserve(static_cast<std::size_t>(n));
   blockIdx = block_index;
   for (int t = 0; t < n; ++t) {
     fiber& f = r.threads[static_cast<std::size_t>(t)];
@@ -146,7 +172,7 @@ void run_block(block_run& r, dim3 block, uint3 block_index) {
     auto const z = static_cast<unsigned>(t) / (block.x * block.y);
     f.index = uint3{x, y, z};
     f.context =
-        ctx::fiber(std::allocator_arg, pooled_stack{stacks[static_cast<std::size_t>(t)].get()},
+        ctx::fiber(std::allocator_arg, pooled_stack{stacks.held[static_cast<std::size_t>(t)].get()},
                    [&r, t](ctx::fiber&& scheduler) {
                      fiber& me = r.threads[static_cast<std::size_t>(t)];
                      me.scheduler = std::move(scheduler);
