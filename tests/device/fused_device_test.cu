@@ -333,6 +333,86 @@ TEST_CASE("gelu_forward_async / gelu_backward_async equal the CPU executor bit f
   }
 }
 
+TEST_CASE("forward ops compiled for a code list give the same bits and refuse other families") {
+  using listed = type_list<int_sym<4>, int_sym<8>>;
+  // In-kernel saves (G = 128) and second passes (per row, G = 48).
+  for (char const* name :
+       {"int4_g128_sym_sr_f32", "int8_row_sym_rne_f32", "int8_g48_sym_rne_f32"}) {
+    for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{7, 300}, {9, 2048}}) {
+      CAPTURE(name);
+      CAPTURE(cols);
+      spec const s = spec::parse(name);
+      std::int64_t const n = rows * cols;
+      auto const x = test::random_input<element>(n, 31 + cols, true);
+      auto const u = test::random_input<element>(n, 32 + cols, true);
+      auto const w = test::random_input<element>(cols, 33, false);
+      dvec<element> dx(x), du(u), dw(w), dy(x);
+      dvec<float> drstd{std::vector<float>(static_cast<std::size_t>(rows))};
+      auto const xv = matrix_view<element const>(dx.get(), rows, cols);
+      auto const uv = matrix_view<element const>(du.get(), rows, cols);
+      auto const yv = matrix_view<element>(dy.get(), rows, cols);
+      std::vector<element> y(static_cast<std::size_t>(n));
+      std::vector<float> rstd(static_cast<std::size_t>(rows));
+      auto const hy = matrix_view<element>(y.data(), rows, cols);
+      quantized_tensor r1(s, rows, cols), r2(s, rows, cols);
+      dsaved v1(s, rows, cols), v2(s, rows, cols);
+
+      rmsnorm_forward(host, cview(x, rows, cols), std::span<element const>(w), 1e-5f, hy, r1.view(),
+                      std::span<float>(rstd), opt);
+      rmsnorm_forward_async<listed>(ex, xv, std::span<element const>(dw.get(), cols), 1e-5f, yv,
+                                    v1.v, std::span<float>(drstd.get(), rows), opt);
+      CHECK(same_bits(dy.download(), y));
+      CHECK(same_bits(drstd.download(), rstd));
+      check_same_saved(v1.v, r1);
+
+      swiglu_forward(host, cview(x, rows, cols), cview(u, rows, cols), hy, r1.view(), r2.view(),
+                     opt);
+      swiglu_forward_async<listed>(ex, xv, uv, yv, v1.v, v2.v, opt);
+      CHECK(same_bits(dy.download(), y));
+      check_same_saved(v1.v, r1);
+      check_same_saved(v2.v, r2);
+
+      gelu_forward(host, cview(x, rows, cols), hy, r1.view(), opt);
+      gelu_forward_async<listed>(ex, xv, yv, v1.v, opt);
+      CHECK(same_bits(dy.download(), y));
+      check_same_saved(v1.v, r1);
+
+      residual_add(host, cview(x, rows, cols), cview(u, rows, cols), hy, r1.view(), opt);
+      residual_add_async<listed>(ex, xv, uv, yv, v1.v, opt);
+      CHECK(same_bits(dy.download(), y));
+      check_same_saved(v1.v, r1);
+    }
+  }
+  // Another family: refused on the calling thread before anything is enqueued (the count and the
+  // output keep their bytes).
+  std::int64_t const rows = 2, cols = 128;
+  spec const fp8 = spec::parse("fp8e4m3_g128_rne_f32");
+  dsaved sv(fp8, rows, cols);
+  std::vector<element> const ones(static_cast<std::size_t>(rows * cols),
+                                  numeric::from_float<element>(1.0f));
+  dvec<element> x(ones), y(ones), w{std::vector<element>(static_cast<std::size_t>(cols))};
+  dvec<float> rstd{std::vector<float>(static_cast<std::size_t>(rows))};
+  auto const xv = matrix_view<element const>(x.get(), rows, cols);
+  auto const yv = matrix_view<element>(y.get(), rows, cols);
+  std::int64_t const sentinel = 0x3c3c3c3c3c3c3c3c;
+  device_bytes count(sizeof(std::int64_t));
+  count.upload(&sentinel, sizeof(sentinel));
+  auto* c = reinterpret_cast<std::int64_t*>(count.get());
+  char const* const why = "outside the code list the call was compiled for";
+  CHECK_THROWS_WITH_AS(
+      rmsnorm_forward_async<listed>(ex, xv, std::span<element const>(w.get(), cols), 1e-5f, yv,
+                                    sv.v, std::span<float>(rstd.get(), rows), opt, c),
+      doctest::Contains(why), agoq::unsupported_scheme);
+  CHECK_THROWS_WITH_AS(swiglu_forward_async<listed>(ex, xv, xv, yv, sv.v, sv.v, opt, c),
+                       doctest::Contains(why), agoq::unsupported_scheme);
+  CHECK_THROWS_WITH_AS(gelu_forward_async<listed>(ex, xv, yv, sv.v, opt, c), doctest::Contains(why),
+                       agoq::unsupported_scheme);
+  CHECK_THROWS_WITH_AS(residual_add_async<listed>(ex, xv, xv, yv, sv.v, opt, c),
+                       doctest::Contains(why), agoq::unsupported_scheme);
+  CHECK(count_of(count) == sentinel);
+  CHECK(same_bits(y.download(), ones));
+}
+
 TEST_CASE("the device fused ops validate like the CPU ops") {
   std::int64_t const rows = 4, cols = 64;
   spec const s = spec::parse("int8_g32_sym_rne_f32");

@@ -599,26 +599,34 @@ inline int save_lanes(spec const& s) {
   return agoq::detail::gpu::one_pass(s) ? static_cast<int>(s.group_cols / run) : 0;
 }
 
-/// Calls launch(saver) with a lane_save for `v` (one-pass groupings) or with no_save.
-template <class F>
+/// The code list of the plain ops (no saved copy): they compile no saving kernel at all.
+using no_codes = type_list<>;
+
+/// Calls launch(saver) with a lane_save for `v` (one-pass groupings; its code one of Codes) or
+/// with no_save.
+template <class Codes, class F>
 void with_lane_save(quantized_view const* v, quantize_options opt, F&& launch) {
-  if (v == nullptr || save_lanes(v->spec) == 0) {
+  if constexpr (std::is_same_v<Codes, no_codes>) {
     launch(no_save{});
-    return;
-  }
-  int const lanes_log2 = device::group_lanes_log2(v->spec.group_cols);
-  dispatch_code(v->spec, [&](auto code) {
-    dispatch_rounding(v->spec, [&](auto rounding) {
-      launch(lane_save<decltype(code), decltype(rounding)>{*v, opt.seed, opt.offset, lanes_log2});
+  } else {
+    if (v == nullptr || save_lanes(v->spec) == 0) {
+      launch(no_save{});
+      return;
+    }
+    int const lanes_log2 = device::group_lanes_log2(v->spec.group_cols);
+    dispatch_code<Codes>(v->spec, [&](auto code) {
+      dispatch_rounding(v->spec, [&](auto rounding) {
+        launch(lane_save<decltype(code), decltype(rounding)>{*v, opt.seed, opt.offset, lanes_log2});
+      });
     });
-  });
+  }
 }
 
 /// Saves x into v with quantize_async's kernels (a pass of its own; adds to the count).
-template <class T>
+template <class Codes, class T>
 void launch_save(T const* x, quantized_view const& v, quantize_options opt,
                  unsigned long long* count, cudaStream_t stream) {
-  dispatch_code(v.spec, [&](auto code) {
+  dispatch_code<Codes>(v.spec, [&](auto code) {
     dispatch_rounding(v.spec, [&](auto rounding) {
       agoq::detail::gpu::launch_quantize<decltype(code), decltype(rounding)>(x, v, opt, count,
                                                                              stream);
@@ -627,10 +635,18 @@ void launch_save(T const* x, quantized_view const& v, quantize_options opt,
 }
 
 /// The second-pass save of a grouping the kernels do not save in place (adds to the count).
-template <class T>
+template <class Codes, class T>
 void save_second_pass(T const* x, quantized_view const* v, quantize_options opt,
                       unsigned long long* count, cudaStream_t stream) {
-  if (v != nullptr && save_lanes(v->spec) == 0) launch_save(x, *v, opt, count, stream);
+  if constexpr (!std::is_same_v<Codes, no_codes>) {
+    if (v != nullptr && save_lanes(v->spec) == 0) launch_save<Codes>(x, *v, opt, count, stream);
+  }
+}
+
+/// Refuses a saved copy whose code family is outside Codes, before anything is enqueued.
+template <class Codes>
+void check_saved_code(quantized_view const& v) {
+  dispatch_code<Codes>(v.spec, [](auto) {});
 }
 
 inline unsigned long long* start_count(std::int64_t* nonfinite, cudaStream_t stream) {
@@ -681,7 +697,7 @@ inline elementwise_launch make_elementwise_launch(std::int64_t rows, std::int64_
   return {agoq::detail::gpu::grid_for(device::unit_count(rows, cols), pol), pol.block_threads};
 }
 
-template <class X, class W, class Y>
+template <class Codes, class X, class W, class Y>
 void rmsnorm_forward(cuda_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
                      matrix_view<Y> y, std::span<float> rstd, quantized_view const* saved,
                      quantize_options opt, std::int64_t* nonfinite) {
@@ -699,9 +715,9 @@ void rmsnorm_forward(cuda_executor ex, matrix_view<X> x, std::span<W> weight, fl
   using WT = std::remove_const_t<W>;
   using YT = std::remove_const_t<Y>;
   // A spanning grouping is quantized first: y may overwrite x.
-  save_second_pass(static_cast<XT const*>(x.data_handle()), saved, opt, count, stream);
+  save_second_pass<Codes>(static_cast<XT const*>(x.data_handle()), saved, opt, count, stream);
   row_launch const rl = make_row_launch(rows, cols, stream);
-  with_lane_save(saved, opt, [&](auto save) {
+  with_lane_save<Codes>(saved, opt, [&](auto save) {
     agoq::detail::gpu::launch(
         rmsnorm_forward_kernel<XT, WT, YT, decltype(save)>, rl.grid, row_threads, rl.shared_bytes,
         stream, x.data_handle(), static_cast<WT const*>(weight.data()), eps, y.data_handle(),
@@ -710,7 +726,7 @@ void rmsnorm_forward(cuda_executor ex, matrix_view<X> x, std::span<W> weight, fl
   end_row_launch(rl, stream);
 }
 
-template <class X, class Y>
+template <class Codes, class X, class Y>
 void gelu_forward(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y, quantized_view const* saved,
                   quantize_options opt, std::int64_t* nonfinite) {
   using namespace fused_detail;
@@ -725,16 +741,16 @@ void gelu_forward(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y, quantize
   if (saved) agoq::detail::gpu::check_device_view(*saved, what);
   using XT = std::remove_const_t<X>;
   using YT = std::remove_const_t<Y>;
-  save_second_pass(static_cast<XT const*>(x.data_handle()), saved, opt, count, stream);
+  save_second_pass<Codes>(static_cast<XT const*>(x.data_handle()), saved, opt, count, stream);
   elementwise_launch const el = make_elementwise_launch(rows, cols);
-  with_lane_save(saved, opt, [&](auto save) {
+  with_lane_save<Codes>(saved, opt, [&](auto save) {
     agoq::detail::gpu::launch(gelu_forward_kernel<XT, YT, decltype(save)>, el.grid, el.threads, 0,
                               stream, x.data_handle(), y.data_handle(), rows, cols, save, count);
   });
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
 
-template <class G, class U, class O>
+template <class Codes, class G, class U, class O>
 void swiglu_forward(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, matrix_view<O> out,
                     quantized_view const* saved_gate, quantized_view const* saved_up,
                     quantize_options opt, std::int64_t* nonfinite) {
@@ -764,15 +780,19 @@ void swiglu_forward(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, ma
     agoq::detail::gpu::check_device_view(*saved_up, what);
   }
   if (!together) {
-    if (saved_gate != nullptr) {
-      launch_save(static_cast<GT const*>(gate.data_handle()), *saved_gate, opt, count, stream);
-      launch_save(static_cast<UT const*>(up.data_handle()), *saved_up, up_opt, count, stream);
+    if constexpr (!std::is_same_v<Codes, no_codes>) {
+      if (saved_gate != nullptr) {
+        launch_save<Codes>(static_cast<GT const*>(gate.data_handle()), *saved_gate, opt, count,
+                           stream);
+        launch_save<Codes>(static_cast<UT const*>(up.data_handle()), *saved_up, up_opt, count,
+                           stream);
+      }
     }
     agoq::detail::gpu::launch(swiglu_forward_kernel<GT, UT, OT, no_save>, el.grid, el.threads, 0,
                               stream, gate.data_handle(), up.data_handle(), out.data_handle(), rows,
                               cols, no_save{}, no_save{}, count);
   } else {
-    with_lane_save(saved_gate, opt, [&](auto sg) {
+    with_lane_save<Codes>(saved_gate, opt, [&](auto sg) {
       if constexpr (!std::is_same_v<decltype(sg), no_save>) {
         auto su = sg;
         su.out = *saved_up;
@@ -786,7 +806,7 @@ void swiglu_forward(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, ma
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
 
-template <class A, class B, class S>
+template <class Codes, class A, class B, class S>
 void residual_add(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum,
                   quantized_view const* saved, quantize_options opt, std::int64_t* nonfinite) {
   using namespace fused_detail;
@@ -802,14 +822,14 @@ void residual_add(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_v
   using AT = std::remove_const_t<A>;
   using BT = std::remove_const_t<B>;
   elementwise_launch const el = make_elementwise_launch(rows, cols);
-  with_lane_save(saved, opt, [&](auto save) {
+  with_lane_save<Codes>(saved, opt, [&](auto save) {
     agoq::detail::gpu::launch(residual_add_kernel<AT, BT, S, decltype(save)>, el.grid, el.threads,
                               0, stream, a.data_handle(), b.data_handle(), sum.data_handle(), rows,
                               cols, save, count);
   });
   AGOQ_CUDA_TRY(cudaGetLastError());
   // A spanning grouping is quantized from the stored sum, after it.
-  save_second_pass(static_cast<S const*>(sum.data_handle()), saved, opt, count, stream);
+  save_second_pass<Codes>(static_cast<S const*>(sum.data_handle()), saved, opt, count, stream);
 }
 
 }  // namespace fused_gpu
@@ -820,7 +840,10 @@ void residual_add(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_v
 /// ex.stream; does not synchronize.
 /// \throws agoq::invalid_argument as the CPU op, and on a pageable host pointer;
 /// agoq::cuda_error when a CUDA call fails.
-template <fused_input X, fused_input W, fused_output Y>
+/// `Codes`: the code families whose saving kernels the call compiles (by default every family of
+/// the dispatch set, as quantize_async); a saved view of another family throws
+/// agoq::unsupported_scheme before anything is enqueued.
+template <code_list Codes = dispatch_codes, fused_input X, fused_input W, fused_output Y>
 void rmsnorm_forward_async(cuda_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
                            matrix_view<Y> y, quantized_view saved_x, std::span<float> rstd,
                            quantize_options opt = {}, std::int64_t* nonfinite = nullptr) {
@@ -829,7 +852,8 @@ void rmsnorm_forward_async(cuda_executor ex, matrix_view<X> x, std::span<W> weig
                                    what);
   fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), what, "saved_x");
   fused_detail::check_vector(weight, x.extent(1), what, "weight");
-  fused_gpu::rmsnorm_forward(ex, x, weight, eps, y, rstd, &saved_x, opt, nonfinite);
+  fused_gpu::check_saved_code<Codes>(saved_x);
+  fused_gpu::rmsnorm_forward<Codes>(ex, x, weight, eps, y, rstd, &saved_x, opt, nonfinite);
 }
 
 /// The plain RMSNorm forward on the device (no saved copy): the same y and rstd bits.
@@ -841,7 +865,8 @@ void rmsnorm_forward_async(cuda_executor ex, matrix_view<X> x, std::span<W> weig
   fused_detail::check_rmsnorm_args(x, y, x.extent(1), static_cast<std::int64_t>(weight.size()), eps,
                                    what);
   fused_detail::check_vector(weight, x.extent(1), what, "weight");
-  fused_gpu::rmsnorm_forward(ex, x, weight, eps, y, rstd, nullptr, {}, nullptr);
+  fused_gpu::rmsnorm_forward<fused_gpu::no_codes>(ex, x, weight, eps, y, rstd, nullptr, {},
+                                                  nullptr);
 }
 
 /// RMSNorm backward on the device from the quantized input: the twin of
@@ -899,7 +924,10 @@ void rmsnorm_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantize
 /// `nonfinite` receives the non-finite count of gate plus that of up. out may be gate or up
 /// itself. Stream-ordered; does not synchronize. \throws as the CPU op, and on a pageable host
 /// pointer.
-template <fused_input G, fused_input U, fused_output O>
+/// `Codes`: the code families whose saving kernels the call compiles (by default every family of
+/// the dispatch set, as quantize_async); a saved view of another family throws
+/// agoq::unsupported_scheme before anything is enqueued.
+template <code_list Codes = dispatch_codes, fused_input G, fused_input U, fused_output O>
 void swiglu_forward_async(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up,
                           matrix_view<O> out, quantized_view saved_gate, quantized_view saved_up,
                           quantize_options opt = {}, std::int64_t* nonfinite = nullptr) {
@@ -907,7 +935,9 @@ void swiglu_forward_async(cuda_executor ex, matrix_view<G> gate, matrix_view<U> 
                             "saved_gate");
   fused_detail::check_saved(saved_up, gate.extent(0), gate.extent(1), "swiglu_forward_async",
                             "saved_up");
-  fused_gpu::swiglu_forward(ex, gate, up, out, &saved_gate, &saved_up, opt, nonfinite);
+  fused_gpu::check_saved_code<Codes>(saved_gate);
+  fused_gpu::check_saved_code<Codes>(saved_up);
+  fused_gpu::swiglu_forward<Codes>(ex, gate, up, out, &saved_gate, &saved_up, opt, nonfinite);
 }
 
 /// The plain SwiGLU forward on the device (no saved copies). Stream-ordered.
@@ -915,7 +945,7 @@ void swiglu_forward_async(cuda_executor ex, matrix_view<G> gate, matrix_view<U> 
 template <fused_input G, fused_input U, fused_output O>
 void swiglu_forward_async(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up,
                           matrix_view<O> out) {
-  fused_gpu::swiglu_forward(ex, gate, up, out, nullptr, nullptr, {}, nullptr);
+  fused_gpu::swiglu_forward<fused_gpu::no_codes>(ex, gate, up, out, nullptr, nullptr, {}, nullptr);
 }
 
 /// SwiGLU backward on the device from the quantized inputs: the twin of
@@ -952,19 +982,23 @@ void swiglu_backward_async(cuda_executor ex, matrix_view<D> dout, const_quantize
 /// gelu_forward(host_executor, ...): saved_x and y bit-identical. `nonfinite` receives the
 /// non-finite count of x. y may be x itself. Stream-ordered; does not synchronize. \throws as the
 /// CPU op, and on a pageable host pointer.
-template <fused_input X, fused_output Y>
+/// `Codes`: the code families whose saving kernels the call compiles (by default every family of
+/// the dispatch set, as quantize_async); a saved view of another family throws
+/// agoq::unsupported_scheme before anything is enqueued.
+template <code_list Codes = dispatch_codes, fused_input X, fused_output Y>
 void gelu_forward_async(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y,
                         quantized_view saved_x, quantize_options opt = {},
                         std::int64_t* nonfinite = nullptr) {
   fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), "gelu_forward_async", "saved_x");
-  fused_gpu::gelu_forward(ex, x, y, &saved_x, opt, nonfinite);
+  fused_gpu::check_saved_code<Codes>(saved_x);
+  fused_gpu::gelu_forward<Codes>(ex, x, y, &saved_x, opt, nonfinite);
 }
 
 /// The plain GeLU forward on the device (no saved copy). Stream-ordered.
 /// \throws as the fused overload.
 template <fused_input X, fused_output Y>
 void gelu_forward_async(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y) {
-  fused_gpu::gelu_forward(ex, x, y, nullptr, {}, nullptr);
+  fused_gpu::gelu_forward<fused_gpu::no_codes>(ex, x, y, nullptr, {}, nullptr);
 }
 
 /// GeLU backward (tanh approximation) on the device from the quantized input: the twin of
@@ -996,19 +1030,23 @@ void gelu_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantized_v
 /// residual_add(host_executor, ...) (same sum and saved bits). `nonfinite` receives the non-finite
 /// count of the sum. sum may be a or b itself. Stream-ordered; does not synchronize.
 /// \throws as the CPU op, and on a pageable host pointer.
-template <fused_input A, fused_input B, fused_output S>
+/// `Codes`: the code families whose saving kernels the call compiles (by default every family of
+/// the dispatch set, as quantize_async); a saved view of another family throws
+/// agoq::unsupported_scheme before anything is enqueued.
+template <code_list Codes = dispatch_codes, fused_input A, fused_input B, fused_output S>
 void residual_add_async(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum,
                         quantized_view saved_sum, quantize_options opt = {},
                         std::int64_t* nonfinite = nullptr) {
   fused_detail::check_saved(saved_sum, a.extent(0), a.extent(1), "residual_add_async", "saved_sum");
-  fused_gpu::residual_add(ex, a, b, sum, &saved_sum, opt, nonfinite);
+  fused_gpu::check_saved_code<Codes>(saved_sum);
+  fused_gpu::residual_add<Codes>(ex, a, b, sum, &saved_sum, opt, nonfinite);
 }
 
 /// The plain residual add on the device (no saved copy), same sum bits. Stream-ordered.
 /// \throws as the fused overload.
 template <fused_input A, fused_input B, fused_output S>
 void residual_add_async(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum) {
-  fused_gpu::residual_add(ex, a, b, sum, nullptr, {}, nullptr);
+  fused_gpu::residual_add<fused_gpu::no_codes>(ex, a, b, sum, nullptr, {}, nullptr);
 }
 
 }  // namespace agoq::activation

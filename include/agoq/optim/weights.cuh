@@ -29,7 +29,7 @@ void quantize_weights_async(cuda_executor ex, matrix_view<In> w, weight_format c
   spec const s = f.to_spec();
   AGOQ_EXPECTS(q.spec == s, "quantize_weights_async: the view holds " + q.spec.name() +
                                 " codes, the format is " + s.name());
-  quantize_async(ex, w, q, opt, nonfinite);
+  quantize_async<weight_codes>(ex, w, q, opt, nonfinite);
 }
 
 /// fake_quantize_weights on device memory (`w` and `out` may be the same buffer) on `ex.stream`,
@@ -40,7 +40,7 @@ requires element_type<std::remove_const_t<In>> && element_type<Out>
 void fake_quantize_weights_async(cuda_executor ex, weight_format const& f, matrix_view<In> w,
                                  matrix_view<Out> out, quantize_options opt = {},
                                  std::int64_t* nonfinite = nullptr) {
-  fake_quantize_async(ex, f.to_spec(), w, out, opt, nonfinite);
+  fake_quantize_async<weight_codes>(ex, f.to_spec(), w, out, opt, nonfinite);
 }
 
 /// straight_through on device memory: copies `grad_wq` into `grad_w` on `ex.stream` (nothing when

@@ -41,6 +41,10 @@ enum class weight_grouping : std::uint8_t {
   per_block,    ///< one scale per 128 x 128 tile: agoq grouping `b128x128`
 };
 
+/// The code families of every weight format (to_spec): the code list of the weight helpers'
+/// quantize calls, which compile these two families' kernels alone.
+using weight_codes = type_list<int_sym<8>, int_sym<4>>;
+
 /// A weight quantization format: grouping, 8 or 4 bits, symmetric signed codes.
 struct weight_format {
   weight_grouping grouping = weight_grouping::per_channel;
@@ -79,7 +83,7 @@ requires element_type<std::remove_const_t<In>> quantized_tensor
 quantize_weights(host_executor ex, matrix_view<In> w, weight_format const& f,
                  quantize_options opt = {}, std::int64_t* nonfinite = nullptr) {
   quantized_tensor q(f.to_spec(), w.extent(0), w.extent(1));
-  std::int64_t const bad = quantize(ex, w, q.view(), opt);
+  std::int64_t const bad = quantize<weight_codes>(ex, w, q.view(), opt);
   if (nonfinite) *nonfinite = bad;
   return q;
 }
@@ -93,7 +97,7 @@ template <class In, class Out>
 requires element_type<std::remove_const_t<In>> && element_type<Out> std::int64_t
 fake_quantize_weights(host_executor ex, weight_format const& f, matrix_view<In> w,
                       matrix_view<Out> out, quantize_options opt = {}) {
-  return fake_quantize(ex, f.to_spec(), w, out, opt);
+  return fake_quantize<weight_codes>(ex, f.to_spec(), w, out, opt);
 }
 
 namespace detail {
