@@ -122,9 +122,9 @@ void launch_quantize(T const* x, quantized_view const& out, quantize_options opt
 /// non-finite inputs once the stream reaches the end of the call. Codes and scales equal the CPU
 /// executor's bit for bit. Does not synchronize. Any size (64-bit indexing); pointers need no
 /// particular alignment (16-byte accesses are used where they are aligned). `Codes` lists the
-/// code families whose kernels the call compiles (by default the dispatch set's eight, 16 kernels
-/// per element type); a caller that knows its schemes names fewer, e.g.
-/// `quantize_async<type_list<int_sym<8>>>(ex, in, out)`, and compiles a quarter of them.
+/// code families whose kernels the call compiles (by default the dispatch set's eight, each with
+/// both roundings); a caller that knows its schemes names fewer, e.g.
+/// `quantize_async<type_list<int_sym<8>>>(ex, in, out)`, and compiles an eighth of them.
 /// \throws agoq::invalid_argument on an invalid spec, mismatched extents, a null or pageable host
 /// pointer; agoq::unsupported_scheme on a code family outside `Codes`; agoq::cuda_error when a
 /// CUDA call fails.
@@ -132,7 +132,7 @@ template <code_list Codes = dispatch_codes, detail::readable_elements In>
 void quantize_async(cuda_executor ex, matrix_view<In> in, quantized_view out,
                     quantize_options opt = {}, std::int64_t* nonfinite = nullptr) {
   out.validate();
-  dispatch_code<Codes>(out.spec, [](auto) {});  // refuses a family outside Codes, enqueuing nothing
+  require_code<Codes>(out.spec);
   detail::check_extents(in.extent(0), in.extent(1), out.rows, out.cols, "quantize_async");
   detail::check_data(in.data_handle(), in.size(), "quantize_async");
   cudaStream_t const stream = ex.stream.get();
@@ -159,7 +159,7 @@ template <code_list Codes = dispatch_codes, detail::writable_elements Out>
 void dequantize_async(cuda_executor ex, const_quantized_view in, matrix_view<Out> out,
                       std::int64_t* nonfinite = nullptr) {
   in.validate();
-  dispatch_code<Codes>(in.spec, [](auto) {});
+  require_code<Codes>(in.spec);
   detail::check_extents(out.extent(0), out.extent(1), in.rows, in.cols, "dequantize_async");
   detail::check_data(out.data_handle(), out.size(), "dequantize_async");
   cudaStream_t const stream = ex.stream.get();
@@ -194,7 +194,7 @@ template <code_list Codes = dispatch_codes, detail::readable_elements In,
 void fake_quantize_async(cuda_executor ex, spec const& s, matrix_view<In> in, matrix_view<Out> out,
                          quantize_options opt = {}, std::int64_t* nonfinite = nullptr) {
   s.validate();
-  dispatch_code<Codes>(s, [](auto) {});  // before the temporary is allocated
+  require_code<Codes>(s);  // before the temporary is allocated
   detail::check_extents(in.extent(0), in.extent(1), out.extent(0), out.extent(1),
                         "fake_quantize_async", "the output");
   quantized_layout const l = make_layout(s, in.extent(0), in.extent(1));

@@ -608,11 +608,9 @@ template <class Codes, class F>
 void with_lane_save(quantized_view const* v, quantize_options opt, F&& launch) {
   if constexpr (std::is_same_v<Codes, no_codes>) {
     launch(no_save{});
+  } else if (v == nullptr || save_lanes(v->spec) == 0) {
+    launch(no_save{});
   } else {
-    if (v == nullptr || save_lanes(v->spec) == 0) {
-      launch(no_save{});
-      return;
-    }
     int const lanes_log2 = device::group_lanes_log2(v->spec.group_cols);
     dispatch_code<Codes>(v->spec, [&](auto code) {
       dispatch_rounding(v->spec, [&](auto rounding) {
@@ -622,31 +620,26 @@ void with_lane_save(quantized_view const* v, quantize_options opt, F&& launch) {
   }
 }
 
-/// Saves x into v with quantize_async's kernels (a pass of its own; adds to the count).
+/// Saves x into v with quantize_async's kernels (a pass of its own; adds to the count). Under
+/// no_codes (the plain ops, which have no view to save into) it compiles and does nothing.
 template <class Codes, class T>
 void launch_save(T const* x, quantized_view const& v, quantize_options opt,
                  unsigned long long* count, cudaStream_t stream) {
-  dispatch_code<Codes>(v.spec, [&](auto code) {
-    dispatch_rounding(v.spec, [&](auto rounding) {
-      agoq::detail::gpu::launch_quantize<decltype(code), decltype(rounding)>(x, v, opt, count,
-                                                                             stream);
+  if constexpr (!std::is_same_v<Codes, no_codes>) {
+    dispatch_code<Codes>(v.spec, [&](auto code) {
+      dispatch_rounding(v.spec, [&](auto rounding) {
+        agoq::detail::gpu::launch_quantize<decltype(code), decltype(rounding)>(x, v, opt, count,
+                                                                               stream);
+      });
     });
-  });
+  }
 }
 
 /// The second-pass save of a grouping the kernels do not save in place (adds to the count).
 template <class Codes, class T>
 void save_second_pass(T const* x, quantized_view const* v, quantize_options opt,
                       unsigned long long* count, cudaStream_t stream) {
-  if constexpr (!std::is_same_v<Codes, no_codes>) {
-    if (v != nullptr && save_lanes(v->spec) == 0) launch_save<Codes>(x, *v, opt, count, stream);
-  }
-}
-
-/// Refuses a saved copy whose code family is outside Codes, before anything is enqueued.
-template <class Codes>
-void check_saved_code(quantized_view const& v) {
-  dispatch_code<Codes>(v.spec, [](auto) {});
+  if (v != nullptr && save_lanes(v->spec) == 0) launch_save<Codes>(x, *v, opt, count, stream);
 }
 
 inline unsigned long long* start_count(std::int64_t* nonfinite, cudaStream_t stream) {
@@ -780,13 +773,11 @@ void swiglu_forward(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, ma
     agoq::detail::gpu::check_device_view(*saved_up, what);
   }
   if (!together) {
-    if constexpr (!std::is_same_v<Codes, no_codes>) {
-      if (saved_gate != nullptr) {
-        launch_save<Codes>(static_cast<GT const*>(gate.data_handle()), *saved_gate, opt, count,
-                           stream);
-        launch_save<Codes>(static_cast<UT const*>(up.data_handle()), *saved_up, up_opt, count,
-                           stream);
-      }
+    if (saved_gate != nullptr) {
+      launch_save<Codes>(static_cast<GT const*>(gate.data_handle()), *saved_gate, opt, count,
+                         stream);
+      launch_save<Codes>(static_cast<UT const*>(up.data_handle()), *saved_up, up_opt, count,
+                         stream);
     }
     agoq::detail::gpu::launch(swiglu_forward_kernel<GT, UT, OT, no_save>, el.grid, el.threads, 0,
                               stream, gate.data_handle(), up.data_handle(), out.data_handle(), rows,
@@ -852,7 +843,7 @@ void rmsnorm_forward_async(cuda_executor ex, matrix_view<X> x, std::span<W> weig
                                    what);
   fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), what, "saved_x");
   fused_detail::check_vector(weight, x.extent(1), what, "weight");
-  fused_gpu::check_saved_code<Codes>(saved_x);
+  require_code<Codes>(saved_x.spec);
   fused_gpu::rmsnorm_forward<Codes>(ex, x, weight, eps, y, rstd, &saved_x, opt, nonfinite);
 }
 
@@ -935,8 +926,8 @@ void swiglu_forward_async(cuda_executor ex, matrix_view<G> gate, matrix_view<U> 
                             "saved_gate");
   fused_detail::check_saved(saved_up, gate.extent(0), gate.extent(1), "swiglu_forward_async",
                             "saved_up");
-  fused_gpu::check_saved_code<Codes>(saved_gate);
-  fused_gpu::check_saved_code<Codes>(saved_up);
+  require_code<Codes>(saved_gate.spec);
+  require_code<Codes>(saved_up.spec);
   fused_gpu::swiglu_forward<Codes>(ex, gate, up, out, &saved_gate, &saved_up, opt, nonfinite);
 }
 
@@ -990,7 +981,7 @@ void gelu_forward_async(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y,
                         quantized_view saved_x, quantize_options opt = {},
                         std::int64_t* nonfinite = nullptr) {
   fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), "gelu_forward_async", "saved_x");
-  fused_gpu::check_saved_code<Codes>(saved_x);
+  require_code<Codes>(saved_x.spec);
   fused_gpu::gelu_forward<Codes>(ex, x, y, &saved_x, opt, nonfinite);
 }
 
@@ -1038,7 +1029,7 @@ void residual_add_async(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, ma
                         quantized_view saved_sum, quantize_options opt = {},
                         std::int64_t* nonfinite = nullptr) {
   fused_detail::check_saved(saved_sum, a.extent(0), a.extent(1), "residual_add_async", "saved_sum");
-  fused_gpu::check_saved_code<Codes>(saved_sum);
+  require_code<Codes>(saved_sum.spec);
   fused_gpu::residual_add<Codes>(ex, a, b, sum, &saved_sum, opt, nonfinite);
 }
 

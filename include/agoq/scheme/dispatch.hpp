@@ -68,6 +68,13 @@ decltype(auto) dispatch_code(spec const& s, F&& f) {
           : "code family outside the code list the call was compiled for");
 }
 
+/// Throws agoq::unsupported_scheme, as dispatch_code<Codes> would, unless the code family of `s` is
+/// one of `Codes`: the check a stream-ordered call makes before it enqueues anything.
+template <code_list Codes>
+void require_code(spec const& s) {
+  dispatch_code<Codes>(s, [](auto) {});
+}
+
 /// Calls `f(Rounding{})` for the rounding of `s`.
 template <class F>
 decltype(auto) dispatch_rounding(spec const& s, F&& f) {
