@@ -41,15 +41,38 @@ def _cuda_include_dirs():
     return [str(d) for d in dirs if d.exists()]
 
 
+# The translation units: each compiles two of csrc/'s files (a unity build, as CMake's
+# UNITY_BUILD), since torch's and agoq's headers take most of a unit's compile time; two units
+# keep two cores busy. Every csrc/*.cpp must be in one.
+_UNITS = (("tensors.cpp", "module.cpp"), ("collectives.cpp", "planning.cpp"))
+
+
+def _unit_sources(build):
+    """Writes build/unit_<i>.cpp (only where its text changes, so that ninja rebuilds nothing
+    else) and returns their paths."""
+    files = sorted(p.name for p in (_HERE / "csrc").glob("*.cpp"))
+    grouped = sorted(name for unit in _UNITS for name in unit)
+    if files != grouped:
+        raise ImportError(f"agoq_torch: csrc/ holds {files}, the units name {grouped}")
+    sources = []
+    for i, unit in enumerate(_UNITS):
+        text = "".join(f'#include "{_HERE / "csrc" / name}"\n' for name in unit)
+        path = build / f"unit_{i}.cpp"
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        sources.append(str(path))
+    return sources
+
+
 def _load():
     _check_torch()
     from torch.utils import cpp_extension
     build = _pathlib.Path(_os.environ.get("AGOQ_TORCH_BUILD_DIR", _REPO / "build" / "pytorch"))
     build.mkdir(parents=True, exist_ok=True)
-    sources = sorted(str(p) for p in (_HERE / "csrc").glob("*.cpp"))
+    sources = _unit_sources(build)
     verbose = _os.environ.get("AGOQ_TORCH_VERBOSE", "") not in ("", "0")
     if not verbose and not (build / "agoq_torch_C.so").exists():
-        print("agoq_torch: building the extension if needed (about two minutes the first time)",
+        print("agoq_torch: building the extension if needed (about a minute the first time)",
               file=_sys.stderr, flush=True)
     # ninja tracks the included headers (agoq's and csrc/common.hpp): editing one rebuilds.
     return cpp_extension.load(

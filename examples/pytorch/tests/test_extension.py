@@ -96,6 +96,8 @@ class TensorTest(unittest.TestCase):
         for name, call in cases.items():
             with self.subTest(name), self.assertRaises((RuntimeError, ValueError)):
                 call()
+        with self.assertRaisesRegex(TypeError, "torch.dtype"):
+            agoq.decompress(buf, INT4, 4, 128, "float32")
 
 
 class FusedTest(unittest.TestCase):

@@ -8,7 +8,12 @@
 // makes g++ 12 warn about the intrinsics' deliberately uninitialized values.
 #include <agoq/agoq.hpp>
 
-#include <torch/extension.h>
+// torch's tensor API and its pybind11 casters, not <torch/extension.h>: that adds all of libtorch's
+// C++ frontend (nn, optim, data, jit), which this extension does not use and which took about 40%
+// of each translation unit's compile time.
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/types.h>
 
 #include <atomic>
 #include <cstdint>
@@ -34,6 +39,13 @@ inline agoq::spec parse_spec(std::string const& name) {
   agoq::spec s = agoq::spec::parse(name);
   s.validate();
   return s;
+}
+
+/// The scalar type of a torch.dtype object; float32 for None.
+inline torch::ScalarType dtype_or_float(pybind11::object const& dtype) {
+  if (dtype.is_none()) return torch::kFloat;
+  TORCH_CHECK_TYPE(THPDtype_Check(dtype.ptr()), "expected a torch.dtype or None");
+  return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
 }
 
 /// Checks that `t` is a contiguous CPU tensor of float32, bfloat16 or float16.

@@ -37,8 +37,7 @@ torch::Tensor decompress(torch::Tensor const& buf, std::string const& spec, std:
   agoq::spec const s = parse_spec(spec);
   TORCH_CHECK(rows >= 0 && cols >= 0, "decompress: negative extents [", rows, ", ", cols, "]");
   check_buffer(buf, s, rows, cols, "decompress");
-  auto const st =
-      dtype.is_none() ? torch::kFloat : torch::python::detail::py_object_to_dtype(dtype);
+  auto const st = dtype_or_float(dtype);
   torch::Tensor out = torch::empty({rows, cols}, torch::TensorOptions().dtype(st));
   check_matrix(out, "decompress (dtype)");
   dispatch_element(st, [&]<class T>(T) {
