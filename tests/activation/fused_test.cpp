@@ -615,6 +615,80 @@ TEST_CASE_TEMPLATE("residual_add: plain sum, saved sum bit for bit, in place", T
   }
 }
 
+// ---- Code lists -------------------------------------------------------------------------------
+
+/// The bytes of a saved tensor.
+std::vector<std::uint8_t> bytes_of(quantized_tensor const& q) {
+  return {q.data(), q.data() + q.bytes()};
+}
+
+TEST_CASE_TEMPLATE("forward ops compiled for a code list give the same bits and refuse others", T,
+                   float, bfloat16) {
+  using listed = agoq::type_list<agoq::int_sym<4>, agoq::int_sym<8>>;
+  std::int64_t const rows = 5, cols = 384, n = rows * cols;
+  auto const x = random_tensor<T>(n, 41);
+  auto const u = random_tensor<T>(n, 42);
+  auto const w = random_tensor<T>(cols, 43, 1.0f);
+  auto const xv = cview(x, rows, cols);
+  auto const uv = cview(u, rows, cols);
+  std::span<T const> const ws(w);
+  // In-loop saves (g128: group_saver under the simd executor), row saves, a separate pass.
+  for (spec const& s :
+       {int4_g128, spec::parse("int4_g128_sym_sr_f32"), spec::parse("int8_row_sym_rne_f32"),
+        spec::parse("int8_b16x64_sym_rne_f32")}) {
+    for (agoq::host_executor ex : {agoq::host, portable}) {
+      CAPTURE(s.name());
+      CAPTURE(ex.simd);
+      std::vector<T> y1(static_cast<std::size_t>(n)), y2(y1);
+      std::vector<float> r1(rows), r2(rows);
+      quantized_tensor a1(s, rows, cols), a2(s, rows, cols), b1(s, rows, cols), b2(s, rows, cols);
+      CHECK(rmsnorm_forward(ex, xv, ws, eps, mview(y1, rows, cols), a1.view(), std::span<float>(r1),
+                            opts) == rmsnorm_forward<listed>(ex, xv, ws, eps, mview(y2, rows, cols),
+                                                             a2.view(), std::span<float>(r2),
+                                                             opts));
+      CHECK((same_bits(y1, y2) && same_bits(r1, r2) && bytes_of(a1) == bytes_of(a2)));
+      CHECK(swiglu_forward(ex, xv, uv, mview(y1, rows, cols), a1.view(), b1.view(), opts) ==
+            swiglu_forward<listed>(ex, xv, uv, mview(y2, rows, cols), a2.view(), b2.view(), opts));
+      CHECK((same_bits(y1, y2) && bytes_of(a1) == bytes_of(a2) && bytes_of(b1) == bytes_of(b2)));
+      CHECK(gelu_forward(ex, xv, mview(y1, rows, cols), a1.view(), opts) ==
+            gelu_forward<listed>(ex, xv, mview(y2, rows, cols), a2.view(), opts));
+      CHECK((same_bits(y1, y2) && bytes_of(a1) == bytes_of(a2)));
+      CHECK(residual_add(ex, xv, uv, mview(y1, rows, cols), a1.view(), opts) ==
+            residual_add<listed>(ex, xv, uv, mview(y2, rows, cols), a2.view(), opts));
+      CHECK((same_bits(y1, y2) && bytes_of(a1) == bytes_of(a2)));
+    }
+  }
+  // Another family (even one of SwiGLU's two views): refused before anything is written, for
+  // groups within rows and for blocks (which the residual add would quantize after its sums).
+  for (char const* name : {"fp8e4m3_g128_rne_f32", "fp8e4m3_b16x64_rne_f32"}) {
+    CAPTURE(name);
+    quantized_tensor fp8(spec::parse(name), rows, cols);
+    quantized_tensor int4(int4_g128, rows, cols);
+    std::memset(fp8.data(), 0x5a, static_cast<std::size_t>(fp8.bytes()));
+    std::memset(int4.data(), 0x5a, static_cast<std::size_t>(int4.bytes()));
+    auto const fp8_bytes = bytes_of(fp8);
+    auto const int4_bytes = bytes_of(int4);
+    std::vector<T> const y0(static_cast<std::size_t>(n), numeric::from_float<T>(3.0f));
+    std::vector<T> y = y0;
+    std::vector<float> rstd(rows, 7.0f);
+    auto const yv = mview(y, rows, cols);
+    char const* refused = "code family outside the code list the call was compiled for";
+    CHECK_THROWS_WITH_AS(
+        rmsnorm_forward<listed>(agoq::host, xv, ws, eps, yv, fp8.view(), std::span<float>(rstd)),
+        doctest::Contains(refused), agoq::unsupported_scheme);
+    CHECK_THROWS_WITH_AS(swiglu_forward<listed>(agoq::host, xv, uv, yv, int4.view(), fp8.view()),
+                         doctest::Contains(refused), agoq::unsupported_scheme);
+    CHECK_THROWS_WITH_AS(gelu_forward<listed>(agoq::host, xv, yv, fp8.view()),
+                         doctest::Contains(refused), agoq::unsupported_scheme);
+    CHECK_THROWS_WITH_AS(residual_add<listed>(agoq::host, xv, uv, yv, fp8.view()),
+                         doctest::Contains(refused), agoq::unsupported_scheme);
+    CHECK(same_bits(y, y0));
+    CHECK(rstd == std::vector<float>(rows, 7.0f));
+    CHECK(bytes_of(fp8) == fp8_bytes);
+    CHECK(bytes_of(int4) == int4_bytes);
+  }
+}
+
 // ---- Bad input, empty tensors, non-finite values -------------------------------------------
 
 TEST_CASE("fused ops refuse mismatched extents, null pointers and overlapping buffers") {

@@ -599,8 +599,9 @@ inline int save_lanes(spec const& s) {
   return agoq::detail::gpu::one_pass(s) ? static_cast<int>(s.group_cols / run) : 0;
 }
 
-/// The code list of the plain ops (no saved copy): they compile no saving kernel at all.
-using no_codes = type_list<>;
+/// The code list of the plain ops (no saved copy), the host ops' own: they compile no saving
+/// kernel at all.
+using fused_detail::no_codes;
 
 /// Calls launch(saver) with a lane_save for `v` (one-pass groupings; its code one of Codes) or
 /// with no_save.

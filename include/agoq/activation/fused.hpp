@@ -55,6 +55,9 @@ namespace fused_detail {
 
 using agoq::detail::host::scratch;
 
+/// The code list of the plain ops (no saved copy): they compile no saving code at all.
+using no_codes = type_list<>;
+
 /// Quantizes columns [c0, c1) of row r of a row-wise saved tensor (tile.rows == 1) from `row` (the
 /// whole row): each group's statistics, parameters and codes, exactly as detail::host::quantize
 /// computes them (the same segment loops and the same stream positions offset + r * cols + c).
@@ -179,21 +182,23 @@ std::int64_t decode_row(const_quantized_view const& in, quantized_layout const& 
   return nonfinite;
 }
 
-/// Writes the saved copy of a [rows, cols] tensor of element type T: row by row where the
-/// grouping allows (row()), else in one agoq::quantize pass (whole()). Default-constructed, it
-/// saves nothing (the plain op). It is the saving policy of the op loops wherever group_saver is
-/// not (SwiGLU, no saved copy, the portable executor, 2-bit codes, groups spanning rows or whose
-/// codes do not start on a byte).
-template <class T>
+/// Writes the saved copy of a [rows, cols] tensor of element type T, its code family one of
+/// Codes: row by row where the grouping allows (row()), else in one agoq::quantize<Codes> pass
+/// (whole()). Default-constructed, it saves nothing (the plain op, whose Codes is no_codes: then
+/// it compiles no quantization at all). It is the saving policy of the op loops wherever
+/// group_saver is not (SwiGLU, no saved copy, the portable executor, 2-bit codes, groups spanning
+/// rows or whose codes do not start on a byte).
+template <class T, class Codes>
 class row_saver {
  public:
   row_saver() = default;
 
-  row_saver(host_executor ex, quantized_view v, quantize_options opt)
+  row_saver(host_executor ex, quantized_view v,
+            quantize_options opt) requires(!std::is_same_v<Codes, no_codes>)
       : ex_(ex), view_(v), layout_(v.layout()), opt_(opt), active_(true) {
     simd_ = ex.simd && agoq::detail::host::simd_available;
     if (layout_.elements() == 0 || layout_.tile.rows != 1) return;
-    fn_ = dispatch_code(v.spec, [&](auto code) {
+    fn_ = dispatch_code<Codes>(v.spec, [&](auto code) {
       return dispatch_rounding(v.spec, [&](auto rounding) -> row_fn {
         return &quantize_row<decltype(code), decltype(rounding), T>;
       });
@@ -223,8 +228,13 @@ class row_saver {
 
   /// Quantizes the whole tensor when its groups span rows (otherwise does nothing).
   std::int64_t whole(T const* x) {
-    if (!active_ || fn_ != nullptr || layout_.elements() == 0) return 0;
-    return agoq::quantize(ex_, matrix_view<T const>(x, layout_.rows, layout_.cols), view_, opt_);
+    if constexpr (std::is_same_v<Codes, no_codes>) {
+      return 0;
+    } else {
+      if (!active_ || fn_ != nullptr || layout_.elements() == 0) return 0;
+      return agoq::quantize<Codes>(ex_, matrix_view<T const>(x, layout_.rows, layout_.cols), view_,
+                                   opt_);
+    }
   }
 
 #if defined(AGOQ_HOST_AVX512)
@@ -383,34 +393,36 @@ class group_saver {
 
 #endif  // AGOQ_HOST_AVX512
 
-/// Calls f(saver) with the saving policy of a tensor of element type T into *v, or with one that
-/// saves nothing where v is null, and returns its result: a group_saver where the AVX-512 op
-/// loops can encode from their registers (see there), else a row_saver.
-template <class T, class F>
+/// Calls f(saver) with the saving policy of a tensor of element type T into *v (its code family
+/// one of Codes), or under no_codes with one that saves nothing (v is then null), and returns its
+/// result: a group_saver where the AVX-512 op loops can encode from their registers (see there),
+/// else a row_saver.
+template <class T, class Codes, class F>
 std::int64_t with_saver(host_executor ex, quantized_view const* v, quantize_options opt, F&& f) {
-  if (v == nullptr) {
-    row_saver<T> none;
+  if constexpr (std::is_same_v<Codes, no_codes>) {
+    row_saver<T, no_codes> none;
     return f(none);
-  }
+  } else {
 #if defined(AGOQ_HOST_AVX512)
-  quantized_layout const l = v->layout();
-  if (ex.simd && l.elements() > 0 && agoq::detail::host::row_groups(l)) {
-    return dispatch_code(v->spec, [&](auto code) {
-      using Code = decltype(code);
-      if constexpr (Code::bits == 8 || Code::bits == 4) {
-        return dispatch_rounding(v->spec, [&](auto rounding) {
-          group_saver<Code, decltype(rounding)::kind, T> s(*v, l, opt);
+    quantized_layout const l = v->layout();
+    if (ex.simd && l.elements() > 0 && agoq::detail::host::row_groups(l)) {
+      return dispatch_code<Codes>(v->spec, [&](auto code) {
+        using Code = decltype(code);
+        if constexpr (Code::bits == 8 || Code::bits == 4) {
+          return dispatch_rounding(v->spec, [&](auto rounding) {
+            group_saver<Code, decltype(rounding)::kind, T> s(*v, l, opt);
+            return f(s);
+          });
+        } else {
+          row_saver<T, Codes> s(ex, *v, opt);
           return f(s);
-        });
-      } else {
-        row_saver<T> s(ex, *v, opt);
-        return f(s);
-      }
-    });
-  }
+        }
+      });
+    }
 #endif
-  row_saver<T> s(ex, *v, opt);
-  return f(s);
+    row_saver<T, Codes> s(ex, *v, opt);
+    return f(s);
+  }
 }
 
 /// Reads a saved tensor row by row, decoded into a row-sized fp32 buffer.
@@ -718,10 +730,12 @@ template <class F>
 /// registers, each group's statistics and parameters (their arithmetic hides under the latency
 /// of the sum's chain). The second pass reads the row from the L1 cache, writes y and hands each
 /// step's values to the saver; it keeps x's arrangement of a step (detail::host::interleaved),
-/// into which the weights are loaded and from which y is stored.
+/// into which the weights are loaded and from which y is stored. Never inlined: inlined into a
+/// caller (the plain op's, whose saver is its only user), g++ 12 kept acc in memory, a store and
+/// a load in the chain of every fma, and the plain op ran 1.7-2.1x slower.
 template <class S, class X, class W, class Y>
-std::int64_t rmsnorm_rows(X const* x, W const* w, float eps, Y* y, float* rstd, std::int64_t rows,
-                          std::int64_t cols, S& save) {
+[[gnu::noinline]] std::int64_t rmsnorm_rows(X const* x, W const* w, float eps, Y* y, float* rstd,
+                                            std::int64_t rows, std::int64_t cols, S& save) {
   namespace h = agoq::detail::host;
   std::int64_t nonfinite = save.whole(x);
   std::int64_t const g = save.width(cols);
@@ -853,8 +867,9 @@ std::int64_t residual_rows(A const* a, B const* b, T* sum, std::int64_t rows, st
 
 #endif  // AGOQ_HOST_AVX512
 
-/// RMSNorm forward, saving x into *saved (nothing where saved is null).
-template <class X, class W, class Y>
+/// RMSNorm forward, saving x into *saved (its code family one of Codes), or nothing under
+/// no_codes (saved null).
+template <class Codes, class X, class W, class Y>
 std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
                              matrix_view<Y> y, std::span<float> rstd, quantized_view const* saved,
                              quantize_options opt) {
@@ -863,7 +878,7 @@ std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> we
   char const* what = "rmsnorm_forward";
   check_rmsnorm_outputs(x, weight, y, rstd, what);
   if (x.size() == 0) return 0;
-  return with_saver<std::remove_const_t<X>>(ex, saved, opt, [&](auto& save) {
+  return with_saver<std::remove_const_t<X>, Codes>(ex, saved, opt, [&](auto& save) {
     return rmsnorm_rows(x.data_handle(), weight.data(), eps, y.data_handle(), rstd.data(), rows,
                         cols, save);
   });
@@ -873,10 +888,11 @@ std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> we
 /// cache (row_saver::step): 1024 made the fused SwiGLU about 7% faster than whole 4096-wide rows.
 inline constexpr std::int64_t save_step_target = 1024;
 
-template <class G, class U, class O>
+/// SwiGLU forward, saving gate and up through their savers (which may save nothing).
+template <class G, class U, class O, class Codes>
 std::int64_t swiglu_forward(matrix_view<G> gate, matrix_view<U> up, matrix_view<O> out,
-                            row_saver<std::remove_const_t<G>>& gate_saver,
-                            row_saver<std::remove_const_t<U>>& up_saver) {
+                            row_saver<std::remove_const_t<G>, Codes>& gate_saver,
+                            row_saver<std::remove_const_t<U>, Codes>& up_saver) {
   std::int64_t const rows = gate.extent(0);
   std::int64_t const cols = gate.extent(1);
   char const* what = "swiglu_forward";
@@ -909,9 +925,9 @@ std::int64_t swiglu_forward(matrix_view<G> gate, matrix_view<U> up, matrix_view<
 
 /// GeLU rows, the saving of x by a row_saver: the save of each piece of a row first, then the op
 /// on it from the L1 cache (y may be x).
-template <class X, class Y>
+template <class X, class Y, class Codes>
 std::int64_t gelu_rows(X const* x, Y* y, std::int64_t rows, std::int64_t cols,
-                       row_saver<X>& saver) {
+                       row_saver<X, Codes>& saver) {
   std::int64_t nonfinite = saver.whole(x);
   std::int64_t const step = saver.step(cols, save_step_target);
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -969,21 +985,23 @@ std::int64_t gelu_rows(X const* x, Y* y, std::int64_t rows, std::int64_t cols,
 
 #endif  // AGOQ_HOST_AVX512
 
-/// GeLU forward, saving x into *saved (nothing where saved is null).
-template <class X, class Y>
+/// GeLU forward, saving x into *saved (its code family one of Codes), or nothing under no_codes
+/// (saved null).
+template <class Codes, class X, class Y>
 std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y,
                           quantized_view const* saved, quantize_options opt) {
   std::int64_t const rows = x.extent(0);
   std::int64_t const cols = x.extent(1);
   check_unary(x, y, "gelu_forward");
   if (x.size() == 0) return 0;
-  return with_saver<std::remove_const_t<X>>(ex, saved, opt, [&](auto& save) {
+  return with_saver<std::remove_const_t<X>, Codes>(ex, saved, opt, [&](auto& save) {
     return gelu_rows(x.data_handle(), y.data_handle(), rows, cols, save);
   });
 }
 
-/// Residual add, saving the sum into *saved (nothing where saved is null).
-template <class A, class B, class S>
+/// Residual add, saving the sum into *saved (its code family one of Codes), or nothing under
+/// no_codes (saved null).
+template <class Codes, class A, class B, class S>
 std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum,
                           quantized_view const* saved, quantize_options opt) {
   std::int64_t const rows = a.extent(0);
@@ -991,7 +1009,7 @@ std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b, 
   char const* what = "residual_add";
   check_binary(a, b, sum, what, "a", "b", "sum");
   if (a.size() == 0) return 0;
-  return with_saver<S>(ex, saved, opt, [&](auto& save) {
+  return with_saver<S, Codes>(ex, saved, opt, [&](auto& save) {
     return residual_rows(a.data_handle(), b.data_handle(), sum.data_handle(), rows, cols, save);
   });
 }
@@ -1024,7 +1042,10 @@ concept fused_output = element_type<T> && !std::is_const_v<T>;
 /// synchronous.
 /// \throws agoq::invalid_argument on mismatched extents, null pointers, an invalid spec, a negative
 /// or non-finite eps, or partially overlapping buffers.
-template <fused_input X, fused_input W, fused_output Y>
+/// `Codes`: the code families the call compiles its saving code for (by default every family of
+/// the dispatch set, as agoq::quantize); a saved view of another family throws
+/// agoq::unsupported_scheme before anything is written.
+template <code_list Codes = dispatch_codes, fused_input X, fused_input W, fused_output Y>
 std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
                              matrix_view<Y> y, quantized_view saved_x, std::span<float> rstd,
                              quantize_options opt = {}) {
@@ -1032,7 +1053,8 @@ std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> we
                                    "rmsnorm_forward");
   fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), "rmsnorm_forward", "saved_x");
   fused_detail::check_vector(weight, x.extent(1), "rmsnorm_forward", "weight");
-  return fused_detail::rmsnorm_forward(ex, x, weight, eps, y, rstd, &saved_x, opt);
+  require_code<Codes>(saved_x.spec);
+  return fused_detail::rmsnorm_forward<Codes>(ex, x, weight, eps, y, rstd, &saved_x, opt);
 }
 
 /// The plain RMSNorm forward (no saved copy): the same arithmetic and output bits as the fused
@@ -1044,7 +1066,8 @@ std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> we
   fused_detail::check_rmsnorm_args(x, y, x.extent(1), static_cast<std::int64_t>(weight.size()), eps,
                                    "rmsnorm_forward");
   fused_detail::check_vector(weight, x.extent(1), "rmsnorm_forward", "weight");
-  return fused_detail::rmsnorm_forward(ex, x, weight, eps, y, rstd, nullptr, {});
+  return fused_detail::rmsnorm_forward<fused_detail::no_codes>(ex, x, weight, eps, y, rstd, nullptr,
+                                                               {});
 }
 
 /// RMSNorm backward from the quantized input: with x̂ the decoded saved_x (fp32, row by row) and
@@ -1111,7 +1134,10 @@ std::int64_t rmsnorm_backward(host_executor ex, matrix_view<DY> dy, const_quanti
 /// count of gate plus that of up. out may be gate or up itself. Host only; synchronous.
 /// \throws agoq::invalid_argument on mismatched extents, null pointers, an invalid spec or
 /// partially overlapping buffers.
-template <fused_input G, fused_input U, fused_output O>
+/// `Codes`: the code families the call compiles its saving code for (by default every family of
+/// the dispatch set, as agoq::quantize); a saved view of another family throws
+/// agoq::unsupported_scheme before anything is written.
+template <code_list Codes = dispatch_codes, fused_input G, fused_input U, fused_output O>
 std::int64_t swiglu_forward(host_executor ex, matrix_view<G> gate, matrix_view<U> up,
                             matrix_view<O> out, quantized_view saved_gate, quantized_view saved_up,
                             quantize_options opt = {}) {
@@ -1119,8 +1145,10 @@ std::int64_t swiglu_forward(host_executor ex, matrix_view<G> gate, matrix_view<U
   std::int64_t const cols = gate.extent(1);
   fused_detail::check_saved(saved_gate, rows, cols, "swiglu_forward", "saved_gate");
   fused_detail::check_saved(saved_up, rows, cols, "swiglu_forward", "saved_up");
-  fused_detail::row_saver<std::remove_const_t<G>> gs(ex, saved_gate, opt);
-  fused_detail::row_saver<std::remove_const_t<U>> us(
+  require_code<Codes>(saved_gate.spec);
+  require_code<Codes>(saved_up.spec);
+  fused_detail::row_saver<std::remove_const_t<G>, Codes> gs(ex, saved_gate, opt);
+  fused_detail::row_saver<std::remove_const_t<U>, Codes> us(
       ex, saved_up, {opt.seed, opt.offset + static_cast<std::uint64_t>(rows * cols)});
   return fused_detail::swiglu_forward(gate, up, out, gs, us);
 }
@@ -1131,8 +1159,8 @@ std::int64_t swiglu_forward(host_executor ex, matrix_view<G> gate, matrix_view<U
 template <fused_input G, fused_input U, fused_output O>
 std::int64_t swiglu_forward(host_executor, matrix_view<G> gate, matrix_view<U> up,
                             matrix_view<O> out) {
-  fused_detail::row_saver<std::remove_const_t<G>> gs;
-  fused_detail::row_saver<std::remove_const_t<U>> us;
+  fused_detail::row_saver<std::remove_const_t<G>, fused_detail::no_codes> gs;
+  fused_detail::row_saver<std::remove_const_t<U>, fused_detail::no_codes> us;
   return fused_detail::swiglu_forward(gate, up, out, gs, us);
 }
 
@@ -1179,11 +1207,15 @@ std::int64_t swiglu_backward(host_executor ex, matrix_view<D> dout, const_quanti
 /// saving its input: saved_x is bit-identical to agoq::quantize(ex, x, saved_x, opt). Returns the
 /// non-finite count of x. y may be x itself. Host only; synchronous. \throws agoq::invalid_argument
 /// on mismatched extents, null pointers, an invalid spec or partially overlapping buffers.
-template <fused_input X, fused_output Y>
+/// `Codes`: the code families the call compiles its saving code for (by default every family of
+/// the dispatch set, as agoq::quantize); a saved view of another family throws
+/// agoq::unsupported_scheme before anything is written.
+template <code_list Codes = dispatch_codes, fused_input X, fused_output Y>
 std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y,
                           quantized_view saved_x, quantize_options opt = {}) {
   fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), "gelu_forward", "saved_x");
-  return fused_detail::gelu_forward(ex, x, y, &saved_x, opt);
+  require_code<Codes>(saved_x.spec);
+  return fused_detail::gelu_forward<Codes>(ex, x, y, &saved_x, opt);
 }
 
 /// The plain GeLU forward (tanh approximation, no saved copy), same output bits. Returns 0. Host
@@ -1191,7 +1223,7 @@ std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y,
 /// \throws agoq::invalid_argument as the fused overload.
 template <fused_input X, fused_output Y>
 std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y) {
-  return fused_detail::gelu_forward(ex, x, y, nullptr, {});
+  return fused_detail::gelu_forward<fused_detail::no_codes>(ex, x, y, nullptr, {});
 }
 
 /// GeLU backward (tanh approximation) from the quantized input: with x̂ decoded in fp32,
@@ -1232,11 +1264,15 @@ std::int64_t gelu_backward(host_executor ex, matrix_view<DY> dy, const_quantized
 /// in place). Host only; synchronous.
 /// \throws agoq::invalid_argument on mismatched extents, null pointers, an invalid spec or
 /// partially overlapping buffers.
-template <fused_input A, fused_input B, fused_output S>
+/// `Codes`: the code families the call compiles its saving code for (by default every family of
+/// the dispatch set, as agoq::quantize); a saved view of another family throws
+/// agoq::unsupported_scheme before anything is written.
+template <code_list Codes = dispatch_codes, fused_input A, fused_input B, fused_output S>
 std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum,
                           quantized_view saved_sum, quantize_options opt = {}) {
   fused_detail::check_saved(saved_sum, a.extent(0), a.extent(1), "residual_add", "saved_sum");
-  return fused_detail::residual_add(ex, a, b, sum, &saved_sum, opt);
+  require_code<Codes>(saved_sum.spec);
+  return fused_detail::residual_add<Codes>(ex, a, b, sum, &saved_sum, opt);
 }
 
 /// The plain residual add (no saved copy), same output bits. Returns 0. Host only; synchronous.
@@ -1244,7 +1280,7 @@ std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b, 
 template <fused_input A, fused_input B, fused_output S>
 std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b,
                           matrix_view<S> sum) {
-  return fused_detail::residual_add(ex, a, b, sum, nullptr, {});
+  return fused_detail::residual_add<fused_detail::no_codes>(ex, a, b, sum, nullptr, {});
 }
 
 }  // namespace agoq::activation
