@@ -622,7 +622,7 @@ std::vector<std::uint8_t> bytes_of(quantized_tensor const& q) {
   return {q.data(), q.data() + q.bytes()};
 }
 
-TEST_CASE_TEMPLATE("forward ops compiled for a code list give the same bits and refuse others", T,
+TEST_CASE_TEMPLATE("fused ops compiled for a code list give the same bits and refuse others", T,
                    float, bfloat16) {
   using listed = agoq::type_list<agoq::int_sym<4>, agoq::int_sym<8>>;
   std::int64_t const rows = 5, cols = 384, n = rows * cols;
@@ -656,6 +656,23 @@ TEST_CASE_TEMPLATE("forward ops compiled for a code list give the same bits and 
       CHECK(residual_add(ex, xv, uv, mview(y1, rows, cols), a1.view(), opts) ==
             residual_add<listed>(ex, xv, uv, mview(y2, rows, cols), a2.view(), opts));
       CHECK((same_bits(y1, y2) && bytes_of(a1) == bytes_of(a2)));
+      // The backward ops from the saved copies (a the residual sum's, b SwiGLU's up), u playing
+      // the incoming gradient.
+      std::vector<T> z1(y1.size()), z2(y1.size());
+      std::vector<float> w1(cols, 0.5f), w2(w1);
+      CHECK(rmsnorm_backward(ex, uv, a1.view(), std::span<float const>(r1), ws,
+                             mview(y1, rows, cols), std::span<float>(w1)) ==
+            rmsnorm_backward<listed>(ex, uv, a1.view(), std::span<float const>(r1), ws,
+                                     mview(y2, rows, cols), std::span<float>(w2)));
+      CHECK((same_bits(y1, y2) && same_bits(w1, w2)));
+      CHECK(swiglu_backward(ex, uv, a1.view(), b1.view(), mview(y1, rows, cols),
+                            mview(z1, rows, cols)) ==
+            swiglu_backward<listed>(ex, uv, a1.view(), b1.view(), mview(y2, rows, cols),
+                                    mview(z2, rows, cols)));
+      CHECK((same_bits(y1, y2) && same_bits(z1, z2)));
+      CHECK(gelu_backward(ex, uv, b1.view(), mview(y1, rows, cols)) ==
+            gelu_backward<listed>(ex, uv, b1.view(), mview(y2, rows, cols)));
+      CHECK(same_bits(y1, y2));
     }
   }
   // Another family (even one of SwiGLU's two views): refused before anything is written, for
@@ -682,6 +699,19 @@ TEST_CASE_TEMPLATE("forward ops compiled for a code list give the same bits and 
                          doctest::Contains(refused), agoq::unsupported_scheme);
     CHECK_THROWS_WITH_AS(residual_add<listed>(agoq::host, xv, uv, yv, fp8.view()),
                          doctest::Contains(refused), agoq::unsupported_scheme);
+    std::vector<T> z = y0;
+    std::vector<float> dw(cols, 1.0f);
+    CHECK_THROWS_WITH_AS(
+        rmsnorm_backward<listed>(agoq::host, xv, fp8.view(), std::span<float const>(rstd), ws, yv,
+                                 std::span<float>(dw)),
+        doctest::Contains(refused), agoq::unsupported_scheme);
+    CHECK_THROWS_WITH_AS(
+        swiglu_backward<listed>(agoq::host, xv, int4.view(), fp8.view(), yv, mview(z, rows, cols)),
+        doctest::Contains(refused), agoq::unsupported_scheme);
+    CHECK_THROWS_WITH_AS(gelu_backward<listed>(agoq::host, xv, fp8.view(), yv),
+                         doctest::Contains(refused), agoq::unsupported_scheme);
+    CHECK(same_bits(z, y0));
+    CHECK(dw == std::vector<float>(cols, 1.0f));
     CHECK(same_bits(y, y0));
     CHECK(rstd == std::vector<float>(rows, 7.0f));
     CHECK(bytes_of(fp8) == fp8_bytes);

@@ -333,7 +333,7 @@ TEST_CASE("gelu_forward_async / gelu_backward_async equal the CPU executor bit f
   }
 }
 
-TEST_CASE("forward ops compiled for a code list give the same bits and refuse other families") {
+TEST_CASE("fused ops compiled for a code list give the same bits and refuse other families") {
   using listed = type_list<int_sym<4>, int_sym<8>>;
   // In-kernel saves (G = 128) and second passes (per row, G = 48).
   for (char const* name :
@@ -381,6 +381,34 @@ TEST_CASE("forward ops compiled for a code list give the same bits and refuse ot
       residual_add_async<listed>(ex, xv, uv, yv, v1.v, opt);
       CHECK(same_bits(dy.download(), y));
       check_same_saved(v1.v, r1);
+
+      // The backward ops under the list, from the saved copies (v1 and r1 the residual sum's,
+      // v2 and r2 SwiGLU's up): the CPU executor's bits. u plays the incoming gradient.
+      std::vector<element> g1(static_cast<std::size_t>(n)), g2(g1);
+      std::vector<float> dwh(static_cast<std::size_t>(cols), 0.5f);
+      dvec<element> dg1(g1), dg2(g1);
+      dvec<float> ddw(dwh);
+      auto const g1v = matrix_view<element>(dg1.get(), rows, cols);
+      auto const g2v = matrix_view<element>(dg2.get(), rows, cols);
+      rmsnorm_backward(host, cview(u, rows, cols), r1.view(), std::span<float const>(rstd),
+                       std::span<element const>(w), matrix_view<element>(g1.data(), rows, cols),
+                       std::span<float>(dwh));
+      rmsnorm_backward_async<listed>(
+          ex, uv, const_quantized_view(v1.v), std::span<float const>(drstd.get(), rows),
+          std::span<element const>(dw.get(), cols), g1v, std::span<float>(ddw.get(), cols));
+      CHECK(same_bits(dg1.download(), g1));
+      CHECK(same_bits(ddw.download(), dwh));
+      swiglu_backward(host, cview(u, rows, cols), r1.view(), r2.view(),
+                      matrix_view<element>(g1.data(), rows, cols),
+                      matrix_view<element>(g2.data(), rows, cols));
+      swiglu_backward_async<listed>(ex, uv, const_quantized_view(v1.v), const_quantized_view(v2.v),
+                                    g1v, g2v);
+      CHECK(same_bits(dg1.download(), g1));
+      CHECK(same_bits(dg2.download(), g2));
+      gelu_backward(host, cview(u, rows, cols), r2.view(),
+                    matrix_view<element>(g1.data(), rows, cols));
+      gelu_backward_async<listed>(ex, uv, const_quantized_view(v2.v), g1v);
+      CHECK(same_bits(dg1.download(), g1));
     }
   }
   // Another family: refused on the calling thread before anything is enqueued (the count and the
@@ -409,8 +437,23 @@ TEST_CASE("forward ops compiled for a code list give the same bits and refuse ot
                        agoq::unsupported_scheme);
   CHECK_THROWS_WITH_AS(residual_add_async<listed>(ex, xv, xv, yv, sv.v, opt, c),
                        doctest::Contains(why), agoq::unsupported_scheme);
+  dvec<element> y2(ones);
+  dvec<float> dweight{std::vector<float>(static_cast<std::size_t>(cols), 1.0f)};
+  auto const y2v = matrix_view<element>(y2.get(), rows, cols);
+  const_quantized_view const saved(sv.v);
+  CHECK_THROWS_WITH_AS(
+      rmsnorm_backward_async<listed>(ex, xv, saved, std::span<float const>(rstd.get(), rows),
+                                     std::span<element const>(w.get(), cols), yv,
+                                     std::span<float>(dweight.get(), cols), c),
+      doctest::Contains(why), agoq::unsupported_scheme);
+  CHECK_THROWS_WITH_AS(swiglu_backward_async<listed>(ex, xv, saved, saved, yv, y2v, c),
+                       doctest::Contains(why), agoq::unsupported_scheme);
+  CHECK_THROWS_WITH_AS(gelu_backward_async<listed>(ex, xv, saved, yv, c), doctest::Contains(why),
+                       agoq::unsupported_scheme);
   CHECK(count_of(count) == sentinel);
   CHECK(same_bits(y.download(), ones));
+  CHECK(same_bits(y2.download(), ones));
+  CHECK(same_bits(dweight.download(), std::vector<float>(static_cast<std::size_t>(cols), 1.0f)));
 }
 
 TEST_CASE("the device fused ops validate like the CPU ops") {

@@ -181,7 +181,23 @@ __device__ inline int decode_run_as(const_quantized_view const& in, quantized_la
   return bad;
 }
 
-/// decode_run_as for the code of the view's spec (a uniform branch; one kernel for all codes).
+/// decode_run_as for the code of the view's spec, the first of C, Cs... that matches it, or the
+/// last (the host checked the family against the list: require_code).
+template <class C, class... Cs>
+__device__ inline int decode_listed(type_list<C, Cs...>, const_quantized_view const& in,
+                                    quantized_layout const& l, device::element_run const& r,
+                                    float (&v)[run]) noexcept {
+  if constexpr (sizeof...(Cs) == 0) {
+    return decode_run_as<C>(in, l, r, v);
+  } else {
+    if (in.spec.code == C::kind && l.bits == C::bits) return decode_run_as<C>(in, l, r, v);
+    return decode_listed(type_list<Cs...>{}, in, l, r, v);
+  }
+}
+
+/// decode_run_as for the code of the view's spec, one of Codes (a uniform branch; one kernel for
+/// the whole list).
+template <class Codes>
 __device__ inline int decode_run(const_quantized_view const& in, quantized_layout const& l,
                                  device::element_run const& r, float (&v)[run]) noexcept {
   if (r.count <= 0) {
@@ -189,20 +205,7 @@ __device__ inline int decode_run(const_quantized_view const& in, quantized_layou
     for (int i = 0; i < run; ++i) v[i] = 0.0f;
     return 0;
   }
-  switch (in.spec.code) {
-    case code_kind::int_sym:
-      return l.bits == 2   ? decode_run_as<int_sym<2>>(in, l, r, v)
-             : l.bits == 4 ? decode_run_as<int_sym<4>>(in, l, r, v)
-                           : decode_run_as<int_sym<8>>(in, l, r, v);
-    case code_kind::uint_asym:
-      return l.bits == 2   ? decode_run_as<uint_asym<2>>(in, l, r, v)
-             : l.bits == 4 ? decode_run_as<uint_asym<4>>(in, l, r, v)
-                           : decode_run_as<uint_asym<8>>(in, l, r, v);
-    case code_kind::fp8_e4m3:
-      return decode_run_as<fp8_e4m3>(in, l, r, v);
-    default:
-      return decode_run_as<fp8_e5m2>(in, l, r, v);
-  }
+  return decode_listed(Codes{}, in, l, r, v);
 }
 
 /// Counts the non-finite values of v[0, count).
@@ -324,8 +327,9 @@ AGOQ_KERNEL void rmsnorm_forward_kernel(X const* x, W const* w, float eps, Y* y,
   add_warp_count(nonfinite, bad);
 }
 
-/// RMSNorm backward, dx: one block per row. The buffer holds x̂ and dy of the row (2 cols floats).
-template <class DY, class W, class DX>
+/// RMSNorm backward, dx: one block per row. The buffer holds x̂ and dy of the row (2 cols floats);
+/// the saved family is one of Codes.
+template <class Codes, class DY, class W, class DX>
 AGOQ_KERNEL void rmsnorm_backward_kernel(DY const* dy, const_quantized_view saved,
                                          quantized_layout l, float const* rstd, W const* w, DX* dx,
                                          bool shared, float* scratch,
@@ -343,7 +347,7 @@ AGOQ_KERNEL void rmsnorm_backward_kernel(DY const* dy, const_quantized_view save
       if (c >= cols) continue;
       device::element_run const er{r, c, static_cast<int>(cols - c < run ? cols - c : run)};
       float v[run], d[run];
-      bad += static_cast<unsigned long long>(decode_run(saved, l, er, v));
+      bad += static_cast<unsigned long long>(decode_run<Codes>(saved, l, er, v));
       agoq::detail::gpu::load_run(dy + r * cols + c, er.count, d);
       bad += static_cast<unsigned long long>(count_nonfinite(d, er.count));
 #pragma unroll
@@ -376,8 +380,8 @@ AGOQ_KERNEL void rmsnorm_backward_kernel(DY const* dy, const_quantized_view save
 /// RMSNorm backward, dweight's block sums: unit u = (block b, run of 8 columns) folds the rows of
 /// block b (fused_detail::dweight_block_rows) in order from 0, p_i = fma(dy_i x̂_i, rstd, p_i), as
 /// the CPU executor does, into partial[b * cols + i]. Consecutive threads take consecutive runs of
-/// one block, so their loads of each row coalesce.
-template <class DY>
+/// one block, so their loads of each row coalesce. The saved family is one of Codes.
+template <class Codes, class DY>
 AGOQ_KERNEL void rmsnorm_dweight_blocks_kernel(DY const* dy, const_quantized_view saved,
                                                quantized_layout l, float const* rstd,
                                                float* partial) {
@@ -394,7 +398,7 @@ AGOQ_KERNEL void rmsnorm_dweight_blocks_kernel(DY const* dy, const_quantized_vie
     for (std::int64_t r = b * block; r < end; ++r) {
       device::element_run const er{r, first.col, first.count};
       float v[run], d[run];
-      decode_run(saved, l, er, v);
+      decode_run<Codes>(saved, l, er, v);
       agoq::detail::gpu::load_run(dy + r * cols + er.col, er.count, d);
       float const rs = rstd[r];
 #pragma unroll
@@ -464,8 +468,8 @@ AGOQ_KERNEL void swiglu_forward_kernel(G const* gate, U const* up, O* out, std::
   add_warp_count(nonfinite, bad);
 }
 
-/// SwiGLU backward from the decoded saved gate and up.
-template <class D, class DG, class DU>
+/// SwiGLU backward from the decoded saved gate and up (their families among Codes).
+template <class Codes, class D, class DG, class DU>
 AGOQ_KERNEL void swiglu_backward_kernel(D const* dout, const_quantized_view sg, quantized_layout lg,
                                         const_quantized_view su, quantized_layout lu, DG* dgate,
                                         DU* dup, unsigned long long* nonfinite) {
@@ -473,8 +477,8 @@ AGOQ_KERNEL void swiglu_backward_kernel(D const* dout, const_quantized_view sg, 
   for_each_unit(lg.rows, lg.cols, [&](device::element_run const& r, std::int64_t, unsigned) {
     if (r.count == 0) return;
     float g[run], u[run], d[run];
-    bad += static_cast<unsigned long long>(decode_run(sg, lg, r, g));
-    bad += static_cast<unsigned long long>(decode_run(su, lu, r, u));
+    bad += static_cast<unsigned long long>(decode_run<Codes>(sg, lg, r, g));
+    bad += static_cast<unsigned long long>(decode_run<Codes>(su, lu, r, u));
     std::int64_t const at = r.row * lg.cols + r.col;
     agoq::detail::gpu::load_run(dout + at, r.count, d);
     bad += static_cast<unsigned long long>(count_nonfinite(d, r.count));
@@ -523,15 +527,16 @@ AGOQ_KERNEL void gelu_forward_kernel(X const* x, Y* y, std::int64_t rows, std::i
   add_warp_count(nonfinite, bad);
 }
 
-/// GeLU backward from the decoded saved input: dx = fused_detail::gelu_grad(dy, x̂).
-template <class DY, class DX>
+/// GeLU backward from the decoded saved input (its family among Codes):
+/// dx = fused_detail::gelu_grad(dy, x̂).
+template <class Codes, class DY, class DX>
 AGOQ_KERNEL void gelu_backward_kernel(DY const* dy, const_quantized_view saved, quantized_layout l,
                                       DX* dx, unsigned long long* nonfinite) {
   unsigned long long bad = 0;
   for_each_unit(l.rows, l.cols, [&](device::element_run const& r, std::int64_t, unsigned) {
     if (r.count == 0) return;
     float v[run], d[run];
-    bad += static_cast<unsigned long long>(decode_run(saved, l, r, v));
+    bad += static_cast<unsigned long long>(decode_run<Codes>(saved, l, r, v));
     std::int64_t const at = r.row * l.cols + r.col;
     agoq::detail::gpu::load_run(dy + at, r.count, d);
     bad += static_cast<unsigned long long>(count_nonfinite(d, r.count));
@@ -867,13 +872,17 @@ void rmsnorm_forward_async(cuda_executor ex, matrix_view<X> x, std::span<W> weig
 /// 512 x hidden floats, allocated and freed in stream order). `nonfinite` receives the non-finite
 /// count of dy plus the values decoded under a non-finite stored scale. dx may be dy itself.
 /// Stream-ordered; does not synchronize. \throws as the CPU op, and on a pageable host pointer.
-template <fused_input DY, fused_input W, fused_output DX>
+/// `Codes`: the code families the call compiles its decoding for (by default every family of the
+/// dispatch set); a saved view of another family throws agoq::unsupported_scheme before anything
+/// is enqueued.
+template <code_list Codes = dispatch_codes, fused_input DY, fused_input W, fused_output DX>
 void rmsnorm_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantized_view saved_x,
                             std::span<float const> rstd, std::span<W> weight, matrix_view<DX> dx,
                             std::span<float> dweight, std::int64_t* nonfinite = nullptr) {
   using namespace fused_detail;
   char const* what = "rmsnorm_backward_async";
   check_rmsnorm_backward_args(dy, saved_x, rstd, weight, dx, dweight, what);
+  require_code<Codes>(saved_x.spec);
   std::int64_t const rows = dy.extent(0);
   std::int64_t const cols = dy.extent(1);
   cudaStream_t const stream = ex.stream.get();
@@ -891,7 +900,7 @@ void rmsnorm_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantize
   float* partial = nullptr;
   AGOQ_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&partial),
                                 static_cast<std::size_t>(blocks * cols) * sizeof(float), stream));
-  agoq::detail::gpu::launch(fused_gpu::rmsnorm_dweight_blocks_kernel<DYT>,
+  agoq::detail::gpu::launch(fused_gpu::rmsnorm_dweight_blocks_kernel<Codes, DYT>,
                             agoq::detail::gpu::grid_for(blocks * device::unit_count(1, cols), pol),
                             pol.block_threads, 0, stream, static_cast<DYT const*>(dy.data_handle()),
                             saved_x, l, rstd.data(), partial);
@@ -902,7 +911,7 @@ void rmsnorm_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantize
   AGOQ_CUDA_TRY(cudaGetLastError());
   AGOQ_CUDA_TRY(cudaFreeAsync(partial, stream));
   fused_gpu::row_launch const rl = fused_gpu::make_row_launch(rows, 2 * cols, stream);
-  agoq::detail::gpu::launch(fused_gpu::rmsnorm_backward_kernel<DYT, WT, DX>, rl.grid,
+  agoq::detail::gpu::launch(fused_gpu::rmsnorm_backward_kernel<Codes, DYT, WT, DX>, rl.grid,
                             fused_gpu::row_threads, rl.shared_bytes, stream,
                             static_cast<DYT const*>(dy.data_handle()), saved_x, l, rstd.data(),
                             static_cast<WT const*>(weight.data()), dx.data_handle(),
@@ -945,13 +954,18 @@ void swiglu_forward_async(cuda_executor ex, matrix_view<G> gate, matrix_view<U> 
 /// values decoded under a non-finite stored scale. dgate or dup may be dout itself (not each
 /// other). Stream-ordered; does not synchronize. \throws as the CPU op, and on a pageable host
 /// pointer.
-template <fused_input D, fused_output DG, fused_output DU>
+/// `Codes`: the code families the call compiles its decoding for (by default every family of the
+/// dispatch set); a saved view of another family throws agoq::unsupported_scheme before anything
+/// is enqueued.
+template <code_list Codes = dispatch_codes, fused_input D, fused_output DG, fused_output DU>
 void swiglu_backward_async(cuda_executor ex, matrix_view<D> dout, const_quantized_view saved_gate,
                            const_quantized_view saved_up, matrix_view<DG> dgate,
                            matrix_view<DU> dup, std::int64_t* nonfinite = nullptr) {
   using namespace fused_detail;
   char const* what = "swiglu_backward_async";
   check_swiglu_backward_args(dout, saved_gate, saved_up, dgate, dup, what);
+  require_code<Codes>(saved_gate.spec);
+  require_code<Codes>(saved_up.spec);
   std::int64_t const rows = dout.extent(0);
   std::int64_t const cols = dout.extent(1);
   cudaStream_t const stream = ex.stream.get();
@@ -963,10 +977,10 @@ void swiglu_backward_async(cuda_executor ex, matrix_view<D> dout, const_quantize
   agoq::detail::gpu::check_device_view(saved_up, what);
   using DT = std::remove_const_t<D>;
   fused_gpu::elementwise_launch const el = fused_gpu::make_elementwise_launch(rows, cols);
-  agoq::detail::gpu::launch(fused_gpu::swiglu_backward_kernel<DT, DG, DU>, el.grid, el.threads, 0,
-                            stream, static_cast<DT const*>(dout.data_handle()), saved_gate,
-                            saved_gate.layout(), saved_up, saved_up.layout(), dgate.data_handle(),
-                            dup.data_handle(), count);
+  agoq::detail::gpu::launch(fused_gpu::swiglu_backward_kernel<Codes, DT, DG, DU>, el.grid,
+                            el.threads, 0, stream, static_cast<DT const*>(dout.data_handle()),
+                            saved_gate, saved_gate.layout(), saved_up, saved_up.layout(),
+                            dgate.data_handle(), dup.data_handle(), count);
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
 
@@ -997,12 +1011,16 @@ void gelu_forward_async(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y) {
 /// gelu_backward(host_executor, ...). `nonfinite` receives the non-finite count of dy plus the
 /// values decoded under a non-finite stored scale. dx may be dy itself. Stream-ordered; does not
 /// synchronize. \throws as the CPU op, and on a pageable host pointer.
-template <fused_input DY, fused_output DX>
+/// `Codes`: the code families the call compiles its decoding for (by default every family of the
+/// dispatch set); a saved view of another family throws agoq::unsupported_scheme before anything
+/// is enqueued.
+template <code_list Codes = dispatch_codes, fused_input DY, fused_output DX>
 void gelu_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantized_view saved_x,
                          matrix_view<DX> dx, std::int64_t* nonfinite = nullptr) {
   using namespace fused_detail;
   char const* what = "gelu_backward_async";
   check_gelu_backward_args(dy, saved_x, dx, what);
+  require_code<Codes>(saved_x.spec);
   std::int64_t const rows = dy.extent(0);
   std::int64_t const cols = dy.extent(1);
   cudaStream_t const stream = ex.stream.get();
@@ -1012,7 +1030,7 @@ void gelu_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantized_v
   agoq::detail::gpu::check_device_view(saved_x, what);
   using DYT = std::remove_const_t<DY>;
   fused_gpu::elementwise_launch const el = fused_gpu::make_elementwise_launch(rows, cols);
-  agoq::detail::gpu::launch(fused_gpu::gelu_backward_kernel<DYT, DX>, el.grid, el.threads, 0,
+  agoq::detail::gpu::launch(fused_gpu::gelu_backward_kernel<Codes, DYT, DX>, el.grid, el.threads, 0,
                             stream, static_cast<DYT const*>(dy.data_handle()), saved_x,
                             saved_x.layout(), dx.data_handle(), count);
   AGOQ_CUDA_TRY(cudaGetLastError());

@@ -425,14 +425,17 @@ std::int64_t with_saver(host_executor ex, quantized_view const* v, quantize_opti
   }
 }
 
-/// Reads a saved tensor row by row, decoded into a row-sized fp32 buffer.
+/// Reads a saved tensor row by row, decoded into a row-sized fp32 buffer; its code family is one
+/// of Codes.
+template <class Codes>
 class row_loader {
  public:
   row_loader(host_executor ex, const_quantized_view v)
       : view_(v), layout_(v.layout()), simd_(ex.simd && agoq::detail::host::simd_available) {
     if (layout_.elements() == 0) return;
     row_.resize(static_cast<std::size_t>(layout_.cols));
-    fn_ = dispatch_code(v.spec, [](auto code) -> row_fn { return &decode_row<decltype(code)>; });
+    fn_ = dispatch_code<Codes>(v.spec,
+                               [](auto code) -> row_fn { return &decode_row<decltype(code)>; });
   }
 
   /// Row r decoded; adds the values decoded under a non-finite scale to `bad_scales`.
@@ -1079,17 +1082,21 @@ std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> we
 /// of values decoded under a non-finite stored scale (zero for any buffer the forward wrote). dx
 /// may be dy itself. Host only; synchronous. \throws agoq::invalid_argument on mismatched extents,
 /// null pointers, an invalid spec or partially overlapping buffers.
-template <fused_input DY, fused_input W, fused_output DX>
+/// `Codes`: the code families the call compiles its decoding for (by default every family of the
+/// dispatch set); a saved view of another family throws agoq::unsupported_scheme before anything
+/// is written.
+template <code_list Codes = dispatch_codes, fused_input DY, fused_input W, fused_output DX>
 std::int64_t rmsnorm_backward(host_executor ex, matrix_view<DY> dy, const_quantized_view saved_x,
                               std::span<float const> rstd, std::span<W> weight, matrix_view<DX> dx,
                               std::span<float> dweight) {
   fused_detail::check_rmsnorm_backward_args(dy, saved_x, rstd, weight, dx, dweight,
                                             "rmsnorm_backward");
+  require_code<Codes>(saved_x.spec);
   std::int64_t const rows = dy.extent(0);
   std::int64_t const cols = dy.extent(1);
   if (dy.size() == 0) return 0;
   using DT = std::remove_const_t<DX>;
-  fused_detail::row_loader loader(ex, saved_x);
+  fused_detail::row_loader<Codes> loader(ex, saved_x);
   auto const* dyp = dy.data_handle();
   DT* dxp = dx.data_handle();
   W const* w = weight.data();
@@ -1170,19 +1177,24 @@ std::int64_t swiglu_forward(host_executor, matrix_view<G> gate, matrix_view<U> u
 /// buffer the forward wrote). dgate or dup may be dout itself (not each other). Host only;
 /// synchronous. \throws agoq::invalid_argument on mismatched extents, null pointers, an invalid
 /// spec or overlapping outputs.
-template <fused_input D, fused_output DG, fused_output DU>
+/// `Codes`: the code families the call compiles its decoding for (by default every family of the
+/// dispatch set); a saved view of another family throws agoq::unsupported_scheme before anything
+/// is written.
+template <code_list Codes = dispatch_codes, fused_input D, fused_output DG, fused_output DU>
 std::int64_t swiglu_backward(host_executor ex, matrix_view<D> dout, const_quantized_view saved_gate,
                              const_quantized_view saved_up, matrix_view<DG> dgate,
                              matrix_view<DU> dup) {
   fused_detail::check_swiglu_backward_args(dout, saved_gate, saved_up, dgate, dup,
                                            "swiglu_backward");
+  require_code<Codes>(saved_gate.spec);
+  require_code<Codes>(saved_up.spec);
   std::int64_t const rows = dout.extent(0);
   std::int64_t const cols = dout.extent(1);
   if (dout.size() == 0) return 0;
   using GT = std::remove_const_t<DG>;
   using UT = std::remove_const_t<DU>;
-  fused_detail::row_loader gl(ex, saved_gate);
-  fused_detail::row_loader ul(ex, saved_up);
+  fused_detail::row_loader<Codes> gl(ex, saved_gate);
+  fused_detail::row_loader<Codes> ul(ex, saved_up);
   std::int64_t nonfinite = 0;
   std::int64_t bad_scales = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -1234,15 +1246,19 @@ std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y) 
 /// scale (zero for any buffer the forward wrote). dx may be dy itself. Host only; synchronous.
 /// \throws agoq::invalid_argument on mismatched extents, null pointers, an invalid spec or
 /// partially overlapping buffers.
-template <fused_input DY, fused_output DX>
+/// `Codes`: the code families the call compiles its decoding for (by default every family of the
+/// dispatch set); a saved view of another family throws agoq::unsupported_scheme before anything
+/// is written.
+template <code_list Codes = dispatch_codes, fused_input DY, fused_output DX>
 std::int64_t gelu_backward(host_executor ex, matrix_view<DY> dy, const_quantized_view saved_x,
                            matrix_view<DX> dx) {
   fused_detail::check_gelu_backward_args(dy, saved_x, dx, "gelu_backward");
+  require_code<Codes>(saved_x.spec);
   std::int64_t const rows = dy.extent(0);
   std::int64_t const cols = dy.extent(1);
   if (dy.size() == 0) return 0;
   using DT = std::remove_const_t<DX>;
-  fused_detail::row_loader loader(ex, saved_x);
+  fused_detail::row_loader<Codes> loader(ex, saved_x);
   std::int64_t nonfinite = 0;
   std::int64_t bad_scales = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
