@@ -102,7 +102,7 @@ void launch_quantize(T const* x, quantized_view const& out, quantize_options opt
   std::size_t const bytes = static_cast<std::size_t>(l.groups()) * sizeof(group_accumulator);
   AGOQ_CUDA_TRY(cudaMallocAsync(&scratch, bytes, stream));
   auto* acc = static_cast<group_accumulator*>(scratch);
-  launch(init_accumulators_kernel, grid_for(l.groups(), pol), pol.block_threads, 0, stream, acc,
+  launch(init_accumulators_kernel<>, grid_for(l.groups(), pol), pol.block_threads, 0, stream, acc,
          l.groups());
   std::int64_t const units = device::unit_count(l.rows, l.cols);
   launch(stats_kernel<T, Code>, grid_for(units, pol), pol.block_threads, 0, stream, x, l, acc,

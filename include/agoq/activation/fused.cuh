@@ -409,9 +409,11 @@ AGOQ_KERNEL void rmsnorm_dweight_blocks_kernel(DY const* dy, const_quantized_vie
 }
 
 /// RMSNorm backward, dweight: one thread per run of 8 columns adds the `blocks` block sums to
-/// dweight in block order, as the CPU executor does.
-AGOQ_KERNEL inline void rmsnorm_dweight_fold_kernel(float const* partial, std::int64_t blocks,
-                                                    std::int64_t cols, float* dweight) {
+/// dweight in block order, as the CPU executor does. A template of nothing, as
+/// detail::gpu::init_accumulators_kernel (a plain kernel in a header breaks the link).
+template <class = void>
+AGOQ_KERNEL void rmsnorm_dweight_fold_kernel(float const* partial, std::int64_t blocks,
+                                             std::int64_t cols, float* dweight) {
   std::int64_t const units = device::unit_count(1, cols);
   for (std::int64_t u = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < units;
        u += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -905,7 +907,7 @@ void rmsnorm_backward_async(cuda_executor ex, matrix_view<DY> dy, const_quantize
                             pol.block_threads, 0, stream, static_cast<DYT const*>(dy.data_handle()),
                             saved_x, l, rstd.data(), partial);
   AGOQ_CUDA_TRY(cudaGetLastError());
-  agoq::detail::gpu::launch(fused_gpu::rmsnorm_dweight_fold_kernel,
+  agoq::detail::gpu::launch(fused_gpu::rmsnorm_dweight_fold_kernel<>,
                             agoq::detail::gpu::grid_for(device::unit_count(1, cols), pol),
                             pol.block_threads, 0, stream, partial, blocks, cols, dweight.data());
   AGOQ_CUDA_TRY(cudaGetLastError());

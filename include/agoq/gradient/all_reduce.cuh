@@ -154,7 +154,9 @@ AGOQ_KERNEL void reduce_blocks_kernel(std::uint8_t const* recv, std::int64_t blo
 
 /// Writes the P headers of the send blocks: flags carry payload_flag_nonfinite when this rank's
 /// P chunk counts add up to more than zero or the source's flags (`extra`, when not null) carry it
-/// (pack_blocks' rule). One thread.
+/// (pack_blocks' rule). One thread. This and the header kernels below are templates of nothing, as
+/// detail::gpu::init_accumulators_kernel says why.
+template <class = void>
 AGOQ_KERNEL void scatter_headers_kernel(std::uint8_t* send, chunk_plan plan,
                                         std::int64_t const* counts, std::int64_t const* extra) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
@@ -169,6 +171,7 @@ AGOQ_KERNEL void scatter_headers_kernel(std::uint8_t* send, chunk_plan plan,
 
 /// Checks the P received headers (block r holds chunk `chunk`, or chunk r when chunk < 0), sets
 /// acc[0] to the OR of their flags and acc[1] to 1 when one is wrong. One thread.
+template <class = void>
 AGOQ_KERNEL void check_headers_kernel(std::uint8_t const* recv, chunk_plan plan, std::int64_t chunk,
                                       std::int64_t* acc) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
@@ -184,6 +187,7 @@ AGOQ_KERNEL void check_headers_kernel(std::uint8_t const* recv, chunk_plan plan,
 /// Writes the header of the gather block of chunk j: the received flags (acc[0]) plus
 /// payload_flag_nonfinite when the requantization met a non-finite sum (requantize_chunk's rule;
 /// `requantized` may be null for a block assembled without requantization). One thread.
+template <class = void>
 AGOQ_KERNEL void gather_header_kernel(std::uint8_t* block, chunk_plan plan, std::int64_t j,
                                       std::int64_t const* acc, std::int64_t const* requantized) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
@@ -196,6 +200,7 @@ AGOQ_KERNEL void gather_header_kernel(std::uint8_t* block, chunk_plan plan, std:
 /// corruption mark (acc[1]) and this rank's P chunk counts, and sets *flag_count (a
 /// device_gradient_buffer output's count, when not null) to the global flag, as the CPU
 /// executor's mark_written does. One thread.
+template <class = void>
 AGOQ_KERNEL void status_kernel(std::int64_t ranks, std::int64_t const* counts,
                                std::int64_t const* acc, all_reduce_status* status,
                                std::int64_t* flag_count) {
@@ -434,12 +439,12 @@ void scatter_blocks(cudaStream_t stream, C& comm, comm_join& join, chunk_plan co
                     spec const& s, std::uint64_t key, Source const& src, device_workspace const& ws,
                     std::int64_t* acc) {
   src.pack(cuda_executor{::cuda::stream_ref(stream)}, plan, s, key, ws.send, ws.counts);
-  ::agoq::detail::gpu::launch(scatter_headers_kernel, 1, 1, 0, stream,
+  ::agoq::detail::gpu::launch(scatter_headers_kernel<>, 1, 1, 0, stream,
                               reinterpret_cast<std::uint8_t*>(ws.send), plan, ws.counts, src.flags);
   AGOQ_CUDA_TRY(cudaGetLastError());
   join(comm,
        [&] { comm.all_to_all(ws.send, ws.recv, static_cast<std::size_t>(plan.block_bytes())); });
-  ::agoq::detail::gpu::launch(check_headers_kernel, 1, 1, 0, stream,
+  ::agoq::detail::gpu::launch(check_headers_kernel<>, 1, 1, 0, stream,
                               reinterpret_cast<std::uint8_t const*>(ws.recv), plan, comm.rank(),
                               acc);
   AGOQ_CUDA_TRY(cudaGetLastError());
@@ -489,12 +494,12 @@ void reduce_gather(cudaStream_t stream, C& comm, comm_join& join, chunk_plan con
         quantize_options{key, position0 + static_cast<std::uint64_t>(plan.begin(rank))},
         ws.requantized);
   }
-  ::agoq::detail::gpu::launch(gather_header_kernel, 1, 1, 0, stream,
+  ::agoq::detail::gpu::launch(gather_header_kernel<>, 1, 1, 0, stream,
                               reinterpret_cast<std::uint8_t*>(ws.send), plan, rank, acc,
                               ws.requantized);
   AGOQ_CUDA_TRY(cudaGetLastError());
   join(comm, [&] { comm.all_gather(ws.send, ws.recv, static_cast<std::size_t>(bb)); });
-  ::agoq::detail::gpu::launch(check_headers_kernel, 1, 1, 0, stream,
+  ::agoq::detail::gpu::launch(check_headers_kernel<>, 1, 1, 0, stream,
                               reinterpret_cast<std::uint8_t const*>(ws.recv), plan, -1, acc);
   AGOQ_CUDA_TRY(cudaGetLastError());
   for (std::int64_t j = 0; j < plan.ranks; ++j) sink(ex, plan, j, s, ws.recv + j * bb);
@@ -503,7 +508,7 @@ void reduce_gather(cudaStream_t stream, C& comm, comm_join& join, chunk_plan con
 inline void launch_status(cudaStream_t stream, std::int64_t ranks, device_workspace const& ws,
                           all_reduce_status* status, std::int64_t* flag_count) {
   if (status == nullptr && flag_count == nullptr) return;
-  ::agoq::detail::gpu::launch(status_kernel, 1, 1, 0, stream, ranks, ws.counts, ws.acc, status,
+  ::agoq::detail::gpu::launch(status_kernel<>, 1, 1, 0, stream, ranks, ws.counts, ws.acc, status,
                               flag_count);
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
@@ -602,12 +607,12 @@ void hierarchical_async(cudaStream_t stream, Intra& intra, Inter& inter, std::in
                 stream_key(opt.seed, opt.step, stream_tag::inter_gather, 0),
                 static_cast<std::uint64_t>(shard_begin), pws, acc,
                 device_quantized_sink{payload_view(s, node, nws.send, shard_n)});
-  ::agoq::detail::gpu::launch(gather_header_kernel, 1, 1, 0, stream,
+  ::agoq::detail::gpu::launch(gather_header_kernel<>, 1, 1, 0, stream,
                               reinterpret_cast<std::uint8_t*>(nws.send), node, i, acc, nullptr);
   AGOQ_CUDA_TRY(cudaGetLastError());
   join(intra,
        [&] { intra.all_gather(nws.send, nws.recv, static_cast<std::size_t>(node.block_bytes())); });
-  ::agoq::detail::gpu::launch(check_headers_kernel, 1, 1, 0, stream,
+  ::agoq::detail::gpu::launch(check_headers_kernel<>, 1, 1, 0, stream,
                               reinterpret_cast<std::uint8_t const*>(nws.recv), node, -1, acc);
   AGOQ_CUDA_TRY(cudaGetLastError());
   cuda_executor const ex{::cuda::stream_ref(stream)};

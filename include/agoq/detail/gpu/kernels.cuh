@@ -190,7 +190,11 @@ AGOQ_KERNEL void quantize_groups_kernel(T const* x, quantized_view out, int lane
   add_warp_count(nonfinite, bad);
 }
 
-/// Sets accumulators to the neutral elements: absmax 0, min INT_MAX, max INT_MIN.
+/// Sets accumulators to the neutral elements: absmax 0, min INT_MAX, max INT_MIN. A template (of
+/// nothing) as every kernel of these headers must be: a plain kernel defined in a header is
+/// defined again in every translation unit that includes it, which the linker refuses (nvcc
+/// ignores `inline` on a kernel, with a warning).
+template <class = void>
 AGOQ_KERNEL void init_accumulators_kernel(group_accumulator* acc, std::int64_t groups) {
   for (std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        g < groups; g += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
