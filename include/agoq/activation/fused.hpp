@@ -27,7 +27,9 @@
 /// mismatched extents, null pointers, invalid specs or partially overlapping buffers; an output
 /// may be the very same buffer as an input of its op (in place), any other overlap is refused.
 /// Empty tensors are no-ops. The CUDA versions are in fused.cuh (rmsnorm_forward_async and the
-/// others, stream-ordered), with the same saved bits and the same output bits.
+/// others, stream-ordered), with the same saved bits and the same output bits. The ops that save
+/// or decode a quantized tensor take a leading code list (as agoq::quantize): the code families
+/// they compile for, every family of the dispatch set by default.
 #pragma once
 
 #include <algorithm>
