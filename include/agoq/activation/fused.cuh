@@ -190,7 +190,7 @@ __device__ inline int decode_listed(type_list<C, Cs...>, const_quantized_view co
   if constexpr (sizeof...(Cs) == 0) {
     return decode_run_as<C>(in, l, r, v);
   } else {
-    if (in.spec.code == C::kind && l.bits == C::bits) return decode_run_as<C>(in, l, r, v);
+    if (is_code_of<C>(in.spec)) return decode_run_as<C>(in, l, r, v);
     return decode_listed(type_list<Cs...>{}, in, l, r, v);
   }
 }

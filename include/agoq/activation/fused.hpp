@@ -186,18 +186,18 @@ std::int64_t decode_row(const_quantized_view const& in, quantized_layout const& 
 
 /// Writes the saved copy of a [rows, cols] tensor of element type T, its code family one of
 /// Codes: row by row where the grouping allows (row()), else in one agoq::quantize<Codes> pass
-/// (whole()). Default-constructed, it saves nothing (the plain op, whose Codes is no_codes: then
-/// it compiles no quantization at all). It is the saving policy of the op loops wherever
+/// (whole()). Under no_codes (the plain op) it is default-constructed, saves nothing and compiles
+/// no quantization at all. It is the saving policy of the op loops wherever
 /// group_saver is not (SwiGLU, no saved copy, the portable executor, 2-bit codes, groups spanning
 /// rows or whose codes do not start on a byte).
 template <class T, class Codes>
 class row_saver {
  public:
-  row_saver() = default;
+  row_saver() requires(std::is_same_v<Codes, no_codes>) = default;
 
   row_saver(host_executor ex, quantized_view v,
             quantize_options opt) requires(!std::is_same_v<Codes, no_codes>)
-      : ex_(ex), view_(v), layout_(v.layout()), opt_(opt), active_(true) {
+      : ex_(ex), view_(v), layout_(v.layout()), opt_(opt) {
     simd_ = ex.simd && agoq::detail::host::simd_available;
     if (layout_.elements() == 0 || layout_.tile.rows != 1) return;
     fn_ = dispatch_code<Codes>(v.spec, [&](auto code) {
@@ -233,7 +233,7 @@ class row_saver {
     if constexpr (std::is_same_v<Codes, no_codes>) {
       return 0;
     } else {
-      if (!active_ || fn_ != nullptr || layout_.elements() == 0) return 0;
+      if (fn_ != nullptr || layout_.elements() == 0) return 0;
       return agoq::quantize<Codes>(ex_, matrix_view<T const>(x, layout_.rows, layout_.cols), view_,
                                    opt_);
     }
@@ -262,7 +262,6 @@ class row_saver {
   quantized_view view_{};
   quantized_layout layout_{};
   quantize_options opt_{};
-  bool active_ = false;
   bool simd_ = false;
   row_fn fn_ = nullptr;
   scratch scratch_;
@@ -737,7 +736,7 @@ template <class F>
 /// step's values to the saver; it keeps x's arrangement of a step (detail::host::interleaved),
 /// into which the weights are loaded and from which y is stored. Never inlined: inlined into a
 /// caller (the plain op's, whose saver is its only user), g++ 12 kept acc in memory, a store and
-/// a load in the chain of every fma, and the plain op ran 1.7-2.1x slower.
+/// a load in the chain of every fma, and the plain op ran 1.4-2.1x slower in paired runs.
 template <class S, class X, class W, class Y>
 [[gnu::noinline]] std::int64_t rmsnorm_rows(X const* x, W const* w, float eps, Y* y, float* rstd,
                                             std::int64_t rows, std::int64_t cols, S& save) {

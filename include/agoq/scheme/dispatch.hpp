@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "../config.hpp"
 #include "../error.hpp"
 #include "scheme.hpp"
 #include "spec.hpp"
@@ -55,14 +56,20 @@ struct is_code_list<type_list<C, Cs...>> : std::true_type {};
 template <class L>
 concept code_list = detail::is_code_list<L>::value;
 
+/// Whether `Code` is the code family of `s` (its kind and bit width): the one test of a family,
+/// on the host (dispatch_code) and inside kernels that branch over a code list.
+template <code_format Code>
+AGOQ_HOST_DEVICE constexpr bool is_code_of(spec const& s) noexcept {
+  return Code::kind == s.code && Code::bits == s.bits;
+}
+
 /// Calls `f(Code{})` for the code family of `s`, which must be one of `Codes` (by default every
 /// code family of the dispatch set): `f` is instantiated for the families of `Codes` alone, and any
 /// other family throws agoq::unsupported_scheme.
 template <code_list Codes = dispatch_codes, class F>
 decltype(auto) dispatch_code(spec const& s, F&& f) {
   return dispatch_type(
-      Codes{}, [&](auto c) { return decltype(c)::kind == s.code && decltype(c)::bits == s.bits; },
-      std::forward<F>(f),
+      Codes{}, [&](auto c) { return is_code_of<decltype(c)>(s); }, std::forward<F>(f),
       std::is_same_v<Codes, dispatch_codes>
           ? "code family outside the dispatch set"
           : "code family outside the code list the call was compiled for");
