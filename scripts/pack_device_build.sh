@@ -47,12 +47,9 @@ pack_targets() {
 }
 build=build-dev
 configure . "$build"
-tests=(quantize_device_test_float quantize_device_test_bfloat16 quantize_device_test_half
-       adamw_device_test all_reduce_device_test epilogue_device_test fused_device_test_float
-       fused_device_test_bfloat16 fused_device_test_half buffer_device_test_float
-       buffer_device_test_bfloat16 buffer_device_test_half statistics_device_test_float
-       statistics_device_test_bfloat16 statistics_device_test_half weights_device_test_float
-       weights_device_test_bfloat16 weights_device_test_half)
+# The device tests' binaries (device_test_<element> holds the suites of one element type).
+tests=(device_test_float device_test_bfloat16 device_test_half adamw_device_test
+       all_reduce_device_test epilogue_device_test)
 benches=(quantize_device_bench optim_device_bench all_reduce_device_bench fused_device_bench
          buffer_device_bench)
 targets=("${tests[@]}" "${benches[@]}" quantized_matmul)

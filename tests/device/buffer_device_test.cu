@@ -20,6 +20,9 @@
 #include "device/node_world.cuh"
 #include "gradient/support.hpp"
 
+// The suite's names, apart from the other suites of tests/device/device_tests.cu.
+namespace buffer_device_test {
+
 using namespace agoq;
 using namespace agoq::gradient;
 using agoq::comm::in_process_device_group;
@@ -413,3 +416,5 @@ TEST_CASE("the CUDA collectives take device_gradient_buffer operands like the CP
     }
   }
 }
+
+}  // namespace buffer_device_test

@@ -15,6 +15,9 @@
 
 #include <agoq/activation/fused.cuh>
 
+// The suite's names, apart from the other suites of tests/device/device_tests.cu.
+namespace fused_device_test {
+
 using namespace agoq;
 using namespace agoq::activation;
 using agoq::test::device_bytes;
@@ -486,3 +489,5 @@ TEST_CASE("the device fused ops validate like the CPU ops") {
                      matrix_view<element>(nullptr, 0, cols));
   AGOQ_CUDA_TRY(cudaDeviceSynchronize());
 }
+
+}  // namespace fused_device_test

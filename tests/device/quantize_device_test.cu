@@ -1,10 +1,14 @@
-// The device tier: every CUDA kernel against the CPU executor, bit for bit. Built once per input
-// element type (AGOQ_TEST_ELEMENT) so nvcc's work is spread over several translation units.
+// The device tier of quantize.cuh: every CUDA kernel against the CPU executor, bit for bit. Built
+// once per input element type (AGOQ_TEST_ELEMENT), with the other suites of that type
+// (device_tests.cu).
 #include "device_support.cuh"
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+// The suite's names, apart from the other suites of tests/device/device_tests.cu.
+namespace quantize_device_test {
 
 using namespace agoq;
 using agoq::test::device_bytes;
@@ -214,3 +218,5 @@ TEST_CASE("more than 2^31 elements: 64-bit indexing end to end") {
   dequantize(host, ref.view(), matrix_view<element>(ry.data(), rows, cols));
   CHECK(std::memcmp(hy.data(), ry.data(), n * sizeof(element)) == 0);
 }
+
+}  // namespace quantize_device_test

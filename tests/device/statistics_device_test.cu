@@ -11,6 +11,9 @@
 
 #include <agoq/activation/statistics.cuh>
 
+// The suite's names, apart from the other suites of tests/device/device_tests.cu.
+namespace statistics_device_test {
+
 using namespace agoq;
 using namespace agoq::activation;
 using agoq::test::device_bytes;
@@ -74,3 +77,5 @@ TEST_CASE("measure on the device: bad input and empty tensors") {
   CHECK(st.elements == 0);
   CHECK(st.sum_squares == 0);
 }
+
+}  // namespace statistics_device_test

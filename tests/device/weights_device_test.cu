@@ -11,6 +11,9 @@
 
 #include <agoq/optim/weights.cuh>
 
+// The suite's names, apart from the other suites of tests/device/device_tests.cu.
+namespace weights_device_test {
+
 using namespace agoq;
 using namespace agoq::optim;
 using agoq::test::device_bytes;
@@ -125,3 +128,5 @@ TEST_CASE("straight_through_async and bad arguments") {
                                          view_of_buffer(other, rows, cols, dq.get())),
                   agoq::invalid_argument);
 }
+
+}  // namespace weights_device_test
