@@ -169,6 +169,99 @@ TEST_CASE("interleaved: the planner fits every peak moment and matches brute for
   CHECK(previous.total_error() == 0.0);
 }
 
+TEST_CASE("interleaved: a price per peak moment tightens the summed relaxation's bound") {
+  // The setup above. Here every one of a device's 81 plans is taken through the planner's own
+  // constraints: its activation bytes at each peak moment j (in_flight_peaks; one layer per chunk,
+  // the output head's n_j,last copies on the last device) plus the states and the reserved
+  // transient memory, `held`, at most the budget. Against them: the exact optimum, and the
+  // summed relaxation's bound, max over one price t >= 0 of min over plans of
+  // err + t sum_j (bytes_j - room_j), exact at a crossing of two plans' lines.
+  planner_input in = small_input();
+  in.parallel.virtual_stages = 2;
+  in.step.micro_batches = 4;
+  std::vector<storage> const three = {storage::with(int4_g128), storage::with(int8_g128),
+                                      storage::precise()};
+  in.policy.set(tensor_kind::mlp_input, storage::with(int4_g128), three);
+  in.policy.set(tensor_kind::swiglu_output, storage::with(int4_g128), three);
+  in.errors.set_outlier(tensor_kind::swiglu_output, 5.0);
+  tensor_kind const kinds[2] = {tensor_kind::mlp_input, tensor_kind::swiglu_output};
+  shard_shape const sh = shard_of(in.parallel, in.step);
+  auto const need = minimum(in);
+  int gaps = 0;  // devices where the summed bound is below the optimum
+  int tighter = 0;
+  double closed = 0;  // the share of the summed bound's gap to the optimum closed, summed
+  for (std::int64_t extra = 0; extra <= 900000; extra += 25000) {
+    in.budget_bytes = std::max(need[0], need[1]) + extra;
+    auto const plan = make_plan(in);
+    for (std::int64_t s = 0; s < 2; ++s) {
+      auto const& st = plan.stages()[static_cast<std::size_t>(s)];
+      auto const peaks = in_flight_peaks(schedule_of(in.parallel, in.step), s);
+      std::int64_t const head = s == 1 ? head_activation_bytes(in.model, sh) : 0;
+      std::int64_t const layers[2] = {s, s + 2};
+      // Per plan: its error and its activation bytes at each moment.
+      std::vector<double> err;
+      std::vector<std::vector<std::int64_t>> at;
+      for (int code = 0; code < 81; ++code) {
+        int c = code;
+        double e = 0;
+        std::int64_t chunk[2] = {0, 0};
+        for (std::size_t ci = 0; ci < 2; ++ci)
+          for (tensor_kind const k : block_tensors(in.model.style)) {
+            if (is_alias(k)) continue;
+            saved_shape const shape = shape_of(k, in.model, sh);
+            storage o = in.policy.candidates(k).front();
+            if (k == kinds[0] || k == kinds[1]) {
+              o = three[static_cast<std::size_t>(c % 3)];
+              c /= 3;
+              e += in.errors.weighted(layers[ci], k, shape, o);
+            }
+            chunk[ci] += o.bytes(shape);
+          }
+        err.push_back(e);
+        std::vector<std::int64_t> bytes;
+        for (auto const& n : peaks)
+          bytes.push_back(n.back() * head + n[0] * chunk[0] + n[1] * chunk[1]);
+        at.push_back(bytes);
+      }
+      // Plan 0 stores everything at its smallest candidate, which minimum() measured.
+      std::int64_t const held =
+          need[static_cast<std::size_t>(s)] - *std::max_element(at[0].begin(), at[0].end());
+      double best = std::numeric_limits<double>::infinity();
+      for (std::size_t q = 0; q < err.size(); ++q)
+        if (held + *std::max_element(at[q].begin(), at[q].end()) <= in.budget_bytes)
+          best = std::min(best, err[q]);
+      // Plan q's line in the price t: err + t * over(q).
+      auto const over = [&](std::size_t q) {
+        double o = 0;
+        for (std::int64_t const b : at[q]) o += static_cast<double>(b - (in.budget_bytes - held));
+        return o;
+      };
+      auto const dual = [&](double t) {
+        double l = std::numeric_limits<double>::infinity();
+        for (std::size_t q = 0; q < err.size(); ++q) l = std::min(l, err[q] + t * over(q));
+        return l;
+      };
+      double summed = dual(0);
+      for (std::size_t a = 0; a < err.size(); ++a)
+        for (std::size_t b = a + 1; b < err.size(); ++b)
+          if (over(a) != over(b)) {
+            double const t = (err[b] - err[a]) / (over(a) - over(b));
+            if (t > 0) summed = std::max(summed, dual(t));
+          }
+      CHECK(st.error_lower_bound >= summed - 1e-12 * best);
+      if (summed < best * (1 - 1e-9)) ++gaps;
+      CHECK(st.error_lower_bound <= best * (1 + 1e-12));
+      if (st.error_lower_bound > summed + 1e-9 * best) {
+        ++tighter;
+        closed += (st.error_lower_bound - summed) / (best - summed);
+      }
+    }
+  }
+  CHECK(tighter > 0);
+  MESSAGE("of 74 devices, " << gaps << " with a gap; tighter on " << tighter << ", closing "
+                            << closed / std::max(tighter, 1) << " of the gap on average");
+}
+
 TEST_CASE("more memory never lowers a bit width, and stages with fewer micro-batches get more") {
   // A vocabulary of 8000: with 32000 the last stage's output head, whose backward holds the bf16
   // logits, its input gradient and (8-bit gradients) the head weight's bf16 gradient, 99 MB at

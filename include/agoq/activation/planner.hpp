@@ -150,6 +150,91 @@ struct plan_upgrade {
   std::size_t step = 0;  ///< from hull[step] to hull[step + 1]
 };
 
+/// A lower bound on the exact optimum of a device with several peak moments (make_plan's items:
+/// their hulls, chunks and chunk weights w_c; the moments' in-flight counts n_jc and their room
+/// with every item at its cheapest option), by Lagrangian duality: for prices mu_j >= 0 of the
+/// moments' bytes,
+///   L(mu) = sum_i min_o (e_io + pi_c(i) beta_io) - sum_j mu_j room_j,  pi_c = sum_j mu_j n_jc,
+/// with beta_io the bytes of one copy of option o above the cheapest, is at most the error of any
+/// plan that fits every moment. `price` on every moment gives the relaxation that sums the
+/// moments' constraints, and that relaxation's optimum when `price` is its last upgrade's gain
+/// (make_plan). From there, rounds of coordinate ascent set each mu_j in turn to the maximizer of
+/// L along it, exactly: L is concave and piecewise linear in mu_j, and its slope (the bytes moment
+/// j takes, less its room) falls by n_jc times a hull step's bytes wherever mu_j passes the price
+/// at which that step stops paying. Returns the largest L met, so never less than L at the start;
+/// deterministic (fixed orders throughout).
+inline double moment_price_bound(std::vector<std::vector<plan_option>> const& hulls,
+                                 std::vector<std::size_t> const& chunk_of,
+                                 std::vector<std::int64_t> const& weight,
+                                 std::vector<std::vector<std::int64_t>> const& peaks,
+                                 std::vector<std::int64_t> const& room, double price) {
+  std::size_t const moments = peaks.size();
+  std::vector<double> mu(moments, price);
+  std::vector<double> pi(weight.size(), 0);
+  auto const copy_bytes = [&](std::size_t i, std::size_t o) {  // beta_io
+    return static_cast<double>((hulls[i][o].bytes - hulls[i][0].bytes) / weight[chunk_of[i]]);
+  };
+  auto const set_prices = [&] {  // pi from mu
+    for (std::size_t c = 0; c < pi.size(); ++c) {
+      pi[c] = 0;
+      for (std::size_t j = 0; j < moments; ++j) pi[c] += mu[j] * static_cast<double>(peaks[j][c]);
+    }
+  };
+  auto const lagrangian = [&] {
+    set_prices();
+    double l = 0;
+    for (std::size_t i = 0; i < hulls.size(); ++i) {
+      double best = hulls[i][0].error;
+      for (std::size_t o = 1; o < hulls[i].size(); ++o)
+        best = std::min(best, hulls[i][o].error + pi[chunk_of[i]] * copy_bytes(i, o));
+      l += best;
+    }
+    for (std::size_t j = 0; j < moments; ++j) l -= mu[j] * static_cast<double>(room[j]);
+    return l;
+  };
+  double bound = lagrangian();
+  struct step {
+    double price;  // the mu_j below which the step pays
+    double bytes;  // what it adds at moment j
+  };
+  std::vector<step> steps;
+  // Until a round gains nothing: 1 to 33 rounds for the interleaved LLaMA-3-8B and 32B plans.
+  for (int round = 0; round < 64; ++round) {
+    double const before = bound;
+    for (std::size_t j = 0; j < moments; ++j) {
+      set_prices();
+      steps.clear();
+      for (std::size_t i = 0; i < hulls.size(); ++i) {
+        std::size_t const c = chunk_of[i];
+        auto const n = static_cast<double>(peaks[j][c]);
+        if (peaks[j][c] == 0) continue;           // its choice does not depend on mu_j
+        double const others = pi[c] - mu[j] * n;  // the other moments' price of a copy byte
+        for (std::size_t o = 0; o + 1 < hulls[i].size(); ++o) {
+          double const db = copy_bytes(i, o + 1) - copy_bytes(i, o);
+          double const de = hulls[i][o].error - hulls[i][o + 1].error;
+          steps.push_back({(de - others * db) / (n * db), n * db});
+        }
+      }
+      std::sort(steps.begin(), steps.end(),
+                [](step const& a, step const& b) { return a.price > b.price; });
+      double taken = 0;
+      double best_mu = 0;
+      for (step const& st : steps) {
+        if (st.price <= 0) break;
+        taken += st.bytes;
+        if (taken > static_cast<double>(room[j])) {
+          best_mu = st.price;
+          break;
+        }
+      }
+      mu[j] = best_mu;
+      bound = std::max(bound, lagrangian());
+    }
+    if (!(bound > before)) break;
+  }
+  return bound;
+}
+
 }  // namespace detail
 
 /// Plans every saved tensor (see the file comment). Per pipeline device the problem is a
@@ -165,7 +250,8 @@ struct plan_upgrade {
 /// candidate were stored quantized (its dequantized buffer in the backward counted), the most any
 /// plan needs; the plan's stage_memory then reports the working memory of the storage chosen.
 /// Consequences (docs/activations.md): the plan is deterministic; a larger budget never lowers
-/// any tensor's choice; `error_lower_bound` (that relaxation's optimum) bounds from below the
+/// any tensor's choice; `error_lower_bound` (that relaxation's optimum; with several peak moments
+/// the best of it and of a price per moment, detail::moment_price_bound) bounds from below the
 /// exact optimum of the budget less the reservation, and under 1F1B the plan is exact whenever it
 /// stops on a hull point. Stages holding fewer micro-batches pay less per upgrade, so they get
 /// more bits.
@@ -242,6 +328,7 @@ inline activation_plan make_plan(planner_input const& in) {
     std::int64_t const used = held + *std::max_element(start.begin(), start.end());
     std::vector<std::int64_t> room;  // left at each peak moment
     for (std::int64_t const x : start) room.push_back(in.budget_bytes - held - x);
+    std::vector<std::int64_t> const start_room = room;
     if (used > in.budget_bytes && used - in.budget_bytes > worst_short) {
       worst_short = used - in.budget_bytes;
       worst_stage = r;
@@ -271,9 +358,11 @@ inline activation_plan make_plan(planner_input const& in) {
     for (std::int64_t const x : room) relaxed_room += x;
     bool fits = true;
     double relaxed_gain = 0;
+    double relaxed_price = 0;  // the relaxation's last upgrade's gain (0: it took them all)
     for (detail::plan_upgrade const& u : ups) {
       if (u.bytes > relaxed_room) {
         relaxed_gain += u.error * static_cast<double>(relaxed_room) / static_cast<double>(u.bytes);
+        relaxed_price = u.gain;
         break;
       }
       relaxed_room -= u.bytes;
@@ -309,6 +398,13 @@ inline activation_plan make_plan(planner_input const& in) {
           return quantized[static_cast<std::size_t>(l * tensor_kind_count + index_of(k))] != 0;
         });
     sp.error_lower_bound = std::max(0.0, sp.error - relaxed_gain);
+    // Several peak moments (interleaving): the moments' rooms do not pool, so a price per moment
+    // (detail::moment_price_bound) tightens the summed relaxation's bound.
+    if (peaks.size() > 1 && used <= in.budget_bytes)
+      sp.error_lower_bound = std::min(
+          sp.error,
+          std::max(sp.error_lower_bound, detail::moment_price_bound(hulls, chunk_of, weight, peaks,
+                                                                    start_room, relaxed_price)));
     sp.unused_bytes = in.budget_bytes - sp.memory.total();
     sp.tensors = std::move(items);
     stages.push_back(std::move(sp));
