@@ -41,6 +41,24 @@ int bits_of(activation_plan const& p, std::int64_t layer, tensor_kind k) {
   return p.storage_of(layer, k).bits();
 }
 
+/// The brute-force cases' three options, int4 g128, int8 g128 and bf16, of the two kinds they
+/// plan.
+std::vector<storage> const three = {storage::with(int4_g128), storage::with(int8_g128),
+                                    storage::precise()};
+tensor_kind const kinds[2] = {tensor_kind::mlp_input, tensor_kind::swiglu_output};
+
+/// p = 2, v = 2, m = 4, one layer per chunk: device 0 holds layers 0 and 2, device 1 layers 1
+/// and 3; device 0 peaks at (3,2) and (4,1) chunk micro-batches, device 1 at (2,1) and (3,0).
+/// `kinds` take `three`, everything else bf16.
+planner_input interleaved_input() {
+  planner_input in = small_input();
+  in.parallel.virtual_stages = 2;
+  in.step.micro_batches = 4;
+  for (tensor_kind const k : kinds) in.policy.set(k, storage::with(int4_g128), three);
+  in.errors.set_outlier(tensor_kind::swiglu_output, 5.0);
+  return in;
+}
+
 }  // namespace
 
 TEST_CASE("2 stages, 4 layers, one choice per layer: by hand") {
@@ -76,13 +94,9 @@ TEST_CASE("2 stages, 4 layers, one choice per layer: by hand") {
 
 TEST_CASE("the planner matches brute force within its own bound") {
   planner_input in = small_input();
-  std::vector<storage> const three = {storage::with(int4_g128), storage::with(int8_g128),
-                                      storage::precise()};
-  in.policy.set(tensor_kind::mlp_input, storage::with(int4_g128), three);
-  in.policy.set(tensor_kind::swiglu_output, storage::with(int4_g128), three);
+  for (tensor_kind const k : kinds) in.policy.set(k, storage::with(int4_g128), three);
   in.errors.set_outlier(tensor_kind::swiglu_output, 5.0);
   shard_shape const sh = shard_of(in.parallel, in.step);
-  tensor_kind const kinds[2] = {tensor_kind::mlp_input, tensor_kind::swiglu_output};
   auto const need = minimum(in);
   for (std::int64_t extra = 0; extra <= 600000; extra += 25000) {
     in.budget_bytes = std::max(need[0], need[1]) + extra;
@@ -115,17 +129,7 @@ TEST_CASE("the planner matches brute force within its own bound") {
 }
 
 TEST_CASE("interleaved: the planner fits every peak moment and matches brute force") {
-  // p = 2, v = 2, m = 4, one layer per chunk: device 0 holds layers 0 and 2, device 1 layers 1
-  // and 3; device 0 peaks at (3,2) and (4,1) chunk micro-batches, device 1 at (2,1) and (3,0).
-  planner_input in = small_input();
-  in.parallel.virtual_stages = 2;
-  in.step.micro_batches = 4;
-  std::vector<storage> const three = {storage::with(int4_g128), storage::with(int8_g128),
-                                      storage::precise()};
-  in.policy.set(tensor_kind::mlp_input, storage::with(int4_g128), three);
-  in.policy.set(tensor_kind::swiglu_output, storage::with(int4_g128), three);
-  in.errors.set_outlier(tensor_kind::swiglu_output, 5.0);
-  tensor_kind const kinds[2] = {tensor_kind::mlp_input, tensor_kind::swiglu_output};
+  planner_input in = interleaved_input();
   auto const need = minimum(in);
   activation_plan previous;
   for (std::int64_t extra = 0; extra <= 900000; extra += 25000) {
@@ -170,21 +174,13 @@ TEST_CASE("interleaved: the planner fits every peak moment and matches brute for
 }
 
 TEST_CASE("interleaved: a price per peak moment tightens the summed relaxation's bound") {
-  // The setup above. Here every one of a device's 81 plans is taken through the planner's own
+  // interleaved_input(). Here every one of a device's 81 plans is taken through the planner's own
   // constraints: its activation bytes at each peak moment j (in_flight_peaks; one layer per chunk,
   // the output head's n_j,last copies on the last device) plus the states and the reserved
   // transient memory, `held`, at most the budget. Against them: the exact optimum, and the
   // summed relaxation's bound, max over one price t >= 0 of min over plans of
   // err + t sum_j (bytes_j - room_j), exact at a crossing of two plans' lines.
-  planner_input in = small_input();
-  in.parallel.virtual_stages = 2;
-  in.step.micro_batches = 4;
-  std::vector<storage> const three = {storage::with(int4_g128), storage::with(int8_g128),
-                                      storage::precise()};
-  in.policy.set(tensor_kind::mlp_input, storage::with(int4_g128), three);
-  in.policy.set(tensor_kind::swiglu_output, storage::with(int4_g128), three);
-  in.errors.set_outlier(tensor_kind::swiglu_output, 5.0);
-  tensor_kind const kinds[2] = {tensor_kind::mlp_input, tensor_kind::swiglu_output};
+  planner_input in = interleaved_input();
   shard_shape const sh = shard_of(in.parallel, in.step);
   auto const need = minimum(in);
   int gaps = 0;  // devices where the summed bound is below the optimum
