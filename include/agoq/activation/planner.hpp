@@ -171,9 +171,10 @@ inline double moment_price_bound(std::vector<std::vector<plan_option>> const& hu
   std::size_t const moments = peaks.size();
   std::vector<double> mu(moments, price);
   std::vector<double> pi(weight.size(), 0);
-  auto const copy_bytes = [&](std::size_t i, std::size_t o) {  // beta_io
-    return static_cast<double>((hulls[i][o].bytes - hulls[i][0].bytes) / weight[chunk_of[i]]);
-  };
+  std::vector<std::vector<double>> beta(hulls.size());  // beta_io
+  for (std::size_t i = 0; i < hulls.size(); ++i)
+    for (plan_option const& o : hulls[i])
+      beta[i].push_back(static_cast<double>((o.bytes - hulls[i][0].bytes) / weight[chunk_of[i]]));
   auto const set_prices = [&] {  // pi from mu
     for (std::size_t c = 0; c < pi.size(); ++c) {
       pi[c] = 0;
@@ -186,7 +187,7 @@ inline double moment_price_bound(std::vector<std::vector<plan_option>> const& hu
     for (std::size_t i = 0; i < hulls.size(); ++i) {
       double best = hulls[i][0].error;
       for (std::size_t o = 1; o < hulls[i].size(); ++o)
-        best = std::min(best, hulls[i][o].error + pi[chunk_of[i]] * copy_bytes(i, o));
+        best = std::min(best, hulls[i][o].error + pi[chunk_of[i]] * beta[i][o]);
       l += best;
     }
     for (std::size_t j = 0; j < moments; ++j) l -= mu[j] * static_cast<double>(room[j]);
@@ -210,7 +211,7 @@ inline double moment_price_bound(std::vector<std::vector<plan_option>> const& hu
         if (peaks[j][c] == 0) continue;           // its choice does not depend on mu_j
         double const others = pi[c] - mu[j] * n;  // the other moments' price of a copy byte
         for (std::size_t o = 0; o + 1 < hulls[i].size(); ++o) {
-          double const db = copy_bytes(i, o + 1) - copy_bytes(i, o);
+          double const db = beta[i][o + 1] - beta[i][o];
           double const de = hulls[i][o].error - hulls[i][o + 1].error;
           steps.push_back({(de - others * db) / (n * db), n * db});
         }
