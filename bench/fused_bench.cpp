@@ -1,6 +1,6 @@
 /// \file
 /// The CPU executor's fused activation ops (activation/fused.hpp) on [4096, 4096] bfloat16, single
-/// thread, each in three forms:
+/// thread, each in three forms (and a fourth on two threads, below):
 ///   plain   the op without saving anything;
 ///   fused   the op writing its output and the quantized saved copy in one pass;
 ///   unfused the plain op, then agoq::quantize of the saved tensor(s) (a second read).
@@ -10,6 +10,9 @@
 /// The fused and unfused benchmarks also time the plain op in every iteration (outside the
 /// reported time) and report `vs_plain` = their summed time over the plain op's summed time, so
 /// the ratio is read from one run even on a busy machine. Target for fused: vs_plain <= 1.15.
+/// A fourth form, `fused_threads:2`, runs the fused op on two threads of the host executor and
+/// the same op on one in every iteration: `vs_one_thread` is the one-thread time over the
+/// two-thread time (the speed-up).
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -33,6 +36,7 @@ namespace act = agoq::activation;
 constexpr std::int64_t rows = 4096;
 constexpr std::int64_t cols = 4096;
 constexpr agoq::quantize_options opt{7, 0};
+constexpr agoq::host_executor two_threads{.threads = 2};
 
 /// A [rows, cols] bfloat16 tensor of normal values (fixed seed), built once per seed.
 std::vector<bfloat16> const& input(std::uint32_t seed) {
@@ -74,6 +78,15 @@ void run(benchmark::State& state, Plain&& plain, Run&& measured, std::int64_t by
   state.counters["vs_plain"] = measured_s / plain_s;
 }
 
+/// The two-thread form: the fused op on two threads against the same op on one.
+template <class Fused>
+void run_threads(benchmark::State& state, Fused&& fused, std::int64_t bytes) {
+  run(
+      state, [&] { fused(agoq::host); }, [&] { fused(two_threads); }, bytes);
+  state.counters["vs_one_thread"] = 1.0 / state.counters["vs_plain"].value;
+  state.counters.erase("vs_plain");
+}
+
 constexpr std::int64_t tensor_bytes = rows * cols * 2;
 
 void rmsnorm(benchmark::State& state, int form) {
@@ -87,10 +100,10 @@ void rmsnorm(benchmark::State& state, int form) {
   auto plain = [&] {
     act::rmsnorm_forward(agoq::host, in(1), ws, 1e-5f, yv, std::span<float>(rstd));
   };
-  auto fused = [&] {
-    act::rmsnorm_forward(agoq::host, in(1), ws, 1e-5f, yv, saved.view(), std::span<float>(rstd),
-                         opt);
+  auto fused_on = [&](agoq::host_executor ex) {
+    act::rmsnorm_forward(ex, in(1), ws, 1e-5f, yv, saved.view(), std::span<float>(rstd), opt);
   };
+  auto fused = [&] { fused_on(agoq::host); };
   auto unfused = [&] {
     plain();
     agoq::quantize(agoq::host, in(1), saved.view(), opt);
@@ -98,6 +111,7 @@ void rmsnorm(benchmark::State& state, int form) {
   if (form == 0) run(state, plain, plain, 2 * tensor_bytes);
   if (form == 1) run(state, plain, fused, 2 * tensor_bytes);
   if (form == 2) run(state, plain, unfused, 2 * tensor_bytes);
+  if (form == 3) run_threads(state, fused_on, 2 * tensor_bytes);
 }
 
 void swiglu(benchmark::State& state, int form) {
@@ -105,9 +119,10 @@ void swiglu(benchmark::State& state, int form) {
   quantized_tensor sg(act::int4_g128, rows, cols), su(act::int4_g128, rows, cols);
   matrix_view<bfloat16> const ov(out.data(), rows, cols);
   auto plain = [&] { act::swiglu_forward(agoq::host, in(1), in(2), ov); };
-  auto fused = [&] {
-    act::swiglu_forward(agoq::host, in(1), in(2), ov, sg.view(), su.view(), opt);
+  auto fused_on = [&](agoq::host_executor ex) {
+    act::swiglu_forward(ex, in(1), in(2), ov, sg.view(), su.view(), opt);
   };
+  auto fused = [&] { fused_on(agoq::host); };
   auto unfused = [&] {
     plain();
     agoq::quantize(agoq::host, in(1), sg.view(), opt);
@@ -116,6 +131,7 @@ void swiglu(benchmark::State& state, int form) {
   if (form == 0) run(state, plain, plain, 3 * tensor_bytes);
   if (form == 1) run(state, plain, fused, 3 * tensor_bytes);
   if (form == 2) run(state, plain, unfused, 3 * tensor_bytes);
+  if (form == 3) run_threads(state, fused_on, 3 * tensor_bytes);
 }
 
 void gelu(benchmark::State& state, int form) {
@@ -123,7 +139,10 @@ void gelu(benchmark::State& state, int form) {
   quantized_tensor saved(act::int4_g128, rows, cols);
   matrix_view<bfloat16> const yv(y.data(), rows, cols);
   auto plain = [&] { act::gelu_forward(agoq::host, in(1), yv); };
-  auto fused = [&] { act::gelu_forward(agoq::host, in(1), yv, saved.view(), opt); };
+  auto fused_on = [&](agoq::host_executor ex) {
+    act::gelu_forward(ex, in(1), yv, saved.view(), opt);
+  };
+  auto fused = [&] { fused_on(agoq::host); };
   auto unfused = [&] {
     plain();
     agoq::quantize(agoq::host, in(1), saved.view(), opt);
@@ -131,6 +150,7 @@ void gelu(benchmark::State& state, int form) {
   if (form == 0) run(state, plain, plain, 2 * tensor_bytes);
   if (form == 1) run(state, plain, fused, 2 * tensor_bytes);
   if (form == 2) run(state, plain, unfused, 2 * tensor_bytes);
+  if (form == 3) run_threads(state, fused_on, 2 * tensor_bytes);
 }
 
 void residual(benchmark::State& state, int form) {
@@ -138,7 +158,10 @@ void residual(benchmark::State& state, int form) {
   quantized_tensor saved(act::int8_g128, rows, cols);
   matrix_view<bfloat16> const sv(sum.data(), rows, cols);
   auto plain = [&] { act::residual_add(agoq::host, in(1), in(2), sv); };
-  auto fused = [&] { act::residual_add(agoq::host, in(1), in(2), sv, saved.view(), opt); };
+  auto fused_on = [&](agoq::host_executor ex) {
+    act::residual_add(ex, in(1), in(2), sv, saved.view(), opt);
+  };
+  auto fused = [&] { fused_on(agoq::host); };
   auto unfused = [&] {
     plain();
     agoq::quantize(agoq::host, matrix_view<bfloat16 const>(sum.data(), rows, cols), saved.view(),
@@ -147,11 +170,12 @@ void residual(benchmark::State& state, int form) {
   if (form == 0) run(state, plain, plain, 3 * tensor_bytes);
   if (form == 1) run(state, plain, fused, 3 * tensor_bytes);
   if (form == 2) run(state, plain, unfused, 3 * tensor_bytes);
+  if (form == 3) run_threads(state, fused_on, 3 * tensor_bytes);
 }
 
 void register_all() {
-  char const* forms[] = {"plain", "fused", "unfused"};
-  for (int f = 0; f < 3; ++f) {
+  char const* forms[] = {"plain", "fused", "unfused", "fused_threads:2"};
+  for (int f = 0; f < 4; ++f) {
     std::string const s = std::string("/") + forms[f] + "/bf16_4096x4096";
     benchmark::RegisterBenchmark(("rmsnorm_forward" + s).c_str(), rmsnorm, f)
         ->UseManualTime()

@@ -11,7 +11,8 @@
 ///
 /// Cases: fp32 AdamW (fp32 m and v, 28 bytes of traffic per parameter), the default 8-bit state
 /// (int8 m, E4M3 sqrt(v), stochastic rounding) with an fp32 gradient, and the same reading an
-/// int8_g128_sym_sr_f32 gradient view (the 8-bit gradient buffer's format).
+/// int8_g128_sym_sr_f32 gradient view (the 8-bit gradient buffer's format); and the default state
+/// on two threads against one (`adamw_8bit/f32_grad/threads:2`).
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -115,6 +116,40 @@ void bm_adamw(benchmark::State& state, agoq::optim::adamw_state_options opt, gra
       memcpy_s > 0.0 ? static_cast<double>(state.iterations() * traffic) / memcpy_s * 1e-9 : 0.0;
 }
 
+/// The default 8-bit step (f32 gradient) on two threads of the host executor, and in every
+/// iteration (timing paused) the same step of a second state on one: `vs_one_thread` is the
+/// one-thread time over the two-thread time (the speed-up, measured over the same seconds).
+void bm_adamw_threads(benchmark::State& state) {
+  using namespace agoq::optim;
+  adamw_state many(parameter_count), one(parameter_count);
+  std::vector<float> wm(normals()), wo(normals());
+  std::vector<float> const& g = normals();
+  adamw_hyper h;
+  h.lr = 1e-5f;
+  h.weight_decay = 0.01f;
+  agoq::host_executor const ex{.threads = 2};
+  auto const step = [&](agoq::host_executor e, adamw_state& s, std::vector<float>& w) {
+    return adamw_step(e, s, h, std::span<float>(w), std::span<float const>(g));
+  };
+  step(ex, many, wm);
+  step(agoq::host, one, wo);
+  double many_s = 0.0;
+  double one_s = 0.0;
+  for (auto _ : state) {
+    auto const t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(step(ex, many, wm));
+    benchmark::ClobberMemory();
+    many_s += seconds_since(t0);
+    state.PauseTiming();
+    auto const t1 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(step(agoq::host, one, wo));
+    benchmark::ClobberMemory();
+    one_s += seconds_since(t1);
+    state.ResumeTiming();
+  }
+  state.counters["vs_one_thread"] = many_s > 0.0 ? one_s / many_s : 0.0;
+}
+
 agoq::optim::adamw_state_options fp32_state() {
   agoq::optim::adamw_state_options o;
   o.m = agoq::optim::moment_format::f32;
@@ -143,6 +178,11 @@ BENCHMARK_CAPTURE(bm_adamw, adamw_8bit / int8_grad, agoq::optim::adamw_state_opt
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(bm_adamw, adamw_8bit_rne / f32_grad, nearest_state(), gradient_kind::f32)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+BENCHMARK(bm_adamw_threads)
+    ->Name("adamw_8bit/f32_grad/threads:2")
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -1,6 +1,6 @@
 /// \file
 /// The CPU executor's quantize, dequantize and measure beside a memcpy of the same bytes, single
-/// thread.
+/// thread; and `threads/...`, quantize and dequantize on several threads against one.
 ///
 /// "The same bytes" is the unquantized tensor in both directions: quantize is measured against a
 /// memcpy of its input (rows x cols elements of the input type), dequantize against a memcpy of
@@ -191,6 +191,43 @@ void bm_measure(benchmark::State& state, std::string const& name) {
   set_counters(state, tensor_bytes, kernel_s, memcpy_s);
 }
 
+/// quantize (or dequantize) of the 64 MiB bf16 tensor with the scheme named by `name` on
+/// state.range(0) threads (0: one per hardware thread), each iteration timing it and then (timing
+/// paused) the same call on one thread; `vs_one_thread` is the summed one-thread time over the
+/// summed time on the threads (the speed-up, measured over the same seconds).
+void bm_threads(benchmark::State& state, std::string const& name, bool decode) {
+  using T = agoq::bfloat16;
+  agoq::spec const s = agoq::spec::parse(name);
+  std::int64_t const rows = tensor_bytes / static_cast<std::int64_t>(sizeof(T)) / tensor_cols;
+  auto const in = agoq::matrix_view<T const>(input<T>(), rows, tensor_cols);
+  agoq::quantized_tensor q(s, rows, tensor_cols);
+  buffer y(tensor_bytes);
+  auto const out = agoq::matrix_view<T>(reinterpret_cast<T*>(y.data.get()), rows, tensor_cols);
+  agoq::host_executor const many{.threads = static_cast<int>(state.range(0))};
+  auto const call = [&](agoq::host_executor ex) {
+    return decode ? agoq::dequantize(ex, std::as_const(q).view(), out)
+                  : agoq::quantize(ex, in, q.view(), agoq::quantize_options{1234, 0});
+  };
+  agoq::quantize(agoq::host, in, q.view(), agoq::quantize_options{1234, 0});
+  call(agoq::host);  // every page of the output written once before timing
+  double many_s = 0.0;
+  double one_s = 0.0;
+  for (auto _ : state) {
+    auto const t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(call(many));
+    benchmark::ClobberMemory();
+    many_s += seconds_since(t0);
+    state.PauseTiming();
+    auto const t1 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(call(agoq::host));
+    benchmark::ClobberMemory();
+    one_s += seconds_since(t1);
+    state.ResumeTiming();
+  }
+  state.SetBytesProcessed(state.iterations() * tensor_bytes);
+  state.counters["vs_one_thread"] = many_s > 0.0 ? one_s / many_s : 0.0;
+}
+
 /// The schemes measured: the two targets (int8 and int4, g128) and, so that their cost is known,
 /// stochastic rounding, an asymmetric code, MXFP8 and FP8 stochastic rounding (the 8-bit AdamW
 /// second moment's format).
@@ -235,6 +272,19 @@ int main(int argc, char** argv) {
       ->UseRealTime();
   register_type<agoq::bfloat16>();
   register_type<float>();
+  for (std::string const name : {"int8_g128_sym_rne_f32", "int4_g128_sym_sr_f32"}) {
+    for (bool decode : {false, true}) {
+      std::string const op = decode ? "dequantize" : "quantize";
+      benchmark::RegisterBenchmark(
+          ("threads/" + op + "/bfloat16/" + name).c_str(),
+          [name, decode](benchmark::State& st) { bm_threads(st, name, decode); })
+          ->ArgName("threads")
+          ->Arg(2)
+          ->Arg(0)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -13,21 +13,13 @@
 
 #include "detail/host/engine.hpp"
 #include "error.hpp"
+#include "host_executor.hpp"
 #include "layout/matrix.hpp"
 #include "layout/view.hpp"
 #include "numeric/element.hpp"
 #include "scheme/dispatch.hpp"
 
 namespace agoq {
-
-/// The host executor. `simd = false` forces the portable loops (used by the tests, and where a
-/// caller wants to compare); the result is the same either way.
-struct host_executor {
-  bool simd = true;
-};
-
-/// The default host executor.
-inline constexpr host_executor host{};
 
 /// True when the CPU executor was compiled with its AVX-512 loops (AVX-512 F, BW and VL enabled
 /// for the including translation unit); otherwise it runs the portable loops.
@@ -86,8 +78,8 @@ std::int64_t quantize(host_executor ex, matrix_view<In> in, quantized_view out,
   T const* x = in.data_handle();
   return dispatch_code<Codes>(out.spec, [&](auto code) {
     return dispatch_rounding(out.spec, [&](auto rounding) {
-      return detail::host::quantize<decltype(code), decltype(rounding)>(
-          x, out, opt.seed, opt.offset, ex.simd && detail::host::simd_available);
+      return detail::host::quantize<decltype(code), decltype(rounding)>(ex, x, out, opt.seed,
+                                                                        opt.offset);
     });
   });
 }
@@ -104,8 +96,7 @@ std::int64_t dequantize(host_executor ex, const_quantized_view in, matrix_view<O
   detail::check_data(out.data_handle(), out.size(), "dequantize");
   if (out.size() == 0) return 0;
   return dispatch_code<Codes>(in.spec, [&](auto code) {
-    return detail::host::dequantize<decltype(code)>(in, out.data_handle(),
-                                                    ex.simd && detail::host::simd_available);
+    return detail::host::dequantize<decltype(code)>(ex, in, out.data_handle());
   });
 }
 
@@ -137,8 +128,8 @@ std::int64_t fake_quantize(host_executor ex, spec const& s, matrix_view<In> in,
   return dispatch_code<Codes>(s, [&](auto code) {
     return dispatch_rounding(s, [&](auto rounding) {
       return detail::host::fake_quantize<decltype(code), decltype(rounding)>(
-          s, in.extent(0), in.extent(1), in.data_handle(), out.data_handle(), opt.seed, opt.offset,
-          ex.simd && detail::host::simd_available);
+          ex, s, in.extent(0), in.extent(1), in.data_handle(), out.data_handle(), opt.seed,
+          opt.offset);
     });
   });
 }

@@ -37,7 +37,9 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../detail/host/engine.hpp"
@@ -321,11 +323,12 @@ class group_saver {
   }
 
   /// read_group of the group after group k of row r (the next row's first after a row's last;
-  /// none after the last row), so that its parameters are ready by the time its codes begin:
-  /// called after begin(r, k), it leaves that group's codes as they are.
-  std::int64_t read_next(T const* x, std::int64_t r, std::int64_t k) {
+  /// none from row `end` on: the rows of this saver end there), so that its parameters are ready
+  /// by the time its codes begin: called after begin(r, k), it leaves that group's codes as they
+  /// are.
+  std::int64_t read_next(T const* x, std::int64_t r, std::int64_t k, std::int64_t end) {
     if ((k + 1) * layout_.tile.cols < layout_.cols) return read_group(x, r, k + 1);
-    return r + 1 < layout_.rows ? read_group(x, r + 1, 0) : 0;
+    return r + 1 < end ? read_group(x, r + 1, 0) : 0;
   }
 
   /// Nothing to do per row: the groups are done one by one.
@@ -424,6 +427,25 @@ std::int64_t with_saver(host_executor ex, quantized_view const* v, quantize_opti
     row_saver<T, Codes> s(ex, *v, opt);
     return f(s);
   }
+}
+
+/// The saved copy's pass over the whole tensor x (of element type T, into *v) where its groups
+/// span rows (the saver's whole(); nothing otherwise or under no_codes): before the op's rows
+/// for an input, which the op's output may overwrite, after them for an output.
+template <class T, class Codes>
+std::int64_t save_whole(host_executor ex, quantized_view const* v, quantize_options opt,
+                        T const* x) {
+  return with_saver<T, Codes>(ex, v, opt, [&](auto& save) { return save.whole(x); });
+}
+
+/// Runs f(save, r0, r1) over ranges of the rows [0, rows) (of `cols` elements) on the executor's
+/// threads, each range with a saver of its own (with_saver), and returns the sum.
+template <class T, class Codes, class F>
+std::int64_t save_rows(host_executor ex, quantized_view const* v, quantize_options opt,
+                       std::int64_t rows, std::int64_t cols, F&& f) {
+  return agoq::detail::host::sum_over_rows(ex, rows, cols, [&](std::int64_t r0, std::int64_t r1) {
+    return with_saver<T, Codes>(ex, v, opt, [&](auto& save) { return f(save, r0, r1); });
+  });
 }
 
 /// Reads a saved tensor row by row, decoded into a row-sized fp32 buffer; its code family is one
@@ -739,12 +761,13 @@ template <class F>
 /// a load in the chain of every fma, and the plain op ran 1.4-2.1x slower in paired runs.
 template <class S, class X, class W, class Y>
 [[gnu::noinline]] std::int64_t rmsnorm_rows(X const* x, W const* w, float eps, Y* y, float* rstd,
-                                            std::int64_t rows, std::int64_t cols, S& save) {
+                                            std::int64_t r0, std::int64_t r1, std::int64_t cols,
+                                            S& save) {
   namespace h = agoq::detail::host;
-  std::int64_t nonfinite = save.whole(x);
+  std::int64_t nonfinite = 0;
   std::int64_t const g = save.width(cols);
   float const inv_cols = 1.0f / static_cast<float>(cols);
-  for (std::int64_t r = 0; r < rows; ++r) {
+  for (std::int64_t r = r0; r < r1; ++r) {
     X const* xr = x + r * cols;
     Y* yr = y + r * cols;
     __m512 acc = _mm512_setzero_ps();
@@ -792,12 +815,12 @@ template <class S, class X, class W, class Y>
 /// written (in the sum's arrangement of a step) and folded, read back as stored, into the
 /// group's statistics; its codes follow from the L1 cache before the next group streams in.
 template <class S, class A, class B, class T>
-std::int64_t residual_rows(A const* a, B const* b, T* sum, std::int64_t rows, std::int64_t cols,
-                           S& save) {
+std::int64_t residual_rows(A const* a, B const* b, T* sum, std::int64_t r0, std::int64_t r1,
+                           std::int64_t cols, S& save) {
   namespace h = agoq::detail::host;
   std::int64_t nonfinite = 0;
   std::int64_t const g = save.width(cols);
-  for (std::int64_t r = 0; r < rows; ++r) {
+  for (std::int64_t r = r0; r < r1; ++r) {
     A const* ar = a + r * cols;
     B const* br = b + r * cols;
     T* sr = sum + r * cols;
@@ -825,18 +848,18 @@ std::int64_t residual_rows(A const* a, B const* b, T* sum, std::int64_t rows, st
     }
     nonfinite += save.row(sr, r);
   }
-  return nonfinite + save.whole(sum);
+  return nonfinite;
 }
 
 #else
 
 /// RMSNorm rows with the portable loops, the saving of x by a row_saver.
 template <class S, class X, class W, class Y>
-std::int64_t rmsnorm_rows(X const* x, W const* w, float eps, Y* y, float* rstd, std::int64_t rows,
-                          std::int64_t cols, S& save) {
-  std::int64_t nonfinite = save.whole(x);
+std::int64_t rmsnorm_rows(X const* x, W const* w, float eps, Y* y, float* rstd, std::int64_t r0,
+                          std::int64_t r1, std::int64_t cols, S& save) {
+  std::int64_t nonfinite = 0;
   float const inv_cols = 1.0f / static_cast<float>(cols);
-  for (std::int64_t r = 0; r < rows; ++r) {
+  for (std::int64_t r = r0; r < r1; ++r) {
     X const* xr = x + r * cols;
     // The sum of squares streams the row in from memory; the quantization then reads it hot.
     float const ss = lane_sum(
@@ -854,10 +877,10 @@ std::int64_t rmsnorm_rows(X const* x, W const* w, float eps, Y* y, float* rstd, 
 
 /// Residual-add rows with the portable loops, the saving of the sum by a row_saver.
 template <class S, class A, class B, class T>
-std::int64_t residual_rows(A const* a, B const* b, T* sum, std::int64_t rows, std::int64_t cols,
-                           S& save) {
+std::int64_t residual_rows(A const* a, B const* b, T* sum, std::int64_t r0, std::int64_t r1,
+                           std::int64_t cols, S& save) {
   std::int64_t nonfinite = 0;
-  for (std::int64_t r = 0; r < rows; ++r) {
+  for (std::int64_t r = r0; r < r1; ++r) {
     A const* ar = a + r * cols;
     B const* br = b + r * cols;
     T* sr = sum + r * cols;
@@ -866,7 +889,7 @@ std::int64_t residual_rows(A const* a, B const* b, T* sum, std::int64_t rows, st
     }
     nonfinite += save.row(sr, r);
   }
-  return nonfinite + save.whole(sum);
+  return nonfinite;
 }
 
 #endif  // AGOQ_HOST_AVX512
@@ -882,59 +905,83 @@ std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> we
   char const* what = "rmsnorm_forward";
   check_rmsnorm_outputs(x, weight, y, rstd, what);
   if (x.size() == 0) return 0;
-  return with_saver<std::remove_const_t<X>, Codes>(ex, saved, opt, [&](auto& save) {
-    return rmsnorm_rows(x.data_handle(), weight.data(), eps, y.data_handle(), rstd.data(), rows,
-                        cols, save);
-  });
+  using T = std::remove_const_t<X>;
+  std::int64_t const nonfinite = save_whole<T, Codes>(ex, saved, opt, x.data_handle());
+  return nonfinite + save_rows<T, Codes>(ex, saved, opt, rows, cols,
+                                         [&](auto& save, std::int64_t r0, std::int64_t r1) {
+                                           return rmsnorm_rows(x.data_handle(), weight.data(), eps,
+                                                               y.data_handle(), rstd.data(), r0, r1,
+                                                               cols, save);
+                                         });
 }
 
 /// Columns per piece of a row that SwiGLU and GeLU save and then compute while it is in the L1
 /// cache (row_saver::step): 1024 made the fused SwiGLU about 7% faster than whole 4096-wide rows.
 inline constexpr std::int64_t save_step_target = 1024;
 
-/// SwiGLU forward, saving gate and up through their savers (which may save nothing).
-template <class G, class U, class O, class Codes>
-std::int64_t swiglu_forward(matrix_view<G> gate, matrix_view<U> up, matrix_view<O> out,
-                            row_saver<std::remove_const_t<G>, Codes>& gate_saver,
-                            row_saver<std::remove_const_t<U>, Codes>& up_saver) {
+/// SwiGLU forward, saving gate into *saved_gate and up into *saved_up (their code families among
+/// Codes), or nothing under no_codes (both null).
+template <class Codes, class G, class U, class O>
+std::int64_t swiglu_forward(host_executor ex, matrix_view<G> gate, matrix_view<U> up,
+                            matrix_view<O> out, quantized_view const* saved_gate,
+                            quantized_view const* saved_up, quantize_options opt) {
   std::int64_t const rows = gate.extent(0);
   std::int64_t const cols = gate.extent(1);
   char const* what = "swiglu_forward";
   check_binary(gate, up, out, what, "gate", "up", "out");
   if (gate.size() == 0) return 0;
+  using GT = std::remove_const_t<G>;
+  using UT = std::remove_const_t<U>;
   using OT = std::remove_const_t<O>;
   auto const* gp = gate.data_handle();
   auto const* up_p = up.data_handle();
   OT* op = out.data_handle();
-  std::int64_t nonfinite = gate_saver.whole(gp) + up_saver.whole(up_p);
+  quantize_options const up_opt{opt.seed, opt.offset + static_cast<std::uint64_t>(rows * cols)};
+  auto const savers = [&] {
+    if constexpr (std::is_same_v<Codes, no_codes>) {
+      return std::pair<row_saver<GT, Codes>, row_saver<UT, Codes>>();
+    } else {
+      return std::pair<row_saver<GT, Codes>, row_saver<UT, Codes>>(
+          std::piecewise_construct, std::forward_as_tuple(ex, *saved_gate, opt),
+          std::forward_as_tuple(ex, *saved_up, up_opt));
+    }
+  };
+  auto first = savers();
+  std::int64_t const nonfinite = first.first.whole(gp) + first.second.whole(up_p);
   // Both saves and the op's loop go over the same pieces of a row (the whole row unless both
   // savers agree on a step), the saves first: out may be gate or up itself.
-  std::int64_t const gs = gate_saver.step(cols, save_step_target);
-  std::int64_t const step = gs == up_saver.step(cols, save_step_target) ? gs : cols;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    auto const* gr = gp + r * cols;
-    auto const* ur = up_p + r * cols;
-    OT* orow = op + r * cols;
-    for (std::int64_t c = 0; c < cols; c += step) {
-      std::int64_t const e = std::min(cols, c + step);
-      nonfinite += gate_saver.range(gr, r, c, e) + up_saver.range(ur, r, c, e);
-      for (std::int64_t i = c; i < e; ++i) {
-        orow[i] =
-            numeric::from_float<OT>(swiglu(numeric::to_float(gr[i]), numeric::to_float(ur[i])));
+  std::int64_t const gs = first.first.step(cols, save_step_target);
+  std::int64_t const step = gs == first.second.step(cols, save_step_target) ? gs : cols;
+  auto const run = [&](std::int64_t r0, std::int64_t r1) {
+    auto s = savers();
+    auto& [gate_saver, up_saver] = s;
+    std::int64_t count = 0;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      auto const* gr = gp + r * cols;
+      auto const* ur = up_p + r * cols;
+      OT* orow = op + r * cols;
+      for (std::int64_t c = 0; c < cols; c += step) {
+        std::int64_t const e = std::min(cols, c + step);
+        count += gate_saver.range(gr, r, c, e) + up_saver.range(ur, r, c, e);
+        for (std::int64_t i = c; i < e; ++i) {
+          orow[i] =
+              numeric::from_float<OT>(swiglu(numeric::to_float(gr[i]), numeric::to_float(ur[i])));
+        }
       }
     }
-  }
-  return nonfinite;
+    return count;
+  };
+  return nonfinite + agoq::detail::host::sum_over_rows(ex, rows, cols, run);
 }
 
 /// GeLU rows, the saving of x by a row_saver: the save of each piece of a row first, then the op
 /// on it from the L1 cache (y may be x).
 template <class X, class Y, class Codes>
-std::int64_t gelu_rows(X const* x, Y* y, std::int64_t rows, std::int64_t cols,
+std::int64_t gelu_rows(X const* x, Y* y, std::int64_t r0, std::int64_t r1, std::int64_t cols,
                        row_saver<X, Codes>& saver) {
-  std::int64_t nonfinite = saver.whole(x);
+  std::int64_t nonfinite = 0;
   std::int64_t const step = saver.step(cols, save_step_target);
-  for (std::int64_t r = 0; r < rows; ++r) {
+  for (std::int64_t r = r0; r < r1; ++r) {
     X const* xr = x + r * cols;
     Y* yr = y + r * cols;
     for (std::int64_t c = 0; c < cols; c += step) {
@@ -958,17 +1005,17 @@ std::int64_t gelu_rows(X const* x, Y* y, std::int64_t rows, std::int64_t cols,
 /// latency hides under the previous group's steps. y may be x itself (a step is written after it
 /// is read).
 template <code_format Code, rounding_kind Rounding, class X, class Y>
-std::int64_t gelu_rows(X const* x, Y* y, std::int64_t rows, std::int64_t cols,
+std::int64_t gelu_rows(X const* x, Y* y, std::int64_t r0, std::int64_t r1, std::int64_t cols,
                        group_saver<Code, Rounding, X>& save) {
   namespace h = agoq::detail::host;
   std::int64_t const g = save.width(cols);
-  std::int64_t nonfinite = save.read_group(x, 0, 0);
-  for (std::int64_t r = 0; r < rows; ++r) {
+  std::int64_t nonfinite = save.read_group(x, r0, 0);
+  for (std::int64_t r = r0; r < r1; ++r) {
     X const* xr = x + r * cols;
     Y* yr = y + r * cols;
     for (std::int64_t b = 0, k = 0; b < cols; b += g, ++k) {
       auto const codes = save.begin(r, k);
-      nonfinite += save.read_next(x, r, k);
+      nonfinite += save.read_next(x, r, k, r1);
       auto const step = [&](std::int64_t j, std::int64_t left)
           __attribute__((always_inline, flatten)) {
         h::step_values const v = h::load_step(xr + j, left);
@@ -998,9 +1045,13 @@ std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y,
   std::int64_t const cols = x.extent(1);
   check_unary(x, y, "gelu_forward");
   if (x.size() == 0) return 0;
-  return with_saver<std::remove_const_t<X>, Codes>(ex, saved, opt, [&](auto& save) {
-    return gelu_rows(x.data_handle(), y.data_handle(), rows, cols, save);
-  });
+  using T = std::remove_const_t<X>;
+  std::int64_t const nonfinite = save_whole<T, Codes>(ex, saved, opt, x.data_handle());
+  return nonfinite +
+         save_rows<T, Codes>(
+             ex, saved, opt, rows, cols, [&](auto& save, std::int64_t r0, std::int64_t r1) {
+               return gelu_rows(x.data_handle(), y.data_handle(), r0, r1, cols, save);
+             });
 }
 
 /// Residual add, saving the sum into *saved (its code family one of Codes), or nothing under
@@ -1013,9 +1064,12 @@ std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b, 
   char const* what = "residual_add";
   check_binary(a, b, sum, what, "a", "b", "sum");
   if (a.size() == 0) return 0;
-  return with_saver<S, Codes>(ex, saved, opt, [&](auto& save) {
-    return residual_rows(a.data_handle(), b.data_handle(), sum.data_handle(), rows, cols, save);
-  });
+  std::int64_t const nonfinite = save_rows<S, Codes>(
+      ex, saved, opt, rows, cols, [&](auto& save, std::int64_t r0, std::int64_t r1) {
+        return residual_rows(a.data_handle(), b.data_handle(), sum.data_handle(), r0, r1, cols,
+                             save);
+      });
+  return nonfinite + save_whole<S, Codes>(ex, saved, opt, sum.data_handle());
 }
 
 /// Counts the non-finite values of a gradient row.
@@ -1097,42 +1151,58 @@ std::int64_t rmsnorm_backward(host_executor ex, matrix_view<DY> dy, const_quanti
   std::int64_t const cols = dy.extent(1);
   if (dy.size() == 0) return 0;
   using DT = std::remove_const_t<DX>;
-  fused_detail::row_loader<Codes> loader(ex, saved_x);
   auto const* dyp = dy.data_handle();
   DT* dxp = dx.data_handle();
   W const* w = weight.data();
   float* dwp = dweight.data();
   float const inv_cols = 1.0f / static_cast<float>(cols);
+  // dweight is summed in blocks of rows, each folded from 0 in row order and added to dweight in
+  // block order. One thread adds each block as it ends; several keep every block's sum until all
+  // have joined, then add them in the same order: the same bits.
   std::int64_t const block = fused_detail::dweight_block_rows(rows);
-  std::vector<float> partial(static_cast<std::size_t>(cols));
-  std::int64_t nonfinite = 0;
-  std::int64_t bad_scales = 0;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    if (r % block == 0) std::fill(partial.begin(), partial.end(), 0.0f);
-    auto const* dyr = dyp + r * cols;
-    float const* xh = loader.row(r, bad_scales);
-    nonfinite += fused_detail::count_nonfinite(dyr, cols);
-    float const rs = rstd[static_cast<std::size_t>(r)];
-    float const c =
-        fused_detail::lane_sum(cols,
-                               [&](std::int64_t i, float& a, float& b) {
-                                 a = numeric::to_float(w[i]) * numeric::to_float(dyr[i]);
-                                 b = xh[i];
-                               }) *
-        inv_cols;
-    float const k = (rs * rs) * c;
-    DT* dxr = dxp + r * cols;
-    for (std::int64_t i = 0; i < cols; ++i) {
-      float const d = numeric::to_float(dyr[i]);
-      partial[static_cast<std::size_t>(i)] =
-          std::fma(d * xh[i], rs, partial[static_cast<std::size_t>(i)]);
-      dxr[i] = numeric::from_float<DT>(rs * std::fma(numeric::to_float(w[i]), d, -(xh[i] * k)));
+  std::int64_t const blocks = (rows + block - 1) / block;
+  int const threads = agoq::detail::host::call_threads(ex, blocks, block * cols);
+  std::vector<float> block_sums(threads > 1 ? static_cast<std::size_t>(blocks * cols) : 0);
+  auto const run = [&](std::int64_t b0, std::int64_t b1) {
+    fused_detail::row_loader<Codes> loader(ex, saved_x);
+    std::vector<float> own(threads > 1 ? 0 : static_cast<std::size_t>(cols));
+    std::int64_t nonfinite = 0;
+    std::int64_t bad_scales = 0;
+    for (std::int64_t bi = b0; bi < b1; ++bi) {
+      float* partial = threads > 1 ? block_sums.data() + bi * cols : own.data();
+      std::fill(partial, partial + cols, 0.0f);
+      for (std::int64_t r = bi * block, end = std::min(rows, r + block); r < end; ++r) {
+        auto const* dyr = dyp + r * cols;
+        float const* xh = loader.row(r, bad_scales);
+        nonfinite += fused_detail::count_nonfinite(dyr, cols);
+        float const rs = rstd[static_cast<std::size_t>(r)];
+        float const c =
+            fused_detail::lane_sum(cols,
+                                   [&](std::int64_t i, float& a, float& b) {
+                                     a = numeric::to_float(w[i]) * numeric::to_float(dyr[i]);
+                                     b = xh[i];
+                                   }) *
+            inv_cols;
+        float const k = (rs * rs) * c;
+        DT* dxr = dxp + r * cols;
+        for (std::int64_t i = 0; i < cols; ++i) {
+          float const d = numeric::to_float(dyr[i]);
+          partial[i] = std::fma(d * xh[i], rs, partial[i]);
+          dxr[i] = numeric::from_float<DT>(rs * std::fma(numeric::to_float(w[i]), d, -(xh[i] * k)));
+        }
+      }
+      if (threads == 1) {
+        for (std::int64_t i = 0; i < cols; ++i) dwp[i] += partial[i];
+      }
     }
-    if (r % block == block - 1 || r == rows - 1) {
-      for (std::int64_t i = 0; i < cols; ++i) dwp[i] += partial[static_cast<std::size_t>(i)];
-    }
+    return nonfinite + bad_scales;
+  };
+  std::int64_t const count = agoq::detail::host::parallel_sum(threads, blocks, run);
+  for (std::int64_t bi = 0; bi < (threads > 1 ? blocks : 0); ++bi) {
+    float const* partial = block_sums.data() + bi * cols;
+    for (std::int64_t i = 0; i < cols; ++i) dwp[i] += partial[i];
   }
-  return nonfinite + bad_scales;
+  return count;
 }
 
 /// SwiGLU forward, fused with saving both inputs: out = silu(gate) * up, silu(g) = g / (1 + e^-g),
@@ -1155,21 +1225,17 @@ std::int64_t swiglu_forward(host_executor ex, matrix_view<G> gate, matrix_view<U
   fused_detail::check_saved(saved_up, rows, cols, "swiglu_forward", "saved_up");
   require_code<Codes>(saved_gate.spec);
   require_code<Codes>(saved_up.spec);
-  fused_detail::row_saver<std::remove_const_t<G>, Codes> gs(ex, saved_gate, opt);
-  fused_detail::row_saver<std::remove_const_t<U>, Codes> us(
-      ex, saved_up, {opt.seed, opt.offset + static_cast<std::uint64_t>(rows * cols)});
-  return fused_detail::swiglu_forward(gate, up, out, gs, us);
+  return fused_detail::swiglu_forward<Codes>(ex, gate, up, out, &saved_gate, &saved_up, opt);
 }
 
 /// The plain SwiGLU forward (no saved copies), same output bits. Returns 0. Host only;
 /// synchronous.
 /// \throws agoq::invalid_argument as the fused overload.
 template <fused_input G, fused_input U, fused_output O>
-std::int64_t swiglu_forward(host_executor, matrix_view<G> gate, matrix_view<U> up,
+std::int64_t swiglu_forward(host_executor ex, matrix_view<G> gate, matrix_view<U> up,
                             matrix_view<O> out) {
-  fused_detail::row_saver<std::remove_const_t<G>, fused_detail::no_codes> gs;
-  fused_detail::row_saver<std::remove_const_t<U>, fused_detail::no_codes> us;
-  return fused_detail::swiglu_forward(gate, up, out, gs, us);
+  return fused_detail::swiglu_forward<fused_detail::no_codes>(ex, gate, up, out, nullptr, nullptr,
+                                                              {});
 }
 
 /// SwiGLU backward from the quantized inputs: with ĝ, û decoded in fp32 and s = sigmoid(ĝ),
@@ -1194,25 +1260,28 @@ std::int64_t swiglu_backward(host_executor ex, matrix_view<D> dout, const_quanti
   if (dout.size() == 0) return 0;
   using GT = std::remove_const_t<DG>;
   using UT = std::remove_const_t<DU>;
-  fused_detail::row_loader<Codes> gl(ex, saved_gate);
-  fused_detail::row_loader<Codes> ul(ex, saved_up);
-  std::int64_t nonfinite = 0;
-  std::int64_t bad_scales = 0;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    auto const* dr = dout.data_handle() + r * cols;
-    float const* g = gl.row(r, bad_scales);
-    float const* u = ul.row(r, bad_scales);
-    nonfinite += fused_detail::count_nonfinite(dr, cols);
-    GT* dgr = dgate.data_handle() + r * cols;
-    UT* dur = dup.data_handle() + r * cols;
-    for (std::int64_t i = 0; i < cols; ++i) {
-      float dg, du;
-      fused_detail::swiglu_grads(numeric::to_float(dr[i]), g[i], u[i], dg, du);
-      dur[i] = numeric::from_float<UT>(du);
-      dgr[i] = numeric::from_float<GT>(dg);
+  auto const run = [&](std::int64_t r0, std::int64_t r1) {
+    fused_detail::row_loader<Codes> gl(ex, saved_gate);
+    fused_detail::row_loader<Codes> ul(ex, saved_up);
+    std::int64_t nonfinite = 0;
+    std::int64_t bad_scales = 0;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      auto const* dr = dout.data_handle() + r * cols;
+      float const* g = gl.row(r, bad_scales);
+      float const* u = ul.row(r, bad_scales);
+      nonfinite += fused_detail::count_nonfinite(dr, cols);
+      GT* dgr = dgate.data_handle() + r * cols;
+      UT* dur = dup.data_handle() + r * cols;
+      for (std::int64_t i = 0; i < cols; ++i) {
+        float dg, du;
+        fused_detail::swiglu_grads(numeric::to_float(dr[i]), g[i], u[i], dg, du);
+        dur[i] = numeric::from_float<UT>(du);
+        dgr[i] = numeric::from_float<GT>(dg);
+      }
     }
-  }
-  return nonfinite + bad_scales;
+    return nonfinite + bad_scales;
+  };
+  return agoq::detail::host::sum_over_rows(ex, rows, cols, run);
 }
 
 /// GeLU forward (tanh approximation: y = x/2 · (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3),
@@ -1259,19 +1328,22 @@ std::int64_t gelu_backward(host_executor ex, matrix_view<DY> dy, const_quantized
   std::int64_t const cols = dy.extent(1);
   if (dy.size() == 0) return 0;
   using DT = std::remove_const_t<DX>;
-  fused_detail::row_loader<Codes> loader(ex, saved_x);
-  std::int64_t nonfinite = 0;
-  std::int64_t bad_scales = 0;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    auto const* dr = dy.data_handle() + r * cols;
-    float const* x = loader.row(r, bad_scales);
-    nonfinite += fused_detail::count_nonfinite(dr, cols);
-    DT* dxr = dx.data_handle() + r * cols;
-    for (std::int64_t i = 0; i < cols; ++i) {
-      dxr[i] = numeric::from_float<DT>(fused_detail::gelu_grad(numeric::to_float(dr[i]), x[i]));
+  auto const run = [&](std::int64_t r0, std::int64_t r1) {
+    fused_detail::row_loader<Codes> loader(ex, saved_x);
+    std::int64_t nonfinite = 0;
+    std::int64_t bad_scales = 0;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      auto const* dr = dy.data_handle() + r * cols;
+      float const* x = loader.row(r, bad_scales);
+      nonfinite += fused_detail::count_nonfinite(dr, cols);
+      DT* dxr = dx.data_handle() + r * cols;
+      for (std::int64_t i = 0; i < cols; ++i) {
+        dxr[i] = numeric::from_float<DT>(fused_detail::gelu_grad(numeric::to_float(dr[i]), x[i]));
+      }
     }
-  }
-  return nonfinite + bad_scales;
+    return nonfinite + bad_scales;
+  };
+  return agoq::detail::host::sum_over_rows(ex, rows, cols, run);
 }
 
 /// Residual add, fused with saving the sum: sum = a + b (fp32, rounded to the sum's type), and

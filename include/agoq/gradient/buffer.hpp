@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../detail/host/parallel.hpp"
 #include "../error.hpp"
 #include "../layout/matrix.hpp"
 #include "../layout/tensor.hpp"
@@ -135,17 +136,29 @@ class gradient_buffer {
       nonfinite = quantize<detail::payload_codes>(
           ex, as_row(static_cast<T const*>(g.data()), size()), v, {key, 0});
     } else {
+      // Pieces of whole groups, each decoded, added to and requantized on its own: split among
+      // the executor's threads (one thread uses the buffer's scratch, more their own).
       std::int64_t const piece = detail::piece_elements(opt_.group_size);
-      float* acc = scratch_.data();
-      for (std::int64_t b = 0; b < size(); b += piece) {
-        std::int64_t const n = std::min(piece, size() - b);
-        quantized_view const part = sub_view(v, b, n);
-        dequantize<detail::payload_codes>(ex, const_quantized_view(part), as_row(acc, n));
-        T const* x = g.data() + b;
-        for (std::int64_t i = 0; i < n; ++i) acc[i] = acc[i] + numeric::to_float(x[i]);
-        nonfinite += quantize<detail::payload_codes>(ex, as_row(static_cast<float const*>(acc), n),
-                                                     part, {key, static_cast<std::uint64_t>(b)});
-      }
+      std::int64_t const pieces = (size() + piece - 1) / piece;
+      int const threads = agoq::detail::host::call_threads(ex, pieces, piece);
+      host_executor const one{.simd = ex.simd};
+      nonfinite =
+          agoq::detail::host::parallel_sum(threads, pieces, [&](std::int64_t p0, std::int64_t p1) {
+            std::vector<float> own(threads > 1 ? static_cast<std::size_t>(piece) : 0);
+            float* acc = threads > 1 ? own.data() : scratch_.data();
+            std::int64_t count = 0;
+            for (std::int64_t b = p0 * piece; b < std::min(size(), p1 * piece); b += piece) {
+              std::int64_t const n = std::min(piece, size() - b);
+              quantized_view const part = sub_view(v, b, n);
+              dequantize<detail::payload_codes>(one, const_quantized_view(part), as_row(acc, n));
+              T const* x = g.data() + b;
+              for (std::int64_t i = 0; i < n; ++i) acc[i] = acc[i] + numeric::to_float(x[i]);
+              count +=
+                  quantize<detail::payload_codes>(one, as_row(static_cast<float const*>(acc), n),
+                                                  part, {key, static_cast<std::uint64_t>(b)});
+            }
+            return count;
+          });
     }
     empty_ = false;
     nonfinite_ += nonfinite;

@@ -30,6 +30,7 @@
 
 #include <cuda/std/cmath>
 
+#include "../detail/host/parallel.hpp"
 #include "../detail/host/segment.hpp"
 #include "../detail/host/simd.hpp"
 #include "../device/partition.hpp"
@@ -636,24 +637,38 @@ std::int64_t adamw_step_impl(host_executor ex, adamw_state& s, adamw_hyper const
   std::uint64_t const seed_m = stream_seed(s.opt_.seed, t, 0);
   std::uint64_t const seed_v = stream_seed(s.opt_.seed, t, 1);
   bool const sqrt_v = stores_sqrt(s.v_.format());
-  std::int64_t skipped = 0;
-  for (std::int64_t b = 0; b < n; b += s.chunk_) {
-    std::int64_t const k = std::min(s.chunk_, n - b);
-    float const* g = grad.chunk(b, k, s.scratch_g_.data(), ex);
-    float const* m_in = s.m_.load(b, k, s.scratch_m_.data(), ex);
-    float const* v_in = s.v_.load(b, k, s.scratch_v_.data(), ex);
-    float* m = s.m_.target(b, s.scratch_m_.data());
-    float* v = s.v_.target(b, s.scratch_v_.data());
-    if (m != m_in) std::memmove(m, m_in, static_cast<std::size_t>(k) * 4);
-    if (v != v_in) std::memmove(v, v_in, static_cast<std::size_t>(k) * 4);
-    float* const mb = master ? master + b : nullptr;
-    std::int64_t const ok =
-        sqrt_v ? detail::adamw_update_run<true>(c, g, w + b, mb, m, v, k, ex.simd)
-               : detail::adamw_update_run<false>(c, g, w + b, mb, m, v, k, ex.simd);
-    skipped += k - ok;
-    s.m_.store(b, k, m, seed_m, ex);
-    s.v_.store(b, k, v, seed_v, ex);
-  }
+  // The chunks are independent (whole blocks, stream positions by element index): split among
+  // the executor's threads, one thread with the state's scratch, more with their own.
+  std::int64_t const chunk = s.chunk_;
+  std::int64_t const chunks = (n + chunk - 1) / chunk;
+  int const threads = agoq::detail::host::call_threads(ex, chunks, chunk);
+  host_executor const one{.simd = ex.simd};
+  std::int64_t const skipped =
+      agoq::detail::host::parallel_sum(threads, chunks, [&](std::int64_t c0, std::int64_t c1) {
+        std::vector<float> own(threads > 1 ? static_cast<std::size_t>(3 * chunk) : 0);
+        float* const sg = threads > 1 ? own.data() : s.scratch_g_.data();
+        float* const sm = threads > 1 ? own.data() + chunk : s.scratch_m_.data();
+        float* const sv = threads > 1 ? own.data() + 2 * chunk : s.scratch_v_.data();
+        std::int64_t count = 0;
+        for (std::int64_t b = c0 * chunk; b < std::min(n, c1 * chunk); b += chunk) {
+          std::int64_t const k = std::min(chunk, n - b);
+          float const* g = grad.chunk(b, k, sg, one);
+          float const* m_in = s.m_.load(b, k, sm, one);
+          float const* v_in = s.v_.load(b, k, sv, one);
+          float* m = s.m_.target(b, sm);
+          float* v = s.v_.target(b, sv);
+          if (m != m_in) std::memmove(m, m_in, static_cast<std::size_t>(k) * 4);
+          if (v != v_in) std::memmove(v, v_in, static_cast<std::size_t>(k) * 4);
+          float* const mb = master ? master + b : nullptr;
+          std::int64_t const ok =
+              sqrt_v ? detail::adamw_update_run<true>(c, g, w + b, mb, m, v, k, ex.simd)
+                     : detail::adamw_update_run<false>(c, g, w + b, mb, m, v, k, ex.simd);
+          count += k - ok;
+          s.m_.store(b, k, m, seed_m, one);
+          s.v_.store(b, k, v, seed_v, one);
+        }
+        return count;
+      });
   ++s.step_;
   return skipped;
 }

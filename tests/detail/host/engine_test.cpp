@@ -9,8 +9,9 @@
 #include <doctest/doctest.h>
 
 using namespace agoq;
+using agoq::detail::host::chunk_at;
 using agoq::detail::host::chunk_columns;
-using agoq::detail::host::for_each_chunk;
+using agoq::detail::host::chunk_count;
 
 TEST_CASE("chunks cover every element exactly once and stay group-aligned") {
   std::vector<std::string> const specs = {
@@ -26,8 +27,8 @@ TEST_CASE("chunks cover every element exactly once and stay group-aligned") {
       quantized_layout const l = make_layout(s, rows, cols);
       std::vector<int> hits(static_cast<std::size_t>(rows * cols), 0);
       std::vector<int> group_hits(static_cast<std::size_t>(l.groups()), 0);
-      for_each_chunk(l, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1,
-                            std::int64_t g0) {
+      for (std::int64_t u = 0; u < chunk_count(l); ++u) {
+        auto const [r0, r1, c0, c1, g0] = chunk_at(l, u);
         REQUIRE(r0 % l.tile.rows == 0);
         REQUIRE(c0 % l.tile.cols == 0);
         REQUIRE((c0 * l.bits) % 8 == 0);  // packed codes of a chunk start on a byte
@@ -36,7 +37,7 @@ TEST_CASE("chunks cover every element exactly once and stay group-aligned") {
         for (std::int64_t r = r0; r < r1; ++r) {
           for (std::int64_t c = c0; c < c1; ++c) ++hits[static_cast<std::size_t>(r * cols + c)];
         }
-      });
+      }
       for (int h : hits) REQUIRE(h == 1);
       for (int h : group_hits) REQUIRE(h == 1);
     }

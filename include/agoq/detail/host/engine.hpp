@@ -16,6 +16,7 @@
 #include "../../layout/view.hpp"
 #include "../../numeric/codec.hpp"
 #include "../../scheme/dispatch.hpp"
+#include "parallel.hpp"
 #include "segment.hpp"
 #include "simd.hpp"
 
@@ -30,20 +31,32 @@ inline std::int64_t chunk_columns(tile_shape t, std::int64_t cols) noexcept {
   return t.cols * k;
 }
 
-/// Calls f(r0, r1, c0, c1, first_group) for every band [r0, r1) of tile rows and chunk [c0, c1)
-/// of whole tiles; first_group is the group-grid index of the chunk's first tile. Covers every
-/// element exactly once, in row-major band order.
-template <class F>
-void for_each_chunk(quantized_layout const& l, F&& f) {
-  if (l.elements() == 0) return;
+/// One chunk: the band [r0, r1) of tile rows and the columns [c0, c1) of whole tiles; first_group
+/// is the group-grid index of its first tile.
+struct chunk {
+  std::int64_t r0, r1, c0, c1, first_group;
+};
+
+/// Chunks per band of tile rows.
+inline std::int64_t band_chunks(quantized_layout const& l) noexcept {
   std::int64_t const w = chunk_columns(l.tile, l.cols);
-  for (std::int64_t tr = 0; tr < l.group_grid_rows; ++tr) {
-    std::int64_t const r0 = tr * l.tile.rows;
-    std::int64_t const r1 = std::min(l.rows, r0 + l.tile.rows);
-    for (std::int64_t c0 = 0; c0 < l.cols; c0 += w) {
-      f(r0, r1, c0, std::min(l.cols, c0 + w), tr * l.group_grid_cols + c0 / l.tile.cols);
-    }
-  }
+  return (l.cols + w - 1) / w;
+}
+
+/// How many chunks the tensor has (0 for an empty one).
+inline std::int64_t chunk_count(quantized_layout const& l) noexcept {
+  return l.elements() == 0 ? 0 : l.group_grid_rows * band_chunks(l);
+}
+
+/// Chunk u of chunk_count(l), in row-major band order.
+inline chunk chunk_at(quantized_layout const& l, std::int64_t u) noexcept {
+  std::int64_t const w = chunk_columns(l.tile, l.cols);
+  std::int64_t const per_band = band_chunks(l);
+  std::int64_t const tr = u / per_band;
+  std::int64_t const c0 = (u % per_band) * w;
+  std::int64_t const r0 = tr * l.tile.rows;
+  return {r0, std::min(l.rows, r0 + l.tile.rows), c0, std::min(l.cols, c0 + w),
+          tr * l.group_grid_cols + c0 / l.tile.cols};
 }
 
 /// Per-chunk scratch, reused across chunks.
@@ -53,6 +66,27 @@ struct scratch {
   std::vector<std::uint8_t> codes;
   std::vector<float> draws;
 };
+
+/// Runs f(chunk, scratch&) -> int64 for every chunk on the executor's threads, each thread with a
+/// scratch of its own, and returns the sum.
+template <class F>
+std::int64_t sum_over_chunks(host_executor ex, quantized_layout const& l, F&& f) {
+  std::int64_t const n = chunk_count(l);
+  std::int64_t const per_chunk = n == 0 ? 0 : l.elements() / n;
+  return parallel_sum(call_threads(ex, n, per_chunk), n, [&](std::int64_t u0, std::int64_t u1) {
+    scratch s;
+    std::int64_t sum = 0;
+    for (std::int64_t u = u0; u < u1; ++u) sum += f(chunk_at(l, u), s);
+    return sum;
+  });
+}
+
+/// Runs f(r0, r1) -> int64 over the rows [0, rows) of `cols` elements each on the executor's
+/// threads and returns the sum.
+template <class F>
+std::int64_t sum_over_rows(host_executor ex, std::int64_t rows, std::int64_t cols, F&& f) {
+  return parallel_sum(call_threads(ex, rows, cols), rows, f);
+}
 
 /// Statistics of every tile of the chunk [r0, r1) x [c0, c1), and the group parameters.
 template <code_format Code, class T>
@@ -166,13 +200,15 @@ inline bool row_groups(quantized_layout const& l) noexcept {
 /// codes while the group is still in the L1 cache.
 template <code_format Code, rounding_mode Rounding, class T>
 std::int64_t quantize_rows_simd(T const* x, quantized_view const& out, quantized_layout const& l,
-                                std::uint64_t seed, std::uint64_t offset, scratch& s) {
+                                std::uint64_t seed, std::uint64_t offset, std::int64_t r0,
+                                std::int64_t r1) {
   std::int64_t const g = l.tile.cols;
+  std::vector<float> draws;
   if constexpr (Rounding::kind == rounding_kind::stochastic) {
-    s.draws.resize(static_cast<std::size_t>(std::min(g, l.cols)));
+    draws.resize(static_cast<std::size_t>(std::min(g, l.cols)));
   }
   std::int64_t nonfinite = 0;
-  for (std::int64_t r = 0; r < l.rows; ++r) {
+  for (std::int64_t r = r0; r < r1; ++r) {
     T const* row = x + r * l.cols;
     std::uint8_t* codes = out.codes + r * l.code_row_bytes;
     for (std::int64_t b = 0, k = r * l.group_grid_cols; b < l.cols; b += g, ++k) {
@@ -182,9 +218,9 @@ std::int64_t quantize_rows_simd(T const* x, quantized_view const& out, quantized
       group_params const p = make_group_params<Code>(out.spec.scale, st.stats);
       store_group_params(out, k, p);
       if constexpr (Rounding::kind == rounding_kind::stochastic) {
-        uniforms_simd(seed, offset + static_cast<std::uint64_t>(r * l.cols + b), n, s.draws.data());
+        uniforms_simd(seed, offset + static_cast<std::uint64_t>(r * l.cols + b), n, draws.data());
       }
-      encode_simd<Code, Rounding::kind, Code::bits>(row + b, n, p, s.draws.data(),
+      encode_simd<Code, Rounding::kind, Code::bits>(row + b, n, p, draws.data(),
                                                     codes + b * Code::bits / 8);
     }
   }
@@ -193,10 +229,11 @@ std::int64_t quantize_rows_simd(T const* x, quantized_view const& out, quantized
 
 /// dequantize along rows of groups (row_groups, 8- or 4-bit codes), unpacking codes in registers.
 template <code_format Code, class T>
-std::int64_t dequantize_rows_simd(const_quantized_view const& in, quantized_layout const& l, T* y) {
+std::int64_t dequantize_rows_simd(const_quantized_view const& in, quantized_layout const& l, T* y,
+                                  std::int64_t r0, std::int64_t r1) {
   std::int64_t const g = l.tile.cols;
   std::int64_t nonfinite = 0;
-  for (std::int64_t r = 0; r < l.rows; ++r) {
+  for (std::int64_t r = r0; r < r1; ++r) {
     std::uint8_t const* codes = in.codes + r * l.code_row_bytes;
     for (std::int64_t b = 0, k = r * l.group_grid_cols; b < l.cols; b += g, ++k) {
       std::int64_t const n = std::min(g, l.cols - b);
@@ -212,96 +249,100 @@ std::int64_t dequantize_rows_simd(const_quantized_view const& in, quantized_layo
 
 /// quantize: statistics, parameters, codes; returns the non-finite input count.
 template <code_format Code, rounding_mode Rounding, class T>
-std::int64_t quantize(T const* x, quantized_view const& out, std::uint64_t seed,
-                      std::uint64_t offset, bool simd) {
+std::int64_t quantize(host_executor ex, T const* x, quantized_view const& out, std::uint64_t seed,
+                      std::uint64_t offset) {
   quantized_layout const l = out.layout();
-  scratch s;
+  bool const simd = ex.simd && simd_available;
 #if defined(AGOQ_HOST_AVX512)
   if constexpr (Code::bits == 8 || Code::bits == 4) {
-    if (simd && row_groups(l))
-      return quantize_rows_simd<Code, Rounding>(x, out, l, seed, offset, s);
+    if (simd && row_groups(l)) {
+      return sum_over_rows(ex, l.rows, l.cols, [&](std::int64_t r0, std::int64_t r1) {
+        return quantize_rows_simd<Code, Rounding>(x, out, l, seed, offset, r0, r1);
+      });
+    }
   }
 #endif
-  std::int64_t nonfinite = 0;
-  for_each_chunk(
-      l, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, std::int64_t g0) {
-        nonfinite += chunk_params<Code>(x, l.cols, l.tile, out.spec.scale, r0, r1, c0, c1, simd, s);
-        for (std::size_t k = 0; k < s.params.size(); ++k) {
-          store_group_params(out, g0 + static_cast<std::int64_t>(k), s.params[k]);
+  return sum_over_chunks(ex, l, [&](chunk const& k, scratch& s) {
+    std::int64_t const nonfinite =
+        chunk_params<Code>(x, l.cols, l.tile, out.spec.scale, k.r0, k.r1, k.c0, k.c1, simd, s);
+    for (std::size_t i = 0; i < s.params.size(); ++i) {
+      store_group_params(out, k.first_group + static_cast<std::int64_t>(i), s.params[i]);
+    }
+    for (std::int64_t r = k.r0; r < k.r1; ++r) {
+      std::uint8_t* dst = out.codes + r * l.code_row_bytes + k.c0 * l.bits / 8;
+      if (l.bits == 8) {
+        encode_row<Code, Rounding>(x + r * l.cols, r, l.cols, l.tile, k.c0, k.c1, seed, offset,
+                                   simd, s, dst);
+      } else {
+        s.codes.resize(static_cast<std::size_t>(k.c1 - k.c0));
+        encode_row<Code, Rounding>(x + r * l.cols, r, l.cols, l.tile, k.c0, k.c1, seed, offset,
+                                   simd, s, s.codes.data());
+        if (simd) {
+          pack_codes_simd(s.codes.data(), k.c1 - k.c0, l.bits, dst);
+        } else {
+          pack_codes(s.codes.data(), k.c1 - k.c0, l.bits, dst);
         }
-        for (std::int64_t r = r0; r < r1; ++r) {
-          std::uint8_t* dst = out.codes + r * l.code_row_bytes + c0 * l.bits / 8;
-          if (l.bits == 8) {
-            encode_row<Code, Rounding>(x + r * l.cols, r, l.cols, l.tile, c0, c1, seed, offset,
-                                       simd, s, dst);
-          } else {
-            s.codes.resize(static_cast<std::size_t>(c1 - c0));
-            encode_row<Code, Rounding>(x + r * l.cols, r, l.cols, l.tile, c0, c1, seed, offset,
-                                       simd, s, s.codes.data());
-            if (simd) {
-              pack_codes_simd(s.codes.data(), c1 - c0, l.bits, dst);
-            } else {
-              pack_codes(s.codes.data(), c1 - c0, l.bits, dst);
-            }
-          }
-        }
-      });
-  return nonfinite;
+      }
+    }
+    return nonfinite;
+  });
 }
 
 /// dequantize: returns the count of outputs decoded under a non-finite scale.
 template <code_format Code, class T>
-std::int64_t dequantize(const_quantized_view const& in, T* y, bool simd) {
+std::int64_t dequantize(host_executor ex, const_quantized_view const& in, T* y) {
   quantized_layout const l = in.layout();
+  bool const simd = ex.simd && simd_available;
 #if defined(AGOQ_HOST_AVX512)
   if constexpr (Code::bits == 8 || Code::bits == 4) {
-    if (simd && row_groups(l)) return dequantize_rows_simd<Code>(in, l, y);
+    if (simd && row_groups(l)) {
+      return sum_over_rows(ex, l.rows, l.cols, [&](std::int64_t r0, std::int64_t r1) {
+        return dequantize_rows_simd<Code>(in, l, y, r0, r1);
+      });
+    }
   }
 #endif
-  scratch s;
-  std::int64_t nonfinite = 0;
-  for_each_chunk(
-      l, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, std::int64_t g0) {
-        std::int64_t const tiles = (c1 - c0 + l.tile.cols - 1) / l.tile.cols;
-        s.params.resize(static_cast<std::size_t>(tiles));
-        for (std::int64_t k = 0; k < tiles; ++k) s.params[k] = load_group_params(in, g0 + k);
-        for (std::int64_t r = r0; r < r1; ++r) {
-          std::uint8_t const* src = in.codes + r * l.code_row_bytes + c0 * l.bits / 8;
-          std::uint8_t const* q = src;
-          if (l.bits != 8) {
-            s.codes.resize(static_cast<std::size_t>(c1 - c0));
-            if (simd) {
-              unpack_codes_simd(src, c1 - c0, l.bits, s.codes.data());
-            } else {
-              unpack_codes(src, c1 - c0, l.bits, s.codes.data());
-            }
-            q = s.codes.data();
-          }
-          nonfinite += decode_row<Code>(q, l.tile, c0, c1, simd, s, y + r * l.cols);
+  return sum_over_chunks(ex, l, [&](chunk const& k, scratch& s) {
+    std::int64_t const tiles = (k.c1 - k.c0 + l.tile.cols - 1) / l.tile.cols;
+    s.params.resize(static_cast<std::size_t>(tiles));
+    for (std::int64_t i = 0; i < tiles; ++i) s.params[i] = load_group_params(in, k.first_group + i);
+    std::int64_t nonfinite = 0;
+    for (std::int64_t r = k.r0; r < k.r1; ++r) {
+      std::uint8_t const* src = in.codes + r * l.code_row_bytes + k.c0 * l.bits / 8;
+      std::uint8_t const* q = src;
+      if (l.bits != 8) {
+        s.codes.resize(static_cast<std::size_t>(k.c1 - k.c0));
+        if (simd) {
+          unpack_codes_simd(src, k.c1 - k.c0, l.bits, s.codes.data());
+        } else {
+          unpack_codes(src, k.c1 - k.c0, l.bits, s.codes.data());
         }
-      });
-  return nonfinite;
+        q = s.codes.data();
+      }
+      nonfinite += decode_row<Code>(q, l.tile, k.c0, k.c1, simd, s, y + r * l.cols);
+    }
+    return nonfinite;
+  });
 }
 
 /// fake_quantize: quantize then dequantize without storing the codes; identical to the two calls.
 /// x and y may be the same buffer (same element type).
 template <code_format Code, rounding_mode Rounding, class In, class Out>
-std::int64_t fake_quantize(spec const& sp, std::int64_t rows, std::int64_t cols, In const* x,
-                           Out* y, std::uint64_t seed, std::uint64_t offset, bool simd) {
+std::int64_t fake_quantize(host_executor ex, spec const& sp, std::int64_t rows, std::int64_t cols,
+                           In const* x, Out* y, std::uint64_t seed, std::uint64_t offset) {
   quantized_layout const l = make_layout(sp, rows, cols);
-  scratch s;
-  std::int64_t nonfinite = 0;
-  for_each_chunk(
-      l, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, std::int64_t) {
-        nonfinite += chunk_params<Code>(x, cols, l.tile, sp.scale, r0, r1, c0, c1, simd, s);
-        s.codes.resize(static_cast<std::size_t>(c1 - c0));
-        for (std::int64_t r = r0; r < r1; ++r) {
-          encode_row<Code, Rounding>(x + r * cols, r, cols, l.tile, c0, c1, seed, offset, simd, s,
-                                     s.codes.data());
-          decode_row<Code>(s.codes.data(), l.tile, c0, c1, simd, s, y + r * cols);
-        }
-      });
-  return nonfinite;
+  bool const simd = ex.simd && simd_available;
+  return sum_over_chunks(ex, l, [&](chunk const& k, scratch& s) {
+    std::int64_t const nonfinite =
+        chunk_params<Code>(x, cols, l.tile, sp.scale, k.r0, k.r1, k.c0, k.c1, simd, s);
+    s.codes.resize(static_cast<std::size_t>(k.c1 - k.c0));
+    for (std::int64_t r = k.r0; r < k.r1; ++r) {
+      encode_row<Code, Rounding>(x + r * cols, r, cols, l.tile, k.c0, k.c1, seed, offset, simd, s,
+                                 s.codes.data());
+      decode_row<Code>(s.codes.data(), l.tile, k.c0, k.c1, simd, s, y + r * cols);
+    }
+    return nonfinite;
+  });
 }
 
 }  // namespace agoq::detail::host

@@ -1,0 +1,33 @@
+/// \file
+/// The CPU executor's handle: whether it runs its AVX-512 loops and on how many threads.
+#pragma once
+
+#include <cstdint>
+
+namespace agoq {
+
+/// The host executor. Every setting gives the same bits: `simd = false` forces the portable loops
+/// (used by the tests, and where a caller wants to compare), and `threads` only chooses which
+/// thread computes which rows or groups, each of them exactly as one thread computes it.
+///
+/// Threads: quantize, dequantize, fake_quantize (and what calls them: the weight helpers, the
+/// fused ops' passes for groupings that span rows), the fused ops' row loops, the AdamW step and
+/// the gradient buffer's accumulate split their work among `threads` threads, started by the call
+/// and joined before it returns, the calling thread among them; a caller's own threads may call
+/// them concurrently on different data, as with one thread. measure and the collectives' host
+/// steps run on the calling thread.
+struct host_executor {
+  bool simd = true;
+  /// Threads a call may use: 1 (the default) runs on the calling thread alone; 0 means
+  /// std::thread::hardware_concurrency().
+  int threads = 1;
+  /// The fewest elements a call hands each thread it starts: starting a thread costs about what
+  /// quantizing a few thousand elements does, so smaller calls use fewer threads (at least one).
+  /// The tests set 1, so that small tensors are split too.
+  std::int64_t min_elements_per_thread = std::int64_t{1} << 16;
+};
+
+/// The default host executor: AVX-512 loops where compiled, the calling thread alone.
+inline constexpr host_executor host{};
+
+}  // namespace agoq
