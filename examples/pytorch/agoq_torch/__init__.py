@@ -75,10 +75,14 @@ def _load():
         print("agoq_torch: building the extension if needed (about a minute the first time)",
               file=_sys.stderr, flush=True)
     # ninja tracks the included headers (agoq's and csrc/common.hpp): editing one rebuilds.
+    # -fopenmp: torch's at::parallel_for, which runs agoq's threads on torch's intra-op pool
+    # (csrc/common.hpp), is inline OpenMP code under torch's OpenMP backend, so it must be
+    # compiled as OpenMP here (without it the loop runs on one thread).
     return cpp_extension.load(
         name="agoq_torch_C",
         sources=sources,
-        extra_cflags=["-std=c++20", "-O3", "-march=native", "-Wall", "-Wextra"],
+        extra_cflags=["-std=c++20", "-O3", "-march=native", "-Wall", "-Wextra", "-fopenmp"],
+        extra_ldflags=["-fopenmp"],
         extra_include_paths=[str(_REPO / "include")] + _cuda_include_dirs(),
         build_directory=str(build),
         verbose=verbose,

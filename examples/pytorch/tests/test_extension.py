@@ -164,6 +164,46 @@ class FusedTest(unittest.TestCase):
         self.assertTrue(torch.equal(ss, agoq.compress(a + b, INT8, seed=4)))
 
 
+class ThreadsTest(unittest.TestCase):
+    """The calls run on torch.get_num_threads() threads of agoq's host executor: the same bits
+    for any count (tensors large enough to be split: at least 65536 elements per thread)."""
+
+    def run_all(self, threads):
+        saved = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            gen = torch.Generator().manual_seed(5)
+            x, u = torch.randn(512, 1024, generator=gen), torch.randn(512, 1024, generator=gen)
+            w = torch.rand(1024, generator=gen) + 0.5
+            out = [agoq.compress(x, INT8_SR, seed=1), agoq.fake_quantize(x, INT4, seed=1)]
+            out.append(agoq.decompress(out[0], INT8_SR, 512, 1024))
+            y, sx, rstd = agoq.rmsnorm_forward(x, w, 1e-6, INT8, seed=3)
+            out += [y, sx, rstd, *agoq.rmsnorm_backward(u, sx, INT8, rstd, w)]
+            o, sg, su = agoq.swiglu_forward(x, u, INT4, INT8, seed=2)
+            out += [o, sg, su, *agoq.swiglu_backward(u, sg, INT4, su, INT8)]
+            gy, gs = agoq.gelu_forward(x, INT4)
+            out += [gy, gs, agoq.gelu_backward(u, gs, INT4), *agoq.residual_add(x, u, INT8)]
+            buf = agoq.GradientBuffer(x.numel(), seed=4)
+            buf.accumulate(x.flatten())
+            buf.accumulate(u.flatten())
+            out.append(buf.to_tensor())
+            p = x.flatten().clone()
+            opt = agoq.AdamW8bit(p.numel(), seed=9)
+            opt.step(p, u.flatten(), lr=1e-2)
+            out.append(p)
+            return out
+        finally:
+            torch.set_num_threads(saved)
+
+    def test_same_bits_on_any_number_of_threads(self):
+        one = self.run_all(1)
+        for threads in (2, 3):
+            many = self.run_all(threads)
+            self.assertEqual(len(one), len(many))
+            for i, (a, b) in enumerate(zip(one, many)):
+                self.assertTrue(torch.equal(a, b), f"output {i} differs on {threads} threads")
+
+
 class GradientAndOptimizerTest(unittest.TestCase):
     def test_gradient_buffer_is_unbiased_and_small(self):
         n, k = 4096, 16

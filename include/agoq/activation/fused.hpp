@@ -443,7 +443,7 @@ std::int64_t save_whole(host_executor ex, quantized_view const* v, quantize_opti
 template <class T, class Codes, class F>
 std::int64_t save_rows(host_executor ex, quantized_view const* v, quantize_options opt,
                        std::int64_t rows, std::int64_t cols, F&& f) {
-  return agoq::detail::host::sum_over_rows(ex, rows, cols, [&](std::int64_t r0, std::int64_t r1) {
+  return agoq::detail::host::parallel_sum(ex, rows, cols, [&](std::int64_t r0, std::int64_t r1) {
     return with_saver<T, Codes>(ex, v, opt, [&](auto& save) { return f(save, r0, r1); });
   });
 }
@@ -971,7 +971,7 @@ std::int64_t swiglu_forward(host_executor ex, matrix_view<G> gate, matrix_view<U
     }
     return count;
   };
-  return nonfinite + agoq::detail::host::sum_over_rows(ex, rows, cols, run);
+  return nonfinite + agoq::detail::host::parallel_sum(ex, rows, cols, run);
 }
 
 /// GeLU rows, the saving of x by a row_saver: the save of each piece of a row first, then the op
@@ -1197,7 +1197,7 @@ std::int64_t rmsnorm_backward(host_executor ex, matrix_view<DY> dy, const_quanti
     }
     return nonfinite + bad_scales;
   };
-  std::int64_t const count = agoq::detail::host::parallel_sum(threads, blocks, run);
+  std::int64_t const count = agoq::detail::host::parallel_sum(ex.pool, threads, blocks, run);
   for (std::int64_t bi = 0; bi < (threads > 1 ? blocks : 0); ++bi) {
     float const* partial = block_sums.data() + bi * cols;
     for (std::int64_t i = 0; i < cols; ++i) dwp[i] += partial[i];
@@ -1281,7 +1281,7 @@ std::int64_t swiglu_backward(host_executor ex, matrix_view<D> dout, const_quanti
     }
     return nonfinite + bad_scales;
   };
-  return agoq::detail::host::sum_over_rows(ex, rows, cols, run);
+  return agoq::detail::host::parallel_sum(ex, rows, cols, run);
 }
 
 /// GeLU forward (tanh approximation: y = x/2 · (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3),
@@ -1343,7 +1343,7 @@ std::int64_t gelu_backward(host_executor ex, matrix_view<DY> dy, const_quantized
     }
     return nonfinite + bad_scales;
   };
-  return agoq::detail::host::sum_over_rows(ex, rows, cols, run);
+  return agoq::detail::host::parallel_sum(ex, rows, cols, run);
 }
 
 /// Residual add, fused with saving the sum: sum = a + b (fp32, rounded to the sum's type), and

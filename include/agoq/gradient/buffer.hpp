@@ -142,8 +142,8 @@ class gradient_buffer {
       std::int64_t const pieces = (size() + piece - 1) / piece;
       int const threads = agoq::detail::host::call_threads(ex, pieces, piece);
       host_executor const one{.simd = ex.simd};
-      nonfinite =
-          agoq::detail::host::parallel_sum(threads, pieces, [&](std::int64_t p0, std::int64_t p1) {
+      nonfinite = agoq::detail::host::parallel_sum(
+          ex.pool, threads, pieces, [&](std::int64_t p0, std::int64_t p1) {
             std::vector<float> own(threads > 1 ? static_cast<std::size_t>(piece) : 0);
             float* acc = threads > 1 ? own.data() : scratch_.data();
             std::int64_t count = 0;

@@ -643,8 +643,8 @@ std::int64_t adamw_step_impl(host_executor ex, adamw_state& s, adamw_hyper const
   std::int64_t const chunks = (n + chunk - 1) / chunk;
   int const threads = agoq::detail::host::call_threads(ex, chunks, chunk);
   host_executor const one{.simd = ex.simd};
-  std::int64_t const skipped =
-      agoq::detail::host::parallel_sum(threads, chunks, [&](std::int64_t c0, std::int64_t c1) {
+  std::int64_t const skipped = agoq::detail::host::parallel_sum(
+      ex.pool, threads, chunks, [&](std::int64_t c0, std::int64_t c1) {
         std::vector<float> own(threads > 1 ? static_cast<std::size_t>(3 * chunk) : 0);
         float* const sg = threads > 1 ? own.data() : s.scratch_g_.data();
         float* const sm = threads > 1 ? own.data() + chunk : s.scratch_m_.data();

@@ -19,6 +19,8 @@
 #include <doctest/doctest.h>
 
 using namespace agoq;
+using agoq::host_pool;
+using agoq::host_task;
 using agoq::detail::host::parallel_sum;
 using agoq::detail::host::thread_count;
 
@@ -29,15 +31,16 @@ TEST_CASE("parallel_sum covers every unit once, on as many threads as asked") {
       std::vector<int> hits(static_cast<std::size_t>(units), 0);
       std::mutex m;
       std::set<std::thread::id> ids;
-      std::int64_t const sum = parallel_sum(threads, units, [&](std::int64_t u0, std::int64_t u1) {
-        REQUIRE(u0 < u1);
-        {
-          std::lock_guard<std::mutex> lock(m);
-          ids.insert(std::this_thread::get_id());
-        }
-        for (std::int64_t u = u0; u < u1; ++u) ++hits[static_cast<std::size_t>(u)];
-        return u1 - u0 + 1000 * u0;  // depends on where the range starts
-      });
+      std::int64_t const sum =
+          parallel_sum(host_pool{}, threads, units, [&](std::int64_t u0, std::int64_t u1) {
+            REQUIRE(u0 < u1);
+            {
+              std::lock_guard<std::mutex> lock(m);
+              ids.insert(std::this_thread::get_id());
+            }
+            for (std::int64_t u = u0; u < u1; ++u) ++hits[static_cast<std::size_t>(u)];
+            return u1 - u0 + 1000 * u0;  // depends on where the range starts
+          });
       for (int h : hits) REQUIRE(h == 1);
       std::int64_t const n = std::min<std::int64_t>(threads, units);
       CHECK(ids.size() == static_cast<std::size_t>(units == 0 ? 0 : std::max<std::int64_t>(n, 1)));
@@ -61,12 +64,50 @@ TEST_CASE("parallel_sum rethrows the lowest range's exception after joining ever
     return 1;
   };
   try {
-    parallel_sum(4, 4, f);
+    parallel_sum(host_pool{}, 4, 4, f);
     FAIL("no exception");
   } catch (std::runtime_error const& e) {
     CHECK(std::string(e.what()) == "range at 2");
   }
   CHECK(finished == 2);  // the ranges that did not throw ran to their end before the rethrow
+}
+
+namespace {
+
+// A pool that runs the tasks on the calling thread, last first, and counts the calls.
+struct reverse_pool {
+  int calls = 0;
+  std::int64_t tasks = 0;
+  static void run(void* self, std::int64_t n, host_task task) {
+    auto* p = static_cast<reverse_pool*>(self);
+    ++p->calls;
+    p->tasks += n;
+    for (std::int64_t i = n - 1; i >= 0; --i) task.run(task.context, i);
+  }
+  host_pool pool() { return {&run, this}; }
+};
+
+}  // namespace
+
+TEST_CASE("parallel_sum hands a caller's pool one task per range, and rethrows from it") {
+  reverse_pool p;
+  std::vector<int> hits(100, 0);
+  CHECK(parallel_sum(p.pool(), 7, 100, [&](std::int64_t u0, std::int64_t u1) {
+          for (std::int64_t u = u0; u < u1; ++u) ++hits[static_cast<std::size_t>(u)];
+          return u1 - u0;
+        }) == 100);
+  for (int h : hits) REQUIRE(h == 1);
+  CHECK(p.calls == 1);
+  CHECK(p.tasks == 7);
+  CHECK(parallel_sum(p.pool(), 1, 100, [](std::int64_t, std::int64_t) { return 1; }) == 1);
+  CHECK(p.calls == 1);  // one thread: no task for the pool
+  CHECK_THROWS_WITH_AS(parallel_sum(p.pool(), 3, 3,
+                                    [](std::int64_t u0, std::int64_t) -> std::int64_t {
+                                      if (u0 > 0)
+                                        throw std::runtime_error("range " + std::to_string(u0));
+                                      return 0;
+                                    }),
+                       "range 1", std::runtime_error);
 }
 
 TEST_CASE("a call uses the threads asked for, fewer where its work is small") {
@@ -107,6 +148,7 @@ bool same_bytes(std::vector<bfloat16> const& a, std::vector<bfloat16> const& b) 
 }  // namespace
 
 TEST_CASE("quantize, dequantize and fake_quantize give the same bits on any number of threads") {
+  // (also as the tasks of a caller's pool)
   std::vector<std::string> const specs = {
       "int8_g128_sym_rne_f32",   "int4_g128_sym_sr_f32",    "int4_g32_asym_rne_bf16",
       "int2_g7_sym_sr_f32",      "int8_row_sym_rne_f32",    "int4_col_asym_sr_f32",
@@ -136,10 +178,15 @@ TEST_CASE("quantize, dequantize and fake_quantize give the same bits on any numb
         std::vector<bfloat16> ref_fq(x.size());
         CHECK(fake_quantize(one, s, in, matrix_view<bfloat16>(ref_fq.data(), rows, cols), opt) ==
               ref_count);
-        for (int threads : {2, 3, 7}) {
+        reverse_pool pool;
+        for (int threads : {2, 3, 7, -4}) {
+          // -4: four tasks of a caller's pool
           INFO(name << " " << rows << "x" << cols << " simd " << simd << ", " << threads
                     << " threads");
-          host_executor const ex{.simd = simd, .threads = threads, .min_elements_per_thread = 1};
+          host_executor const ex{.simd = simd,
+                                 .threads = threads > 0 ? threads : -threads,
+                                 .min_elements_per_thread = 1,
+                                 .pool = threads > 0 ? host_pool{} : pool.pool()};
           quantized_tensor q(s, rows, cols);
           std::memset(q.data(), 0x5a, static_cast<std::size_t>(q.bytes()));
           CHECK(quantize(ex, in, q.view(), opt) == ref_count);
@@ -156,6 +203,12 @@ TEST_CASE("quantize, dequantize and fake_quantize give the same bits on any numb
           CHECK(fake_quantize(ex, s, matrix_view<bfloat16 const>(fq.data(), rows, cols),
                               matrix_view<bfloat16>(fq.data(), rows, cols), opt) == ref_count);
           CHECK(same_bytes(fq, ref_fq));
+        }
+        // The pool took the three calls, except where the tensor is one unit of work (one group,
+        // or per-column groups of at most one chunk of columns).
+        if (rows == 37 && s.grouping != grouping_kind::tensor &&
+            s.grouping != grouping_kind::column) {
+          CHECK(pool.calls == 3);
         }
       }
     }

@@ -116,13 +116,13 @@ grad::gradient_buffer make_buffer(std::int64_t n, int group_size, bool stochasti
 std::int64_t accumulate(grad::gradient_buffer& b, torch::Tensor const& g) {
   check_vector(g, b.size(), "GradientBuffer.accumulate");
   return dispatch_element(g.scalar_type(), [&]<class T>(T) {
-    return b.accumulate(agoq::host, std::span<T const>(data_as<T const>(g), b.size()));
+    return b.accumulate(executor(), std::span<T const>(data_as<T const>(g), b.size()));
   });
 }
 
 torch::Tensor buffer_values(grad::gradient_buffer const& b) {
   torch::Tensor out = torch::empty({b.size()}, torch::TensorOptions().dtype(torch::kFloat));
-  agoq::dequantize(agoq::host, b.view(), agoq::as_row(out.data_ptr<float>(), b.size()));
+  agoq::dequantize(executor(), b.view(), agoq::as_row(out.data_ptr<float>(), b.size()));
   return out;
 }
 
@@ -174,7 +174,7 @@ py::dict all_reduce(counted_communicator& c, py::object const& input, torch::Ten
   grad::all_reduce_result r;
   with_source(input, "all_reduce_8bit (input)", [&](auto const& src) {
     with_output(output,
-                [&](auto out) { r = grad::all_reduce_8bit(agoq::host, c.comm(), src, out, opt); });
+                [&](auto out) { r = grad::all_reduce_8bit(executor(), c.comm(), src, out, opt); });
   });
   return reduce_result(r.nonfinite, r.local_nonfinite);
 }
@@ -188,7 +188,7 @@ py::dict reduce_scatter(counted_communicator& c, py::object const& input,
   grad::reduce_scatter_result r;
   with_source(input, "reduce_scatter_8bit (input)", [&](auto const& src) {
     with_output(shard, [&](auto out) {
-      r = grad::reduce_scatter_8bit(agoq::host, c.comm(), src, out, opt);
+      r = grad::reduce_scatter_8bit(executor(), c.comm(), src, out, opt);
     });
   });
   py::dict d = reduce_result(r.nonfinite, r.local_nonfinite);
@@ -242,13 +242,13 @@ std::int64_t adamw_step(optim::adamw_state& s, torch::Tensor const& params, py::
   if (py::isinstance<grad::gradient_buffer>(grad)) {
     auto const& b = grad.cast<grad::gradient_buffer const&>();
     py::gil_scoped_release nogil;
-    return optim::adamw_step(agoq::host, s, h, p, b.view());
+    return optim::adamw_step(executor(), s, h, p, b.view());
   }
   auto const g = grad.cast<torch::Tensor>();
   check_vector(g, s.size(), "AdamW8bit.step (grad)");
   py::gil_scoped_release nogil;
   return dispatch_element(g.scalar_type(), [&]<class T>(T) {
-    return optim::adamw_step(agoq::host, s, h, p,
+    return optim::adamw_step(executor(), s, h, p,
                              std::span<T const>(data_as<T const>(g), s.size()));
   });
 }

@@ -11,6 +11,7 @@
 // torch's tensor API and its pybind11 casters, not <torch/extension.h>: that adds all of libtorch's
 // C++ frontend (nn, optim, data, jit), which this extension does not use and which took about 40%
 // of each translation unit's compile time.
+#include <ATen/Parallel.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/types.h>
@@ -20,6 +21,23 @@
 #include <string>
 
 namespace agoq_torch {
+
+/// Runs agoq's tasks on torch's intra-op pool (agoq::host_pool): at::parallel_for, one task per
+/// index.
+inline void run_on_torch_pool(void*, std::int64_t n, agoq::host_task task) {
+  at::parallel_for(0, n, 1, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) task.run(task.context, i);
+  });
+}
+
+/// The host executor of the extension's calls: as many tasks as torch's intra-op threads
+/// (torch.get_num_threads(), set by torch.set_num_threads), run on torch's own pool, so that they
+/// do not compete with its (spinning) OpenMP workers; agoq gives the same bits for any count, so
+/// this changes only the speed.
+inline agoq::host_executor executor() {
+  return agoq::host_executor{.threads = at::get_num_threads(),
+                             .pool = {&run_on_torch_pool, nullptr}};
+}
 
 /// NaN / ±Inf values seen by every quantizing call of this process since the last reset
 /// (agoq encodes them as documented in docs/formats.md and counts them; the extension adds the

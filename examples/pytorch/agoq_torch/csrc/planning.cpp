@@ -250,7 +250,7 @@ py::dict measure(torch::Tensor const& x, std::string const& spec) {
   {
     py::gil_scoped_release release;
     dispatch_element(x.scalar_type(),
-                     [&]<class T>(T) { st = act::measure(agoq::host, matrix_of<T const>(x), s); });
+                     [&]<class T>(T) { st = act::measure(executor(), matrix_of<T const>(x), s); });
   }
   return stats_dict(st);
 }

@@ -26,7 +26,7 @@ torch::Tensor compress(torch::Tensor const& x, std::string const& spec, std::uin
   std::int64_t const rows = x.size(0), cols = x.size(1);
   torch::Tensor buf = new_buffer(s, rows, cols);
   dispatch_element(x.scalar_type(), [&]<class T>(T) {
-    note_nonfinite(agoq::quantize(agoq::host, matrix_of<T const>(x), view_of(s, rows, cols, buf),
+    note_nonfinite(agoq::quantize(executor(), matrix_of<T const>(x), view_of(s, rows, cols, buf),
                                   options(seed, offset)));
   });
   return buf;
@@ -41,7 +41,7 @@ torch::Tensor decompress(torch::Tensor const& buf, std::string const& spec, std:
   torch::Tensor out = torch::empty({rows, cols}, torch::TensorOptions().dtype(st));
   check_matrix(out, "decompress (dtype)");
   dispatch_element(st, [&]<class T>(T) {
-    agoq::dequantize(agoq::host, const_view_of(s, rows, cols, buf), matrix_of<T>(out));
+    agoq::dequantize(executor(), const_view_of(s, rows, cols, buf), matrix_of<T>(out));
   });
   return out;
 }
@@ -52,7 +52,7 @@ torch::Tensor fake_quantize(torch::Tensor const& x, std::string const& spec, std
   agoq::spec const s = parse_spec(spec);
   torch::Tensor out = torch::empty_like(x);
   dispatch_element(x.scalar_type(), [&]<class T>(T) {
-    note_nonfinite(agoq::fake_quantize(agoq::host, s, matrix_of<T const>(x), matrix_of<T>(out),
+    note_nonfinite(agoq::fake_quantize(executor(), s, matrix_of<T const>(x), matrix_of<T>(out),
                                        options(seed, offset)));
   });
   return out;
@@ -80,7 +80,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> rmsnorm_forward(
   torch::Tensor rstd = new_rstd(x);
   dispatch_element(x.scalar_type(), [&]<class T>(T) {
     note_nonfinite(act::rmsnorm_forward(
-        agoq::host, matrix_of<T const>(x), std::span<T const>(data_as<T const>(w), x.size(1)),
+        executor(), matrix_of<T const>(x), std::span<T const>(data_as<T const>(w), x.size(1)),
         static_cast<float>(eps), matrix_of<T>(y), view_of(s, x.size(0), x.size(1), saved),
         std::span<float>(rstd.data_ptr<float>(), x.size(0)), options(seed, offset)));
   });
@@ -94,7 +94,7 @@ std::tuple<torch::Tensor, torch::Tensor> rmsnorm_forward_plain(torch::Tensor con
   torch::Tensor y = torch::empty_like(x);
   torch::Tensor rstd = new_rstd(x);
   dispatch_element(x.scalar_type(), [&]<class T>(T) {
-    act::rmsnorm_forward(agoq::host, matrix_of<T const>(x),
+    act::rmsnorm_forward(executor(), matrix_of<T const>(x),
                          std::span<T const>(data_as<T const>(w), x.size(1)),
                          static_cast<float>(eps), matrix_of<T>(y),
                          std::span<float>(rstd.data_ptr<float>(), x.size(0)));
@@ -118,7 +118,7 @@ std::tuple<torch::Tensor, torch::Tensor> rmsnorm_backward(torch::Tensor const& d
   torch::Tensor dw = torch::zeros({dy.size(1)}, torch::TensorOptions().dtype(torch::kFloat));
   dispatch_element(dy.scalar_type(), [&]<class T>(T) {
     note_nonfinite(act::rmsnorm_backward(
-        agoq::host, matrix_of<T const>(dy), const_view_of(s, dy.size(0), dy.size(1), saved),
+        executor(), matrix_of<T const>(dy), const_view_of(s, dy.size(0), dy.size(1), saved),
         std::span<float const>(rstd.data_ptr<float>(), dy.size(0)),
         std::span<T const>(data_as<T const>(w), dy.size(1)), matrix_of<T>(dx),
         std::span<float>(dw.data_ptr<float>(), dy.size(1))));
@@ -139,7 +139,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> swiglu_forward(
   torch::Tensor saved_gate = new_buffer(sg, rows, cols);
   torch::Tensor saved_up = new_buffer(su, rows, cols);
   dispatch_element(gate.scalar_type(), [&]<class T>(T) {
-    note_nonfinite(act::swiglu_forward(agoq::host, matrix_of<T const>(gate), matrix_of<T const>(up),
+    note_nonfinite(act::swiglu_forward(executor(), matrix_of<T const>(gate), matrix_of<T const>(up),
                                        matrix_of<T>(out), view_of(sg, rows, cols, saved_gate),
                                        view_of(su, rows, cols, saved_up), options(seed, offset)));
   });
@@ -152,7 +152,7 @@ torch::Tensor swiglu_forward_plain(torch::Tensor const& gate, torch::Tensor cons
   check_same(gate, up, "swiglu_forward_plain");
   torch::Tensor out = torch::empty_like(gate);
   dispatch_element(gate.scalar_type(), [&]<class T>(T) {
-    act::swiglu_forward(agoq::host, matrix_of<T const>(gate), matrix_of<T const>(up),
+    act::swiglu_forward(executor(), matrix_of<T const>(gate), matrix_of<T const>(up),
                         matrix_of<T>(out));
   });
   return out;
@@ -173,7 +173,7 @@ std::tuple<torch::Tensor, torch::Tensor> swiglu_backward(torch::Tensor const& do
   torch::Tensor dup = torch::empty_like(dout);
   dispatch_element(dout.scalar_type(), [&]<class T>(T) {
     note_nonfinite(act::swiglu_backward(
-        agoq::host, matrix_of<T const>(dout), const_view_of(sg, rows, cols, saved_gate),
+        executor(), matrix_of<T const>(dout), const_view_of(sg, rows, cols, saved_gate),
         const_view_of(su, rows, cols, saved_up), matrix_of<T>(dgate), matrix_of<T>(dup)));
   });
   return {dgate, dup};
@@ -187,7 +187,7 @@ std::tuple<torch::Tensor, torch::Tensor> gelu_forward(torch::Tensor const& x,
   torch::Tensor y = torch::empty_like(x);
   torch::Tensor saved = new_buffer(s, x.size(0), x.size(1));
   dispatch_element(x.scalar_type(), [&]<class T>(T) {
-    note_nonfinite(act::gelu_forward(agoq::host, matrix_of<T const>(x), matrix_of<T>(y),
+    note_nonfinite(act::gelu_forward(executor(), matrix_of<T const>(x), matrix_of<T>(y),
                                      view_of(s, x.size(0), x.size(1), saved),
                                      options(seed, offset)));
   });
@@ -198,7 +198,7 @@ torch::Tensor gelu_forward_plain(torch::Tensor const& x) {
   check_matrix(x, "gelu_forward_plain");
   torch::Tensor y = torch::empty_like(x);
   dispatch_element(x.scalar_type(), [&]<class T>(T) {
-    act::gelu_forward(agoq::host, matrix_of<T const>(x), matrix_of<T>(y));
+    act::gelu_forward(executor(), matrix_of<T const>(x), matrix_of<T>(y));
   });
   return y;
 }
@@ -210,7 +210,7 @@ torch::Tensor gelu_backward(torch::Tensor const& dy, torch::Tensor const& saved,
   check_buffer(saved, s, dy.size(0), dy.size(1), "gelu_backward (saved_x)");
   torch::Tensor dx = torch::empty_like(dy);
   dispatch_element(dy.scalar_type(), [&]<class T>(T) {
-    note_nonfinite(act::gelu_backward(agoq::host, matrix_of<T const>(dy),
+    note_nonfinite(act::gelu_backward(executor(), matrix_of<T const>(dy),
                                       const_view_of(s, dy.size(0), dy.size(1), saved),
                                       matrix_of<T>(dx)));
   });
@@ -228,7 +228,7 @@ std::tuple<torch::Tensor, torch::Tensor> residual_add(torch::Tensor const& a,
   torch::Tensor sum = torch::empty_like(a);
   torch::Tensor saved = new_buffer(s, a.size(0), a.size(1));
   dispatch_element(a.scalar_type(), [&]<class T>(T) {
-    note_nonfinite(act::residual_add(agoq::host, matrix_of<T const>(a), matrix_of<T const>(b),
+    note_nonfinite(act::residual_add(executor(), matrix_of<T const>(a), matrix_of<T const>(b),
                                      matrix_of<T>(sum), view_of(s, a.size(0), a.size(1), saved),
                                      options(seed, offset)));
   });

@@ -73,19 +73,12 @@ template <class F>
 std::int64_t sum_over_chunks(host_executor ex, quantized_layout const& l, F&& f) {
   std::int64_t const n = chunk_count(l);
   std::int64_t const per_chunk = n == 0 ? 0 : l.elements() / n;
-  return parallel_sum(call_threads(ex, n, per_chunk), n, [&](std::int64_t u0, std::int64_t u1) {
+  return parallel_sum(ex, n, per_chunk, [&](std::int64_t u0, std::int64_t u1) {
     scratch s;
     std::int64_t sum = 0;
     for (std::int64_t u = u0; u < u1; ++u) sum += f(chunk_at(l, u), s);
     return sum;
   });
-}
-
-/// Runs f(r0, r1) -> int64 over the rows [0, rows) of `cols` elements each on the executor's
-/// threads and returns the sum.
-template <class F>
-std::int64_t sum_over_rows(host_executor ex, std::int64_t rows, std::int64_t cols, F&& f) {
-  return parallel_sum(call_threads(ex, rows, cols), rows, f);
 }
 
 /// Statistics of every tile of the chunk [r0, r1) x [c0, c1), and the group parameters.
@@ -256,7 +249,7 @@ std::int64_t quantize(host_executor ex, T const* x, quantized_view const& out, s
 #if defined(AGOQ_HOST_AVX512)
   if constexpr (Code::bits == 8 || Code::bits == 4) {
     if (simd && row_groups(l)) {
-      return sum_over_rows(ex, l.rows, l.cols, [&](std::int64_t r0, std::int64_t r1) {
+      return parallel_sum(ex, l.rows, l.cols, [&](std::int64_t r0, std::int64_t r1) {
         return quantize_rows_simd<Code, Rounding>(x, out, l, seed, offset, r0, r1);
       });
     }
@@ -296,7 +289,7 @@ std::int64_t dequantize(host_executor ex, const_quantized_view const& in, T* y) 
 #if defined(AGOQ_HOST_AVX512)
   if constexpr (Code::bits == 8 || Code::bits == 4) {
     if (simd && row_groups(l)) {
-      return sum_over_rows(ex, l.rows, l.cols, [&](std::int64_t r0, std::int64_t r1) {
+      return parallel_sum(ex, l.rows, l.cols, [&](std::int64_t r0, std::int64_t r1) {
         return dequantize_rows_simd<Code>(in, l, y, r0, r1);
       });
     }

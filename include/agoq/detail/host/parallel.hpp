@@ -31,47 +31,68 @@ inline int call_threads(host_executor ex, std::int64_t units, std::int64_t unit_
 }
 
 /// Calls f(u0, u1) for contiguous ranges that cover the units [0, units) exactly once, on
-/// `threads` threads (the calling thread among them, and the only one for threads <= 1), and
-/// returns the sum of what the calls return. The units must be independent of one another: which
-/// thread computes a unit then changes nothing in it. A thread that cannot be started has its
-/// range run on the calling thread. Once every thread has joined, the exception of the lowest
-/// range that threw one is rethrown.
+/// `threads` threads (the calling thread among them, and the only one for threads <= 1) or as
+/// `threads` tasks of `pool` when it has one, and returns the sum of what the calls return. The
+/// units must be independent of one another: which thread computes a unit then changes nothing
+/// in it. A thread that cannot be started has its range run on the calling thread. Once every
+/// range has returned, the exception of the lowest range that threw one is rethrown.
 template <class F>
-std::int64_t parallel_sum(int threads, std::int64_t units, F&& f) {
+std::int64_t parallel_sum(host_pool pool, int threads, std::int64_t units, F&& f) {
   if (threads <= 1 || units <= 1) return units > 0 ? f(std::int64_t{0}, units) : 0;
   auto const n = static_cast<std::size_t>(std::min<std::int64_t>(threads, units));
-  auto const begin = [&](std::size_t i) {
-    return static_cast<std::int64_t>(i) * units / static_cast<std::int64_t>(n);
-  };
-  std::vector<std::int64_t> sums(n, 0);
-  std::vector<std::exception_ptr> errors(n);
-  auto const run = [&](std::size_t i) {
-    try {
-      sums[i] = f(begin(i), begin(i + 1));
-    } catch (...) {
-      errors[i] = std::current_exception();
+  struct ranges {
+    F& f;
+    std::int64_t units;
+    std::size_t n;
+    std::vector<std::int64_t> sums;
+    std::vector<std::exception_ptr> errors;
+
+    std::int64_t begin(std::size_t i) const noexcept {
+      return static_cast<std::int64_t>(i) * units / static_cast<std::int64_t>(n);
     }
-  };
-  std::vector<std::thread> workers;
-  std::vector<std::size_t> inline_ranges;
-  workers.reserve(n - 1);  // nothing below allocates once a thread runs
-  inline_ranges.reserve(n);
-  inline_ranges.push_back(0);
-  for (std::size_t i = 1; i < n; ++i) {
-    try {
-      workers.emplace_back(run, i);
-    } catch (std::system_error const&) {
-      inline_ranges.push_back(i);
+    void run(std::size_t i) noexcept {
+      try {
+        sums[i] = f(begin(i), begin(i + 1));
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
     }
+  } r{f, units, n, std::vector<std::int64_t>(n, 0), std::vector<std::exception_ptr>(n)};
+  if (pool.run != nullptr) {
+    pool.run(pool.self, static_cast<std::int64_t>(n),
+             host_task{[](void* c, std::int64_t i) noexcept {
+                         static_cast<ranges*>(c)->run(static_cast<std::size_t>(i));
+                       },
+                       &r});
+  } else {
+    std::vector<std::thread> workers;
+    std::vector<std::size_t> inline_ranges;
+    workers.reserve(n - 1);  // nothing below allocates once a thread runs
+    inline_ranges.reserve(n);
+    inline_ranges.push_back(0);
+    for (std::size_t i = 1; i < n; ++i) {
+      try {
+        workers.emplace_back([&r, i] { r.run(i); });
+      } catch (std::system_error const&) {
+        inline_ranges.push_back(i);
+      }
+    }
+    for (std::size_t i : inline_ranges) r.run(i);
+    for (std::thread& w : workers) w.join();
   }
-  for (std::size_t i : inline_ranges) run(i);
-  for (std::thread& w : workers) w.join();
   std::int64_t total = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    if (errors[i]) std::rethrow_exception(errors[i]);
-    total += sums[i];
+    if (r.errors[i]) std::rethrow_exception(r.errors[i]);
+    total += r.sums[i];
   }
   return total;
+}
+
+/// parallel_sum on the executor's threads (or pool) for `units` units of `unit_elements` elements
+/// each (call_threads): rows of a tensor, for example.
+template <class F>
+std::int64_t parallel_sum(host_executor ex, std::int64_t units, std::int64_t unit_elements, F&& f) {
+  return parallel_sum(ex.pool, call_threads(ex, units, unit_elements), units, f);
 }
 
 }  // namespace agoq::detail::host
