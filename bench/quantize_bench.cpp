@@ -191,11 +191,14 @@ void bm_measure(benchmark::State& state, std::string const& name) {
   set_counters(state, tensor_bytes, kernel_s, memcpy_s);
 }
 
-/// quantize (or dequantize) of the 64 MiB bf16 tensor with the scheme named by `name` on
+/// What bm_threads times.
+enum class threaded_call { quantize, dequantize, measure };
+
+/// quantize, dequantize or measure of the 64 MiB bf16 tensor with the scheme named by `name` on
 /// state.range(0) threads (0: one per hardware thread), each iteration timing it and then (timing
 /// paused) the same call on one thread; `vs_one_thread` is the summed one-thread time over the
 /// summed time on the threads (the speed-up, measured over the same seconds).
-void bm_threads(benchmark::State& state, std::string const& name, bool decode) {
+void bm_threads(benchmark::State& state, std::string const& name, threaded_call what) {
   using T = agoq::bfloat16;
   agoq::spec const s = agoq::spec::parse(name);
   std::int64_t const rows = tensor_bytes / static_cast<std::int64_t>(sizeof(T)) / tensor_cols;
@@ -205,8 +208,10 @@ void bm_threads(benchmark::State& state, std::string const& name, bool decode) {
   auto const out = agoq::matrix_view<T>(reinterpret_cast<T*>(y.data.get()), rows, tensor_cols);
   agoq::host_executor const many{.threads = static_cast<int>(state.range(0))};
   auto const call = [&](agoq::host_executor ex) {
-    return decode ? agoq::dequantize(ex, std::as_const(q).view(), out)
-                  : agoq::quantize(ex, in, q.view(), agoq::quantize_options{1234, 0});
+    if (what == threaded_call::dequantize)
+      return agoq::dequantize(ex, std::as_const(q).view(), out);
+    if (what == threaded_call::measure) return agoq::activation::measure(ex, in, s).elements;
+    return agoq::quantize(ex, in, q.view(), agoq::quantize_options{1234, 0});
   };
   agoq::quantize(agoq::host, in, q.view(), agoq::quantize_options{1234, 0});
   call(agoq::host);  // every page of the output written once before timing
@@ -272,18 +277,21 @@ int main(int argc, char** argv) {
       ->UseRealTime();
   register_type<agoq::bfloat16>();
   register_type<float>();
+  auto const threads = [](std::string const& op, std::string const& name, threaded_call what) {
+    benchmark::RegisterBenchmark(("threads/" + op + "/bfloat16/" + name).c_str(),
+                                 [name, what](benchmark::State& st) { bm_threads(st, name, what); })
+        ->ArgName("threads")
+        ->Arg(2)
+        ->Arg(0)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  };
   for (std::string const name : {"int8_g128_sym_rne_f32", "int4_g128_sym_sr_f32"}) {
-    for (bool decode : {false, true}) {
-      std::string const op = decode ? "dequantize" : "quantize";
-      benchmark::RegisterBenchmark(
-          ("threads/" + op + "/bfloat16/" + name).c_str(),
-          [name, decode](benchmark::State& st) { bm_threads(st, name, decode); })
-          ->ArgName("threads")
-          ->Arg(2)
-          ->Arg(0)
-          ->Unit(benchmark::kMillisecond)
-          ->UseRealTime();
-    }
+    threads("quantize", name, threaded_call::quantize);
+    threads("dequantize", name, threaded_call::dequantize);
+  }
+  for (std::string const name : {"int4_g128_sym_rne_f32", "int8_row_sym_rne_f32"}) {
+    threads("measure", name, threaded_call::measure);
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

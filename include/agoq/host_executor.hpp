@@ -29,11 +29,11 @@ struct host_pool {
 /// thread computes which rows or groups, each of them exactly as one thread computes it.
 ///
 /// Threads: quantize, dequantize, fake_quantize (and what calls them: the weight helpers, the
-/// fused ops' passes for groupings that span rows), the fused ops' row loops, the AdamW step and
-/// the gradient buffer's accumulate split their work among `threads` threads, started by the call
-/// (or taken from `pool`) and joined before it returns, the calling thread among them; a caller's
-/// own threads may call them concurrently on different data, as with one thread. measure and the
-/// collectives' host steps run on the calling thread.
+/// fused ops' passes for groupings that span rows), the fused ops' row loops, activation::measure,
+/// the AdamW step and the gradient buffer's accumulate split their work among `threads` threads,
+/// started by the call (or taken from `pool`) and joined before it returns, the calling thread
+/// among them; a caller's own threads may call them concurrently on different data, as with one
+/// thread. The collectives' host steps run on the calling thread.
 struct host_executor {
   bool simd = true;
   /// Threads a call may use: 1 (the default) runs on the calling thread alone; 0 (or less) means

@@ -191,17 +191,20 @@ class ThreadsTest(unittest.TestCase):
             opt = agoq.AdamW8bit(p.numel(), seed=9)
             opt.step(p, u.flatten(), lr=1e-2)
             out.append(p)
-            return out
+            # measure() in one pass (groups of 128) and in two (per row: the dead zones' pass).
+            stats = [agoq.measure(x, INT4), agoq.measure(x, "int8_row_sym_rne_f32")]
+            return out, stats
         finally:
             torch.set_num_threads(saved)
 
     def test_same_bits_on_any_number_of_threads(self):
-        one = self.run_all(1)
+        one, one_stats = self.run_all(1)
         for threads in (2, 3):
-            many = self.run_all(threads)
+            many, many_stats = self.run_all(threads)
             self.assertEqual(len(one), len(many))
             for i, (a, b) in enumerate(zip(one, many)):
                 self.assertTrue(torch.equal(a, b), f"output {i} differs on {threads} threads")
+            self.assertEqual(one_stats, many_stats, f"measure() differs on {threads} threads")
 
 
 class GradientAndOptimizerTest(unittest.TestCase):

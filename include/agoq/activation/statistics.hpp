@@ -18,6 +18,7 @@
 #include <cuda/std/cmath>
 
 #include "../config.hpp"
+#include "../detail/host/parallel.hpp"
 #include "../error.hpp"
 #include "../layout/matrix.hpp"
 #include "../numeric/bits.hpp"
@@ -33,8 +34,14 @@ namespace stats_detail {
 /// thread (device) or one loop (host) sums.
 inline constexpr std::int64_t slice_cols = 256;
 
-/// Slices the host measures before folding them (72 bytes each).
+/// Slices the host measures before folding them, per thread (72 bytes each).
 inline constexpr std::int64_t host_piece_slots = 4096;
+
+/// Elements a thread measures per start of the threads where the dead zones take a second pass
+/// over bands of at most this many elements (and host_piece_slots slices): each thread measures
+/// whole bands twice in a row (the second time from its caches), and the threads start once per
+/// this many elements (or host_piece_slots slices) each.
+inline constexpr std::int64_t host_band_elements = std::int64_t{1} << 20;
 
 /// The symmetric bit widths whose dead zones are measured (tensor_stats::dead_energy).
 inline constexpr int dead_zone_widths = tensor_stats::dead_zone_widths;
@@ -521,53 +528,131 @@ class slice_folder {
 /// elements, and their count; and every group's dead zones under symmetric 2-, 4- and 8-bit codes
 /// (tensor_stats::dead_energy, live_absmax_sq, live_error_2bit). NaN and ±Inf are left out (as
 /// quantize leaves them out of a group's scale). Sums are fp64 in a fixed order, so the CUDA form
-/// (statistics.cuh) returns the same bits. Host only; reads `x` once where each group is one row
-/// of at most 256 columns (e.g. per_group<G <= 256>), else each band of tile.rows rows twice in a
-/// row (the second time for the dead zones, under the absmax the first found; from the caches
-/// where a band fits them, e.g. a row under per_row). Empty tensors give empty statistics.
+/// (statistics.cuh) returns the same bits, and so does every thread count of `ex`: its threads
+/// measure slices (or whole bands of tile.rows rows, see below) whose partials the calling thread
+/// then folds in slot order. Reads `x` once where each group is one row of at most 256 columns
+/// (e.g. per_group<G <= 256>), else each band of tile.rows rows twice in a row (the second time
+/// for the dead zones, under the absmax the first found; from the caches where a band fits them,
+/// e.g. a row under per_row). On several threads, bands of at most host_band_elements elements
+/// and host_piece_slots slices are shared out whole, at least one per thread; larger ones are
+/// measured one by one, each pass's slices shared out. Empty tensors give empty statistics.
 /// \throws agoq::invalid_argument for a tile with an extent below 1 or a null pointer.
 template <agoq::detail::readable_elements In>
 tensor_stats measure(host_executor ex, matrix_view<In> x, tile_shape tile) {
-  bool const simd = ex.simd && agoq::detail::host::simd_available;
+  namespace h = agoq::detail::host;
+  using stats_detail::slice_partial;
+  bool const simd = ex.simd && h::simd_available;
   stats_detail::slice_grid const g = stats_detail::make_slice_grid(x.extent(0), x.extent(1), tile);
   agoq::detail::check_data(x.data_handle(), x.size(), "measure");
   stats_detail::slice_folder fold(g);
-  // Slices are measured and folded in pieces of at most host_piece_slots (a row of a flat
-  // tensor can hold millions).
-  std::int64_t const piece = std::min(g.per_row(), stats_detail::host_piece_slots);
-  std::vector<stats_detail::slice_partial> parts(static_cast<std::size_t>(piece));
-  // Measures and folds every slot of rows [r0, r1): their statistics, or with `zones` (the
-  // second pass) their dead zones under their groups' pending absmax.
-  auto const sweep = [&](std::int64_t r0, std::int64_t r1, bool zones) {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      auto const* xr = x.data_handle() + r * g.cols;
-      for (std::int64_t s0 = 0; s0 < g.per_row(); s0 += piece) {
-        std::int64_t const n = std::min(piece, g.per_row() - s0);
-        for (std::int64_t s = s0; s < s0 + n; ++s) {
-          std::int64_t first = 0, count = 0;
-          g.columns(s, first, count);
-          auto& out = parts[static_cast<std::size_t>(s - s0)];
-          if (zones) {
-            out = stats_detail::slice_partial{};
-            out.absmax = fold.pending_absmax()[g.group_of(r - r0, s)];
-            stats_detail::slice_dead_zones(simd, xr + first, count, out);
-          } else {
-            out = stats_detail::slice_statistics(simd, xr + first, count, g.one_pass());
+  std::int64_t const per_row = g.per_row();
+  if (g.slots() == 0) return fold.result();
+  int const threads = h::call_threads(ex, g.slots(), std::max<std::int64_t>(g.cols / per_row, 1));
+  // Slot s of row r: its first element, and its length in `count`.
+  auto const slice = [&](std::int64_t r, std::int64_t s, std::int64_t& count) {
+    std::int64_t c = 0;
+    g.columns(s, c, count);
+    return x.data_handle() + r * g.cols + c;
+  };
+  std::int64_t const band_rows = std::min(tile.rows, g.rows);
+  std::int64_t const bands = (g.rows - 1) / band_rows + 1;
+  std::int64_t const band_elements = band_rows * g.cols;
+  std::int64_t const band_slots = band_rows * per_row;
+  if (!g.one_pass() && threads > 1 && bands >= threads &&
+      band_elements <= stats_detail::host_band_elements &&
+      band_slots <= stats_detail::host_piece_slots) {
+    // Sets of bands, each band measured twice in a row by one thread (the second time from its
+    // caches) under its groups' absmax, the largest of their slices' (as the folder records it);
+    // the threads start once per set, whose partials are then folded in slot order. A set holds
+    // host_band_elements and at most host_piece_slots a thread, and a band a thread at least.
+    std::int64_t const per_set =
+        std::max<std::int64_t>(threads * std::min(stats_detail::host_band_elements / band_elements,
+                                                  stats_detail::host_piece_slots / band_slots),
+                               threads);
+    auto const set_slots = static_cast<std::size_t>(std::min(bands, per_set) * band_slots);
+    std::vector<slice_partial> first(set_slots), second(set_slots);
+    for (std::int64_t b0 = 0; b0 < bands; b0 += per_set) {
+      std::int64_t const b1 = std::min(bands, b0 + per_set);
+      std::int64_t const s0 = b0 * band_slots;
+      h::parallel_sum(ex.pool, threads, b1 - b0, [&](std::int64_t i0, std::int64_t i1) {
+        std::vector<float> absmax(static_cast<std::size_t>(g.group_cols));
+        for (std::int64_t b = b0 + i0; b < b0 + i1; ++b) {
+          std::int64_t const r0 = b * band_rows;
+          std::int64_t const r1 = std::min(g.rows, r0 + band_rows);
+          std::fill(absmax.begin(), absmax.end(), 0.0f);
+          for (std::int64_t r = r0; r < r1; ++r) {
+            for (std::int64_t s = 0, count = 0; s < per_row; ++s) {
+              auto const* xs = slice(r, s, count);
+              slice_partial& p = first[static_cast<std::size_t>(r * per_row + s - s0)];
+              p = stats_detail::slice_statistics(simd, xs, count, false);
+              float& a = absmax[static_cast<std::size_t>(s / g.per_group)];
+              a = std::max(a, p.absmax);
+            }
+          }
+          for (std::int64_t r = r0; r < r1; ++r) {
+            for (std::int64_t s = 0, count = 0; s < per_row; ++s) {
+              auto const* xs = slice(r, s, count);
+              slice_partial& z = second[static_cast<std::size_t>(r * per_row + s - s0)];
+              z = slice_partial{};
+              z.absmax = absmax[static_cast<std::size_t>(s / g.per_group)];
+              stats_detail::slice_dead_zones(simd, xs, count, z);
+            }
           }
         }
-        if (zones) {
-          fold.add_dead_zones(parts.data(), r * g.per_row() + s0, n);
-        } else {
-          fold.add(parts.data(), r * g.per_row() + s0, n);
+        return std::int64_t{0};
+      });
+      std::int64_t const n = std::min(g.rows, b1 * band_rows) * per_row - s0;
+      fold.add(first.data(), s0, n);
+      fold.add_dead_zones(second.data(), s0, n);
+    }
+    return fold.result();
+  }
+  // Otherwise the slots among the threads, measured and folded in pieces of at most
+  // host_piece_slots a thread (a row of a flat tensor can hold millions): all at once in one
+  // pass, else band by band, each band twice (the second time from the caches where it fits).
+  std::int64_t const piece = std::min(g.slots(), stats_detail::host_piece_slots * threads);
+  std::vector<slice_partial> parts(static_cast<std::size_t>(piece));
+  // Measures and folds slots [first, last), which begin band r0's: their statistics, or with
+  // `zones` (the second pass) their dead zones under their groups' pending absmax.
+  auto const sweep = [&](std::int64_t first, std::int64_t last, std::int64_t r0, bool zones) {
+    for (std::int64_t s0 = first; s0 < last; s0 += piece) {
+      std::int64_t const n = std::min(piece, last - s0);
+      h::parallel_sum(ex.pool, threads, n, [&](std::int64_t i0, std::int64_t i1) {
+        std::int64_t r = (s0 + i0) / per_row;
+        std::int64_t s = (s0 + i0) % per_row;
+        for (std::int64_t i = i0; i < i1; ++i) {
+          std::int64_t count = 0;
+          auto const* xs = slice(r, s, count);
+          slice_partial& out = parts[static_cast<std::size_t>(i)];
+          if (zones) {
+            out = slice_partial{};
+            out.absmax = fold.pending_absmax()[g.group_of(r - r0, s)];
+            stats_detail::slice_dead_zones(simd, xs, count, out);
+          } else {
+            out = stats_detail::slice_statistics(simd, xs, count, g.one_pass());
+          }
+          if (++s == per_row) {
+            s = 0;
+            ++r;
+          }
         }
+        return std::int64_t{0};
+      });
+      if (zones) {
+        fold.add_dead_zones(parts.data(), s0, n);
+      } else {
+        fold.add(parts.data(), s0, n);
       }
     }
   };
-  for (std::int64_t r0 = 0; r0 < g.rows;) {
-    std::int64_t const r1 = g.rows - r0 <= tile.rows ? g.rows : r0 + tile.rows;
-    sweep(r0, r1, false);
-    if (!g.one_pass()) sweep(r0, r1, true);
-    r0 = r1;
+  if (g.one_pass()) {
+    sweep(0, g.slots(), 0, false);
+    return fold.result();
+  }
+  for (std::int64_t r0 = 0; r0 < g.rows; r0 += band_rows) {
+    std::int64_t const r1 = std::min(g.rows, r0 + band_rows);
+    sweep(r0 * per_row, r1 * per_row, r0, false);
+    sweep(r0 * per_row, r1 * per_row, r0, true);
   }
   return fold.result();
 }

@@ -18,11 +18,14 @@
 
 #include <doctest/doctest.h>
 
+#include "reverse_pool.hpp"
+
 using namespace agoq;
 using agoq::host_pool;
 using agoq::host_task;
 using agoq::detail::host::parallel_sum;
 using agoq::detail::host::thread_count;
+using host_test::reverse_pool;
 
 TEST_CASE("parallel_sum covers every unit once, on as many threads as asked") {
   for (int threads : {1, 2, 3, 7, 64}) {
@@ -71,23 +74,6 @@ TEST_CASE("parallel_sum rethrows the lowest range's exception after joining ever
   }
   CHECK(finished == 2);  // the ranges that did not throw ran to their end before the rethrow
 }
-
-namespace {
-
-// A pool that runs the tasks on the calling thread, last first, and counts the calls.
-struct reverse_pool {
-  int calls = 0;
-  std::int64_t tasks = 0;
-  static void run(void* self, std::int64_t n, host_task task) {
-    auto* p = static_cast<reverse_pool*>(self);
-    ++p->calls;
-    p->tasks += n;
-    for (std::int64_t i = n - 1; i >= 0; --i) task.run(task.context, i);
-  }
-  host_pool pool() { return {&run, this}; }
-};
-
-}  // namespace
 
 TEST_CASE("parallel_sum hands a caller's pool one task per range, and rethrows from it") {
   reverse_pool p;

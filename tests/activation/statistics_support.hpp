@@ -1,0 +1,63 @@
+/// \file
+/// Helpers of the tests of activation::measure: views of vectors, sample data holding what measure
+/// must leave out or handle (NaN, ±Inf, zeros, subnormals, outliers), and the comparison of two
+/// statistics bit for bit.
+#pragma once
+
+#include <agoq/activation/statistics.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace statistics_test {
+
+using agoq::activation::tensor_stats;
+
+inline float const nan_f = std::numeric_limits<float>::quiet_NaN();
+inline float const inf_f = std::numeric_limits<float>::infinity();
+
+template <class T>
+agoq::matrix_view<T const> view(std::vector<T> const& x, std::int64_t rows, std::int64_t cols) {
+  return agoq::matrix_view<T const>(x.data(), rows, cols);
+}
+
+/// n normal values (fixed seed) with outliers, zeros, subnormals and non-finite values.
+template <class T>
+std::vector<T> sample(std::int64_t n, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<T> x(static_cast<std::size_t>(n));
+  for (T& v : x) {
+    float f = normal(gen) * ((gen() % 50 == 0) ? 40.0f : 1.0f);
+    switch (gen() % 30) {
+      case 0:
+        f = 0.0f;
+        break;
+      case 1:
+        f = std::numeric_limits<float>::denorm_min() * 5.0f;
+        break;
+      case 2:
+        f = nan_f;
+        break;
+      case 3:
+        f = (gen() & 1) ? inf_f : -inf_f;
+        break;
+      default:
+        break;
+    }
+    v = agoq::numeric::from_float<T>(f);
+  }
+  return x;
+}
+
+inline bool same_bits(tensor_stats const& a, tensor_stats const& b) {
+  return a.tile == b.tile && a.elements == b.elements && a.sum_squares == b.sum_squares &&
+         a.sum_group_absmax_sq == b.sum_group_absmax_sq &&
+         a.sum_group_range_sq == b.sum_group_range_sq && a.has_dead_zones == b.has_dead_zones &&
+         a.dead_energy == b.dead_energy && a.live_absmax_sq == b.live_absmax_sq &&
+         a.live_error_2bit == b.live_error_2bit;
+}
+
+}  // namespace statistics_test
