@@ -18,6 +18,7 @@ using agoq::activation::tensor_stats;
 inline float const nan_f = std::numeric_limits<float>::quiet_NaN();
 inline float const inf_f = std::numeric_limits<float>::infinity();
 
+/// The [rows, cols] view of x.
 template <class T>
 agoq::matrix_view<T const> view(std::vector<T> const& x, std::int64_t rows, std::int64_t cols) {
   return agoq::matrix_view<T const>(x.data(), rows, cols);
@@ -52,6 +53,17 @@ std::vector<T> sample(std::int64_t n, std::uint64_t seed) {
   return x;
 }
 
+/// The group tiles the tests measure a [rows, cols] tensor under: groups in rows (narrower than,
+/// as wide as and wider than a slice; one per row), the whole tensor, columns, small and large
+/// blocks, and tiles two rows tall.
+inline std::vector<agoq::tile_shape> groupings(std::int64_t rows, std::int64_t cols) {
+  using agoq::tile_shape;
+  return {tile_shape{1, 128},  tile_shape{1, 32},      tile_shape{1, 1000},
+          tile_shape{1, cols}, tile_shape{rows, cols}, tile_shape{rows, 1},
+          tile_shape{3, 4},    tile_shape{128, 128},   tile_shape{2, 700}};
+}
+
+/// True when a and b hold the same statistics, bit for bit.
 inline bool same_bits(tensor_stats const& a, tensor_stats const& b) {
   return a.tile == b.tile && a.elements == b.elements && a.sum_squares == b.sum_squares &&
          a.sum_group_absmax_sq == b.sum_group_absmax_sq &&

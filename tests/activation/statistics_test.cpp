@@ -161,10 +161,7 @@ TEST_CASE_TEMPLATE("measure: every grouping against the plain computation", T, f
   for (shape const sh :
        {shape{1, 1}, shape{3, 300}, shape{7, 1000}, shape{5, 513}, shape{16, 64}, shape{2, 2049}}) {
     std::vector<T> const x = sample<T>(sh.rows * sh.cols, seed++);
-    for (tile_shape const t :
-         {tile_shape{1, 128}, tile_shape{1, 32}, tile_shape{1, 1000}, tile_shape{1, sh.cols},
-          tile_shape{sh.rows, sh.cols}, tile_shape{sh.rows, 1}, tile_shape{3, 4},
-          tile_shape{128, 128}, tile_shape{2, 700}}) {
+    for (tile_shape const t : groupings(sh.rows, sh.cols)) {
       CAPTURE(sh.rows);
       CAPTURE(sh.cols);
       CAPTURE(t.rows);

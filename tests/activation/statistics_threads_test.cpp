@@ -1,6 +1,7 @@
 // activation::measure on several threads of the host executor: the same statistics, bit for bit,
-// as on one thread, for groupings measured in one pass and in two (the dead zones' second pass
-// over bands measured together), pieces of slices that end inside rows, and a caller's pool.
+// as on one thread, for groupings measured in one pass and in two (bands shared out whole, or one
+// by one with each pass's slices shared out), pieces of slices that end inside rows, and a
+// caller's pool.
 #include <agoq/activation/statistics.hpp>
 
 #include <doctest/doctest.h>
@@ -27,10 +28,7 @@ TEST_CASE_TEMPLATE("measure gives the same bits on any number of threads", T, fl
   for (shape const sh : {shape{1, 1}, shape{3, 300}, shape{7, 1000}, shape{64, 700},
                          shape{40, 3000}, shape{2, 2049}, shape{257, 33}}) {
     std::vector<T> const x = sample<T>(sh.rows * sh.cols, seed++);
-    for (tile_shape const t :
-         {tile_shape{1, 128}, tile_shape{1, 32}, tile_shape{1, 1000}, tile_shape{1, sh.cols},
-          tile_shape{sh.rows, sh.cols}, tile_shape{sh.rows, 1}, tile_shape{3, 4},
-          tile_shape{128, 128}, tile_shape{2, 700}}) {
+    for (tile_shape const t : groupings(sh.rows, sh.cols)) {
       CAPTURE(sh.rows);
       CAPTURE(sh.cols);
       CAPTURE(t.rows);
