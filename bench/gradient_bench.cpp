@@ -1,9 +1,10 @@
 /// \file
 /// The 8-bit gradient all-reduce on the CPU executor.
 ///
-/// - `reduce_step/P<P>`: the fused step a chunk's owner runs (dequantize the P received int8
-///   chunks, sum in fp32 in rank order, requantize into the block it all-gathers), one thread,
-///   beside a memcpy of the same bytes: the P received blocks (what the step must read).
+/// - `reduce_step/P<P>/threads:<T>`: the fused step a chunk's owner runs (dequantize the P
+///   received int8 chunks, sum in fp32 in rank order, requantize into the block it all-gathers),
+///   on T threads of the host executor, beside a memcpy of the same bytes: the P received blocks
+///   (what the step must read).
 ///   SetBytesProcessed counts those bytes, and `vs_memcpy` is memcpy time over step time,
 ///   measured in-run (each iteration times the step, then, timing paused, the memcpy).
 /// - `all_reduce_8bit/P<P>` and `all_reduce_fp32/P<P>`: the whole collective over an
@@ -44,9 +45,11 @@ std::vector<float> normal(std::int64_t n, std::uint64_t seed) {
   return v;
 }
 
-/// The fused dequantize-sum-requantize step of chunk 0 (4 Mi elements) from P blocks.
+/// The fused dequantize-sum-requantize step of chunk 0 (4 Mi elements) from P blocks, on
+/// state.range(1) threads.
 void bm_reduce_step(benchmark::State& state) {
   int const p = static_cast<int>(state.range(0));
+  agoq::host_executor const ex{.threads = static_cast<int>(state.range(1))};
   std::int64_t const chunk = std::int64_t{4} << 20;
   gr::chunk_plan const plan(chunk * p, 128, p);
   agoq::spec const s = gr::payload_spec(128, agoq::rounding_kind::nearest);
@@ -62,8 +65,8 @@ void bm_reduce_step(benchmark::State& state) {
   }
   std::vector<float> scratch;
   auto step = [&] {
-    return gr::detail::requantize_chunk(agoq::host, plan, 0, s, 0, 0, out.data(), [&](auto&& emit) {
-      return gr::detail::reduce_blocks(agoq::host, plan, 0, recv.data(), s, 1.0f, scratch, emit);
+    return gr::detail::requantize_chunk(plan, 0, s, 0, 0, out.data(), [&](auto&& emit) {
+      return gr::detail::reduce_blocks(ex, plan, 0, recv.data(), s, 1.0f, scratch, emit);
     });
   };
   step();
@@ -176,9 +179,10 @@ void ranks(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(bm_reduce_step)
     ->Name("reduce_step")
-    ->ArgName("P")
-    ->Arg(4)
-    ->Arg(8)
+    ->ArgNames({"P", "threads"})
+    ->Args({4, 1})
+    ->Args({8, 1})
+    ->Args({4, 2})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(bm_all_reduce_8bit)->Name("all_reduce_8bit")->Apply(ranks);

@@ -1,5 +1,8 @@
-// The host executor's threads in the AdamW step and the gradient buffer's accumulate: the same
-// bits and counts as on one thread (chunks and pieces split among the threads).
+// The host executor's threads in the AdamW step, the gradient buffer's accumulate and the 8-bit
+// collectives' host steps: the same bits and counts as on one thread (chunks and pieces split
+// among the threads).
+#include <agoq/comm/in_process.hpp>
+#include <agoq/gradient/all_reduce.hpp>
 #include <agoq/gradient/buffer.hpp>
 #include <agoq/optim/adamw.hpp>
 
@@ -14,6 +17,8 @@
 #include <vector>
 
 #include <doctest/doctest.h>
+
+#include "gradient/support.hpp"
 
 using namespace agoq;
 using namespace agoq::optim;
@@ -90,5 +95,56 @@ TEST_CASE("gradient_buffer: accumulate gives the same bits on any number of thre
     }
     CHECK(std::memcmp(b.view().codes, one.view().codes, static_cast<std::size_t>(b.bytes())) == 0);
     CHECK(b.nonfinite_count() == one.nonfinite_count());
+  }
+}
+
+TEST_CASE("the 8-bit collectives give the same bits on any number of threads") {
+  // Each rank packs, reduces and unpacks its chunks in pieces of whole groups on its executor's
+  // threads: 3 ranks (flat, reduce-scatter) and 2 nodes of 2 (hierarchical), 20000 elements
+  // with NaN and Inf, nearest and stochastic rounding.
+  using namespace agoq::gradient;
+  std::int64_t const n = 20000;
+  std::vector<std::vector<float>> in;
+  for (unsigned r = 0; r < 4; ++r) {
+    in.push_back(normal(n, 40 + r));
+    in[r][17 * r + 5] =
+        r == 1 ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+  }
+  for (rounding_kind rounding : {rounding_kind::nearest, rounding_kind::stochastic}) {
+    all_reduce_options const opt{.group_size = 64, .rounding = rounding, .seed = 7};
+    // Every rank's outputs (all-reduce, reduce-scatter shard, hierarchical) and reports.
+    auto const run = [&](host_executor ex) {
+      std::vector<std::vector<float>> out(10, std::vector<float>(static_cast<std::size_t>(n)));
+      std::vector<std::int64_t> reports(12);
+      comm::in_process_group::run(3, [&](auto c) {
+        auto const r = static_cast<std::size_t>(c.rank());
+        all_reduce_result const a =
+            all_reduce_8bit(ex, c, std::span<float const>(in[r]), std::span<float>(out[r]), opt);
+        reduce_scatter_result const b = reduce_scatter_8bit(ex, c, std::span<float const>(in[r]),
+                                                            std::span<float>(out[3 + r]), opt);
+        reports[4 * r] = a.nonfinite;
+        reports[4 * r + 1] = a.local_nonfinite;
+        reports[4 * r + 2] = b.nonfinite;
+        reports[4 * r + 3] = b.local_nonfinite;
+      });
+      gradient_test::node_world world(2, 2);
+      world.run([&](int w, auto& intra, auto& inter) {
+        auto const r = static_cast<std::size_t>(w);
+        all_reduce_8bit_hierarchical(ex, intra, inter, std::span<float const>(in[r]),
+                                     std::span<float>(out[6 + r]), opt);
+      });
+      return std::pair{out, reports};
+    };
+    auto const [one, one_flags] = run(host_executor{});
+    for (int threads : {2, 3}) {
+      CAPTURE(threads);
+      auto const [many, many_flags] =
+          run(host_executor{.threads = threads, .min_elements_per_thread = 1});
+      for (std::size_t k = 0; k < one.size(); ++k) {
+        CAPTURE(k);
+        CHECK(std::memcmp(many[k].data(), one[k].data(), one[k].size() * sizeof(float)) == 0);
+      }
+      CHECK(many_flags == one_flags);
+    }
   }
 }

@@ -30,10 +30,11 @@ struct host_pool {
 ///
 /// Threads: quantize, dequantize, fake_quantize (and what calls them: the weight helpers, the
 /// fused ops' passes for groupings that span rows), the fused ops' row loops, activation::measure,
-/// the AdamW step and the gradient buffer's accumulate split their work among `threads` threads,
-/// started by the call (or taken from `pool`) and joined before it returns, the calling thread
-/// among them; a caller's own threads may call them concurrently on different data, as with one
-/// thread. The collectives' host steps run on the calling thread.
+/// the AdamW step, the gradient buffer's accumulate and the 8-bit collectives' host steps (pack,
+/// reduce-requantize, unpack; the communicator's calls stay on the calling thread) split their
+/// work among `threads` threads, started by the call (or taken from `pool`) and joined before it
+/// returns, the calling thread among them; a caller's own threads may call them concurrently on
+/// different data, as with one thread.
 struct host_executor {
   bool simd = true;
   /// Threads a call may use: 1 (the default) runs on the calling thread alone; 0 (or less) means

@@ -682,12 +682,16 @@ TEST_CASE("the reduce step's vector and portable loops equal dequantize-then-add
           if (divisor != 1.0f) {
             for (float& w : want) w = w / divisor;
           }
-          for (host_executor ex : {portable, host}) {
+          // On one thread (portable and AVX-512 loops) and with the pieces split among threads.
+          for (host_executor ex :
+               {portable, host, host_executor{.threads = 3, .min_elements_per_thread = 1}}) {
             std::vector<float> got(want.size(), -1.0f), scratch;
-            gradient::detail::reduce_blocks(ex, plan, j, recv.data(), s, divisor, scratch,
-                                            [&](std::int64_t b, float const* sum, std::int64_t m) {
-                                              std::copy(sum, sum + m, got.begin() + b);
-                                            });
+            gradient::detail::reduce_blocks(
+                ex, plan, j, recv.data(), s, divisor, scratch,
+                [&](host_executor, std::int64_t b, float const* sum, std::int64_t m) {
+                  std::copy(sum, sum + m, got.begin() + b);
+                  return std::int64_t{0};
+                });
             for (std::size_t i = 0; i < want.size(); ++i) {
               REQUIRE(numeric::float_bits(got[i]) == numeric::float_bits(want[i]));
             }

@@ -257,13 +257,20 @@ struct span_source {
   std::uint64_t position0 = 0;
   std::uint8_t flags = 0;  ///< header flags to add on every block (none for a plain input)
 
+  /// Quantizes chunk j into `block` in pieces of whole groups on the executor's threads (the same
+  /// bits as one quantize of the chunk); returns the non-finite count.
   std::int64_t pack(host_executor ex, chunk_plan const& plan, std::int64_t j, spec const& s,
                     std::uint64_t key, std::byte* block) const {
     std::int64_t const b = plan.begin(j);
     std::int64_t const n = plan.count(j);
-    if (n == 0) return 0;
-    return quantize<payload_codes>(ex, as_row(data + b, n), payload_view(s, plan, block, n),
-                                   {key, position0 + static_cast<std::uint64_t>(b)});
+    quantized_view const out = payload_view(s, plan, block, n);
+    std::vector<float> unused;
+    return for_each_piece(ex, n, plan.group_size, unused,
+                          [&](host_executor one, std::int64_t c, std::int64_t m, float*) {
+                            return quantize<payload_codes>(
+                                one, as_row(data + b + c, m), sub_view(out, c, m),
+                                {key, position0 + static_cast<std::uint64_t>(b + c)});
+                          });
   }
 };
 
@@ -384,48 +391,53 @@ inline void sum_blocks(host_executor ex, chunk_plan const& plan, std::byte const
   }
 }
 
+/// What reduce_blocks returns: the OR of the blocks' header flags, and the sum of what its emit
+/// calls returned.
+struct reduced {
+  std::uint8_t flags = 0;
+  std::int64_t emitted = 0;
+};
+
 /// The fused dequantize-sum(-divide) step of the rank owning chunk j: reads the P blocks of
 /// `recv` (block r from rank r), and for each piece of whole groups (about 4096 elements) calls
-/// emit(b, s, n) with the fp32 sums s[0, n) of chunk elements [b, b + n), summed in rank order
-/// 0..P-1 and divided by `divisor` unless it is 1 (sum_blocks). Returns the OR of the blocks'
-/// header flags. `scratch` is resized to at most one piece.
+/// emit(one, b, s, n) with the fp32 sums s[0, n) of chunk elements [b, b + n), summed in rank
+/// order 0..P-1 and divided by `divisor` unless it is 1 (sum_blocks), and `one`, the executor
+/// on one thread. The pieces are split among the executor's threads (for_each_piece: `scratch`
+/// holds a piece's sums on one thread), so emit must only touch its own piece.
 template <class Emit>
-std::uint8_t reduce_blocks(host_executor ex, chunk_plan const& plan, std::int64_t j,
-                           std::byte const* recv, spec const& s, float divisor,
-                           std::vector<float>& scratch, Emit&& emit) {
+reduced reduce_blocks(host_executor ex, chunk_plan const& plan, std::int64_t j,
+                      std::byte const* recv, spec const& s, float divisor,
+                      std::vector<float>& scratch, Emit&& emit) {
   std::int64_t const bb = plan.block_bytes();
   std::int64_t const count = plan.count(j);
-  std::uint8_t flags = 0;
-  for (std::int64_t r = 0; r < plan.ranks; ++r)
-    flags |= checked_header(recv + r * bb, plan, j).flags;
-  if (count == 0) return flags;
-  std::int64_t const piece = std::min(count, piece_elements(plan.group_size));
-  scratch.resize(static_cast<std::size_t>(piece));
-  float* acc = scratch.data();
-  for (std::int64_t b = 0; b < count; b += piece) {
-    std::int64_t const n = std::min(piece, count - b);
-    sum_blocks(ex, plan, recv, s, count, b, n, divisor, acc);
-    emit(b, static_cast<float const*>(acc), n);
-  }
-  return flags;
+  reduced r;
+  for (std::int64_t k = 0; k < plan.ranks; ++k)
+    r.flags |= checked_header(recv + k * bb, plan, j).flags;
+  r.emitted = for_each_piece(ex, count, plan.group_size, scratch,
+                             [&](host_executor one, std::int64_t b, std::int64_t n, float* acc) {
+                               sum_blocks(one, plan, recv, s, count, b, n, divisor, acc);
+                               return emit(one, b, static_cast<float const*>(acc), n);
+                             });
+  return r;
 }
 
 /// The requantization of a reduced chunk j into `block` (zeroed first), with its header; returns
 /// the header flags written (the received flags, plus non-finite when a sum overflowed).
 template <class Reduce>
-std::uint8_t requantize_chunk(host_executor ex, chunk_plan const& plan, std::int64_t j,
-                              spec const& s, std::uint64_t key, std::uint64_t position0,
-                              std::byte* block, Reduce&& reduce) {
+std::uint8_t requantize_chunk(chunk_plan const& plan, std::int64_t j, spec const& s,
+                              std::uint64_t key, std::uint64_t position0, std::byte* block,
+                              Reduce&& reduce) {
   std::memset(block, 0, static_cast<std::size_t>(plan.block_bytes()));
   std::int64_t const count = plan.count(j);
   quantized_view const out = payload_view(s, plan, block, count);
-  std::int64_t nonfinite = 0;
-  std::uint8_t flags = reduce([&](std::int64_t b, float const* sum, std::int64_t n) {
-    nonfinite +=
-        quantize<payload_codes>(ex, as_row(sum, n), sub_view(out, b, n),
-                                {key, position0 + static_cast<std::uint64_t>(plan.begin(j) + b)});
-  });
-  if (nonfinite > 0) flags |= payload_flag_nonfinite;
+  reduced const r =
+      reduce([&](host_executor one, std::int64_t b, float const* sum, std::int64_t n) {
+        return quantize<payload_codes>(
+            one, as_row(sum, n), sub_view(out, b, n),
+            {key, position0 + static_cast<std::uint64_t>(plan.begin(j) + b)});
+      });
+  std::uint8_t flags = r.flags;
+  if (r.emitted > 0) flags |= payload_flag_nonfinite;
   write_payload_header(block, flags, plan.group_size, count);
   return flags;
 }
@@ -434,12 +446,17 @@ std::uint8_t requantize_chunk(host_executor ex, chunk_plan const& plan, std::int
 template <class Out>
 struct span_sink {
   Out* data = nullptr;
+  /// Dequantizes block j in pieces of whole groups on the executor's threads.
   void operator()(host_executor ex, chunk_plan const& plan, std::int64_t j, spec const& s,
                   std::byte const* block) const {
     std::int64_t const n = plan.count(j);
-    if (n > 0)
-      dequantize<payload_codes>(ex, payload_view(s, plan, block, n),
-                                as_row(data + plan.begin(j), n));
+    const_quantized_view const in = payload_view(s, plan, block, n);
+    Out* out = data + plan.begin(j);
+    std::vector<float> unused;
+    for_each_piece(ex, n, plan.group_size, unused,
+                   [&](host_executor one, std::int64_t c, std::int64_t m, float*) {
+                     return dequantize<payload_codes>(one, sub_view(in, c, m), as_row(out + c, m));
+                   });
   }
 };
 
@@ -529,7 +546,7 @@ all_reduce_result all_reduce(host_executor ex, C& comm, std::int64_t n, Source c
   auto& [p, rank, plan, s, bb, send, recv, local] = x;
   std::vector<float> scratch;
   float const divisor = opt.average ? static_cast<float>(p) : 1.0f;
-  requantize_chunk(ex, plan, rank, s, stream_key(opt.seed, opt.step, stream_tag::gather, 0), 0,
+  requantize_chunk(plan, rank, s, stream_key(opt.seed, opt.step, stream_tag::gather, 0), 0,
                    send.data(), [&](auto&& emit) {
                      return reduce_blocks(ex, plan, rank, recv.data(), s, divisor, scratch, emit);
                    });
@@ -553,11 +570,14 @@ reduce_scatter_result reduce_scatter(host_executor ex, C& comm, std::int64_t n, 
   auto& [p, rank, plan, s, bb, send, recv, local] = x;
   std::vector<float> scratch;
   float const divisor = opt.average ? static_cast<float>(p) : 1.0f;
-  std::uint8_t const flags = reduce_blocks(ex, plan, rank, recv.data(), s, divisor, scratch,
-                                           [&](std::int64_t b, float const* sum, std::int64_t m) {
-                                             for (std::int64_t i = 0; i < m; ++i)
-                                               shard[b + i] = numeric::from_float<Out>(sum[i]);
-                                           });
+  std::uint8_t const flags =
+      reduce_blocks(ex, plan, rank, recv.data(), s, divisor, scratch,
+                    [&](host_executor, std::int64_t b, float const* sum, std::int64_t m) {
+                      for (std::int64_t i = 0; i < m; ++i)
+                        shard[b + i] = numeric::from_float<Out>(sum[i]);
+                      return std::int64_t{0};
+                    })
+          .flags;
   return {(flags & payload_flag_nonfinite) != 0, local, plan.begin(rank), plan.end(rank)};
 }
 
@@ -605,9 +625,11 @@ all_reduce_result hierarchical(host_executor ex, Intra& intra, Inter& inter, std
   std::vector<float> scratch;
   std::uint8_t const node_flags =
       reduce_blocks(ex, node, i, recv.data(), s, 1.0f, scratch,
-                    [&](std::int64_t b, float const* sum, std::int64_t m2) {
+                    [&](host_executor, std::int64_t b, float const* sum, std::int64_t m2) {
                       std::memcpy(shard.data() + b, sum, static_cast<std::size_t>(m2) * 4);
-                    });
+                      return std::int64_t{0};
+                    })
+          .flags;
 
   // Across nodes: the flat algorithm on the shard, positions counted in the bucket.
   chunk_plan const peers(shard_n, opt.group_size, k);
@@ -622,7 +644,7 @@ all_reduce_result hierarchical(host_executor ex, Intra& intra, Inter& inter, std
       psend.data());
   inter.all_to_all(psend.data(), precv.data(), static_cast<std::size_t>(pb));
   float const divisor = opt.average ? static_cast<float>(l) * static_cast<float>(k) : 1.0f;
-  requantize_chunk(ex, peers, a, s, stream_key(opt.seed, opt.step, stream_tag::inter_gather, 0),
+  requantize_chunk(peers, a, s, stream_key(opt.seed, opt.step, stream_tag::inter_gather, 0),
                    static_cast<std::uint64_t>(shard_begin), psend.data(), [&](auto&& emit) {
                      return reduce_blocks(ex, peers, a, precv.data(), s, divisor, scratch, emit);
                    });

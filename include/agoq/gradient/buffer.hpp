@@ -39,6 +39,32 @@ AGOQ_HOST_DEVICE constexpr std::int64_t piece_elements(std::int64_t group_size) 
   return (k > 0 ? k : 1) * group_size;
 }
 
+/// Calls f(one, b, n, acc) for the pieces [b, b + n) of [0, count): whole groups of `group_size`,
+/// piece_elements of them but the last, split among the executor's threads, and returns the sum
+/// of what f returns. `one` is the executor on one thread (each piece is one thread's work) and
+/// `acc` a buffer of a piece's floats: `scratch` (resized to at most a piece) on one thread, a
+/// buffer of each thread's own on several. The pieces must be independent of one another.
+template <class F>
+std::int64_t for_each_piece(host_executor ex, std::int64_t count, std::int64_t group_size,
+                            std::vector<float>& scratch, F&& f) {
+  if (count <= 0) return 0;
+  std::int64_t const piece = std::min(count, piece_elements(group_size));
+  std::int64_t const pieces = (count + piece - 1) / piece;
+  int const threads = agoq::detail::host::call_threads(ex, pieces, piece);
+  if (threads <= 1) scratch.resize(static_cast<std::size_t>(piece));
+  host_executor const one{.simd = ex.simd};
+  return agoq::detail::host::parallel_sum(
+      ex.pool, threads, pieces, [&](std::int64_t p0, std::int64_t p1) {
+        std::vector<float> own(threads > 1 ? static_cast<std::size_t>(piece) : 0);
+        float* acc = threads > 1 ? own.data() : scratch.data();
+        std::int64_t sum = 0;
+        for (std::int64_t b = p0 * piece; b < std::min(count, p1 * piece); b += piece) {
+          sum += f(one, b, std::min(piece, count - b), acc);
+        }
+        return sum;
+      });
+}
+
 /// Throws agoq::invalid_argument unless 32 <= group_size <= 256.
 inline void check_group_size(std::int64_t g, char const* what) {
   AGOQ_EXPECTS(
@@ -85,8 +111,7 @@ class gradient_buffer {
   /// std::bad_alloc when memory runs out.
   explicit gradient_buffer(std::int64_t n, buffer_options const& opt = {})
       : opt_(detail::checked_options(opt, "gradient_buffer")),
-        tensor_(payload_spec(opt.group_size, opt.rounding), 1, n),
-        scratch_(static_cast<std::size_t>(std::min(n, detail::piece_elements(opt.group_size)))) {}
+        tensor_(payload_spec(opt.group_size, opt.rounding), 1, n) {}
 
   /// Number of elements.
   std::int64_t size() const noexcept { return tensor_.cols(); }
@@ -136,28 +161,17 @@ class gradient_buffer {
       nonfinite = quantize<detail::payload_codes>(
           ex, as_row(static_cast<T const*>(g.data()), size()), v, {key, 0});
     } else {
-      // Pieces of whole groups, each decoded, added to and requantized on its own: split among
-      // the executor's threads (one thread uses the buffer's scratch, more their own).
-      std::int64_t const piece = detail::piece_elements(opt_.group_size);
-      std::int64_t const pieces = (size() + piece - 1) / piece;
-      int const threads = agoq::detail::host::call_threads(ex, pieces, piece);
-      host_executor const one{.simd = ex.simd};
-      nonfinite = agoq::detail::host::parallel_sum(
-          ex.pool, threads, pieces, [&](std::int64_t p0, std::int64_t p1) {
-            std::vector<float> own(threads > 1 ? static_cast<std::size_t>(piece) : 0);
-            float* acc = threads > 1 ? own.data() : scratch_.data();
-            std::int64_t count = 0;
-            for (std::int64_t b = p0 * piece; b < std::min(size(), p1 * piece); b += piece) {
-              std::int64_t const n = std::min(piece, size() - b);
-              quantized_view const part = sub_view(v, b, n);
-              dequantize<detail::payload_codes>(one, const_quantized_view(part), as_row(acc, n));
-              T const* x = g.data() + b;
-              for (std::int64_t i = 0; i < n; ++i) acc[i] = acc[i] + numeric::to_float(x[i]);
-              count +=
-                  quantize<detail::payload_codes>(one, as_row(static_cast<float const*>(acc), n),
-                                                  part, {key, static_cast<std::uint64_t>(b)});
-            }
-            return count;
+      // Pieces of whole groups, each decoded, added to and requantized on its own, split among
+      // the executor's threads.
+      nonfinite = detail::for_each_piece(
+          ex, size(), opt_.group_size, scratch_,
+          [&](host_executor one, std::int64_t b, std::int64_t n, float* acc) {
+            quantized_view const part = sub_view(v, b, n);
+            dequantize<detail::payload_codes>(one, const_quantized_view(part), as_row(acc, n));
+            T const* x = g.data() + b;
+            for (std::int64_t i = 0; i < n; ++i) acc[i] = acc[i] + numeric::to_float(x[i]);
+            return quantize<detail::payload_codes>(one, as_row(static_cast<float const*>(acc), n),
+                                                   part, {key, static_cast<std::uint64_t>(b)});
           });
     }
     empty_ = false;
