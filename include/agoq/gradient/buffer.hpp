@@ -157,9 +157,15 @@ class gradient_buffer {
     std::int64_t nonfinite = 0;
     if (empty_) {
       // 0 + x == x for every x (and -0 encodes like +0), so the first addition quantizes g
-      // directly: the same bits, one pass.
-      nonfinite = quantize<detail::payload_codes>(
-          ex, as_row(static_cast<T const*>(g.data()), size()), v, {key, 0});
+      // directly: the same bits, one pass, in pieces of whole groups among the threads.
+      std::vector<float> unused;
+      nonfinite =
+          detail::for_each_piece(ex, size(), opt_.group_size, unused,
+                                 [&](host_executor one, std::int64_t b, std::int64_t n, float*) {
+                                   return quantize<detail::payload_codes>(
+                                       one, as_row(static_cast<T const*>(g.data()) + b, n),
+                                       sub_view(v, b, n), {key, static_cast<std::uint64_t>(b)});
+                                 });
     } else {
       // Pieces of whole groups, each decoded, added to and requantized on its own, split among
       // the executor's threads.
