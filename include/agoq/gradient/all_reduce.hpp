@@ -257,20 +257,18 @@ struct span_source {
   std::uint64_t position0 = 0;
   std::uint8_t flags = 0;  ///< header flags to add on every block (none for a plain input)
 
-  /// Quantizes chunk j into `block` in pieces of whole groups on the executor's threads (the same
+  /// Quantizes chunk j into `block` in ranges of whole groups on the executor's threads (the same
   /// bits as one quantize of the chunk); returns the non-finite count.
   std::int64_t pack(host_executor ex, chunk_plan const& plan, std::int64_t j, spec const& s,
                     std::uint64_t key, std::byte* block) const {
     std::int64_t const b = plan.begin(j);
     std::int64_t const n = plan.count(j);
     quantized_view const out = payload_view(s, plan, block, n);
-    std::vector<float> unused;
-    return for_each_piece(ex, n, plan.group_size, unused,
-                          [&](host_executor one, std::int64_t c, std::int64_t m, float*) {
-                            return quantize<payload_codes>(
-                                one, as_row(data + b + c, m), sub_view(out, c, m),
-                                {key, position0 + static_cast<std::uint64_t>(b + c)});
-                          });
+    return for_each_range(
+        ex, n, plan.group_size, [&](host_executor one, std::int64_t c, std::int64_t e) {
+          return quantize<payload_codes>(one, as_row(data + b + c, e - c), sub_view(out, c, e - c),
+                                         {key, position0 + static_cast<std::uint64_t>(b + c)});
+        });
   }
 };
 
@@ -446,17 +444,15 @@ std::uint8_t requantize_chunk(chunk_plan const& plan, std::int64_t j, spec const
 template <class Out>
 struct span_sink {
   Out* data = nullptr;
-  /// Dequantizes block j in pieces of whole groups on the executor's threads.
+  /// Dequantizes block j in ranges of whole groups on the executor's threads.
   void operator()(host_executor ex, chunk_plan const& plan, std::int64_t j, spec const& s,
                   std::byte const* block) const {
     std::int64_t const n = plan.count(j);
     const_quantized_view const in = payload_view(s, plan, block, n);
     Out* out = data + plan.begin(j);
-    std::vector<float> unused;
-    for_each_piece(ex, n, plan.group_size, unused,
-                   [&](host_executor one, std::int64_t c, std::int64_t m, float*) {
-                     return dequantize<payload_codes>(one, sub_view(in, c, m), as_row(out + c, m));
-                   });
+    for_each_range(ex, n, plan.group_size, [&](host_executor one, std::int64_t c, std::int64_t e) {
+      return dequantize<payload_codes>(one, sub_view(in, c, e - c), as_row(out + c, e - c));
+    });
   }
 };
 

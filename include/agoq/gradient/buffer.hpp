@@ -39,30 +39,44 @@ AGOQ_HOST_DEVICE constexpr std::int64_t piece_elements(std::int64_t group_size) 
   return (k > 0 ? k : 1) * group_size;
 }
 
-/// Calls f(one, b, n, acc) for the pieces [b, b + n) of [0, count): whole groups of `group_size`,
-/// piece_elements of them but the last, split among the executor's threads, and returns the sum
-/// of what f returns. `one` is the executor on one thread (each piece is one thread's work) and
-/// `acc` a buffer of a piece's floats: `scratch` (resized to at most a piece) on one thread, a
-/// buffer of each thread's own on several. The pieces must be independent of one another.
+/// Calls f(one, b, e) for contiguous ranges [b, e) that cover [0, count) once, one per thread of
+/// the executor, each of whole pieces (piece_elements: whole groups of `group_size`) but the last,
+/// and returns the sum of what f returns. `one` is the executor on one thread (each range is one
+/// thread's work). The ranges must be independent of one another; on one thread f gets the whole
+/// of [0, count) in one call.
 template <class F>
-std::int64_t for_each_piece(host_executor ex, std::int64_t count, std::int64_t group_size,
-                            std::vector<float>& scratch, F&& f) {
+std::int64_t for_each_range(host_executor ex, std::int64_t count, std::int64_t group_size, F&& f) {
   if (count <= 0) return 0;
   std::int64_t const piece = std::min(count, piece_elements(group_size));
   std::int64_t const pieces = (count + piece - 1) / piece;
-  int const threads = agoq::detail::host::call_threads(ex, pieces, piece);
-  if (threads <= 1) scratch.resize(static_cast<std::size_t>(piece));
   host_executor const one{.simd = ex.simd};
-  return agoq::detail::host::parallel_sum(
-      ex.pool, threads, pieces, [&](std::int64_t p0, std::int64_t p1) {
-        std::vector<float> own(threads > 1 ? static_cast<std::size_t>(piece) : 0);
-        float* acc = threads > 1 ? own.data() : scratch.data();
-        std::int64_t sum = 0;
-        for (std::int64_t b = p0 * piece; b < std::min(count, p1 * piece); b += piece) {
-          sum += f(one, b, std::min(piece, count - b), acc);
-        }
-        return sum;
-      });
+  return agoq::detail::host::parallel_sum(ex.pool,
+                                          agoq::detail::host::call_threads(ex, pieces, piece),
+                                          pieces, [&](std::int64_t p0, std::int64_t p1) {
+                                            return f(one, p0 * piece, std::min(count, p1 * piece));
+                                          });
+}
+
+/// Calls f(one, b, n, acc) for every piece [b, b + n) of [0, count) (piece_elements: whole groups
+/// of `group_size`, the last shorter), the pieces split among the executor's threads by
+/// for_each_range, and returns the sum of what f returns. `acc` is a buffer of a piece's floats:
+/// `scratch` (resized to at most a piece) where one range covers everything, else a buffer of
+/// each range's own.
+template <class F>
+std::int64_t for_each_piece(host_executor ex, std::int64_t count, std::int64_t group_size,
+                            std::vector<float>& scratch, F&& f) {
+  std::int64_t const piece = std::min(count, piece_elements(group_size));
+  return for_each_range(ex, count, group_size,
+                        [&](host_executor one, std::int64_t b0, std::int64_t e) {
+                          bool const whole = b0 == 0 && e == count;
+                          if (whole) scratch.resize(static_cast<std::size_t>(piece));
+                          std::vector<float> own(whole ? 0 : static_cast<std::size_t>(piece));
+                          float* acc = whole ? scratch.data() : own.data();
+                          std::int64_t sum = 0;
+                          for (std::int64_t b = b0; b < e; b += piece)
+                            sum += f(one, b, std::min(piece, e - b), acc);
+                          return sum;
+                        });
 }
 
 /// Throws agoq::invalid_argument unless 32 <= group_size <= 256.
@@ -157,15 +171,13 @@ class gradient_buffer {
     std::int64_t nonfinite = 0;
     if (empty_) {
       // 0 + x == x for every x (and -0 encodes like +0), so the first addition quantizes g
-      // directly: the same bits, one pass, in pieces of whole groups among the threads.
-      std::vector<float> unused;
-      nonfinite =
-          detail::for_each_piece(ex, size(), opt_.group_size, unused,
-                                 [&](host_executor one, std::int64_t b, std::int64_t n, float*) {
-                                   return quantize<detail::payload_codes>(
-                                       one, as_row(static_cast<T const*>(g.data()) + b, n),
-                                       sub_view(v, b, n), {key, static_cast<std::uint64_t>(b)});
-                                 });
+      // directly: the same bits, one pass, in ranges of whole groups among the threads.
+      nonfinite = detail::for_each_range(
+          ex, size(), opt_.group_size, [&](host_executor one, std::int64_t b, std::int64_t e) {
+            return quantize<detail::payload_codes>(
+                one, as_row(static_cast<T const*>(g.data()) + b, e - b), sub_view(v, b, e - b),
+                {key, static_cast<std::uint64_t>(b)});
+          });
     } else {
       // Pieces of whole groups, each decoded, added to and requantized on its own, split among
       // the executor's threads.
