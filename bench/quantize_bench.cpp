@@ -197,15 +197,18 @@ enum class threaded_call { quantize, dequantize, measure };
 /// quantize, dequantize or measure of the 64 MiB bf16 tensor with the scheme named by `name` on
 /// state.range(0) threads (0: one per hardware thread), each iteration timing it and then (timing
 /// paused) the same call on one thread; `vs_one_thread` is the summed one-thread time over the
-/// summed time on the threads (the speed-up, measured over the same seconds).
-void bm_threads(benchmark::State& state, std::string const& name, threaded_call what) {
+/// summed time on the threads (the speed-up, measured over the same seconds). `flat`: the tensor
+/// as one row (a flat buffer) instead of rows of tensor_cols.
+void bm_threads(benchmark::State& state, std::string const& name, threaded_call what, bool flat) {
   using T = agoq::bfloat16;
   agoq::spec const s = agoq::spec::parse(name);
-  std::int64_t const rows = tensor_bytes / static_cast<std::int64_t>(sizeof(T)) / tensor_cols;
-  auto const in = agoq::matrix_view<T const>(input<T>(), rows, tensor_cols);
-  agoq::quantized_tensor q(s, rows, tensor_cols);
+  std::int64_t const elements = tensor_bytes / static_cast<std::int64_t>(sizeof(T));
+  std::int64_t const cols = flat ? elements : tensor_cols;
+  std::int64_t const rows = elements / cols;
+  auto const in = agoq::matrix_view<T const>(input<T>(), rows, cols);
+  agoq::quantized_tensor q(s, rows, cols);
   buffer y(tensor_bytes);
-  auto const out = agoq::matrix_view<T>(reinterpret_cast<T*>(y.data.get()), rows, tensor_cols);
+  auto const out = agoq::matrix_view<T>(reinterpret_cast<T*>(y.data.get()), rows, cols);
   agoq::host_executor const many{.threads = static_cast<int>(state.range(0))};
   auto const call = [&](agoq::host_executor ex) {
     if (what == threaded_call::dequantize)
@@ -277,9 +280,11 @@ int main(int argc, char** argv) {
       ->UseRealTime();
   register_type<agoq::bfloat16>();
   register_type<float>();
-  auto const threads = [](std::string const& op, std::string const& name, threaded_call what) {
-    benchmark::RegisterBenchmark(("threads/" + op + "/bfloat16/" + name).c_str(),
-                                 [name, what](benchmark::State& st) { bm_threads(st, name, what); })
+  auto const threads = [](std::string const& op, std::string const& name, threaded_call what,
+                          bool flat = false) {
+    benchmark::RegisterBenchmark(
+        ("threads/" + op + "/bfloat16/" + name).c_str(),
+        [name, what, flat](benchmark::State& st) { bm_threads(st, name, what, flat); })
         ->ArgName("threads")
         ->Arg(2)
         ->Arg(0)
@@ -290,6 +295,9 @@ int main(int argc, char** argv) {
     threads("quantize", name, threaded_call::quantize);
     threads("dequantize", name, threaded_call::dequantize);
   }
+  // A flat buffer (one row of 32 Mi elements, as gradients and weights are often held).
+  threads("quantize_flat", "int8_g128_sym_rne_f32", threaded_call::quantize, true);
+  threads("dequantize_flat", "int8_g128_sym_rne_f32", threaded_call::dequantize, true);
   for (std::string const name : {"int4_g128_sym_rne_f32", "int8_row_sym_rne_f32"}) {
     threads("measure", name, threaded_call::measure);
   }

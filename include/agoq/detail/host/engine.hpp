@@ -189,51 +189,52 @@ inline bool row_groups(quantized_layout const& l) noexcept {
 
 #if defined(AGOQ_HOST_AVX512)
 
-/// quantize along rows of groups (row_groups, 8- or 4-bit codes): each group's statistics, then its
-/// codes while the group is still in the L1 cache.
+/// quantize along rows of groups (row_groups, 8- or 4-bit codes), the groups [k0, k1) of the
+/// group grid in row-major order (so that a call of one row, a flat tensor, splits among threads
+/// too): each group's statistics, then its codes while the group is still in the L1 cache.
 template <code_format Code, rounding_mode Rounding, class T>
-std::int64_t quantize_rows_simd(T const* x, quantized_view const& out, quantized_layout const& l,
-                                std::uint64_t seed, std::uint64_t offset, std::int64_t r0,
-                                std::int64_t r1) {
+std::int64_t quantize_groups_simd(T const* x, quantized_view const& out, quantized_layout const& l,
+                                  std::uint64_t seed, std::uint64_t offset, std::int64_t k0,
+                                  std::int64_t k1) {
   std::int64_t const g = l.tile.cols;
   std::vector<float> draws;
   if constexpr (Rounding::kind == rounding_kind::stochastic) {
     draws.resize(static_cast<std::size_t>(std::min(g, l.cols)));
   }
   std::int64_t nonfinite = 0;
-  for (std::int64_t r = r0; r < r1; ++r) {
-    T const* row = x + r * l.cols;
-    std::uint8_t* codes = out.codes + r * l.code_row_bytes;
-    for (std::int64_t b = 0, k = r * l.group_grid_cols; b < l.cols; b += g, ++k) {
-      std::int64_t const n = std::min(g, l.cols - b);
-      segment_stats const st = stats_segment_simd<Code>(row + b, n);
-      nonfinite += st.nonfinite;
-      group_params const p = make_group_params<Code>(out.spec.scale, st.stats);
-      store_group_params(out, k, p);
-      if constexpr (Rounding::kind == rounding_kind::stochastic) {
-        uniforms_simd(seed, offset + static_cast<std::uint64_t>(r * l.cols + b), n, draws.data());
-      }
-      encode_simd<Code, Rounding::kind, Code::bits>(row + b, n, p, draws.data(),
-                                                    codes + b * Code::bits / 8);
+  for (std::int64_t k = k0; k < k1; ++k) {
+    std::int64_t const r = k / l.group_grid_cols;
+    std::int64_t const b = (k - r * l.group_grid_cols) * g;
+    std::int64_t const n = std::min(g, l.cols - b);
+    T const* group = x + r * l.cols + b;
+    segment_stats const st = stats_segment_simd<Code>(group, n);
+    nonfinite += st.nonfinite;
+    group_params const p = make_group_params<Code>(out.spec.scale, st.stats);
+    store_group_params(out, k, p);
+    if constexpr (Rounding::kind == rounding_kind::stochastic) {
+      uniforms_simd(seed, offset + static_cast<std::uint64_t>(r * l.cols + b), n, draws.data());
     }
+    encode_simd<Code, Rounding::kind, Code::bits>(
+        group, n, p, draws.data(), out.codes + r * l.code_row_bytes + b * Code::bits / 8);
   }
   return nonfinite;
 }
 
-/// dequantize along rows of groups (row_groups, 8- or 4-bit codes), unpacking codes in registers.
+/// dequantize along rows of groups (row_groups, 8- or 4-bit codes), the groups [k0, k1) of the
+/// group grid in row-major order, unpacking codes in registers.
 template <code_format Code, class T>
-std::int64_t dequantize_rows_simd(const_quantized_view const& in, quantized_layout const& l, T* y,
-                                  std::int64_t r0, std::int64_t r1) {
+std::int64_t dequantize_groups_simd(const_quantized_view const& in, quantized_layout const& l, T* y,
+                                    std::int64_t k0, std::int64_t k1) {
   std::int64_t const g = l.tile.cols;
   std::int64_t nonfinite = 0;
-  for (std::int64_t r = r0; r < r1; ++r) {
-    std::uint8_t const* codes = in.codes + r * l.code_row_bytes;
-    for (std::int64_t b = 0, k = r * l.group_grid_cols; b < l.cols; b += g, ++k) {
-      std::int64_t const n = std::min(g, l.cols - b);
-      group_params const p = load_group_params(in, k);
-      if (!numeric::is_finite(p.scale)) nonfinite += n;
-      decode_simd<Code, Code::bits>(codes + b * Code::bits / 8, n, p, y + r * l.cols + b);
-    }
+  for (std::int64_t k = k0; k < k1; ++k) {
+    std::int64_t const r = k / l.group_grid_cols;
+    std::int64_t const b = (k - r * l.group_grid_cols) * g;
+    std::int64_t const n = std::min(g, l.cols - b);
+    group_params const p = load_group_params(in, k);
+    if (!numeric::is_finite(p.scale)) nonfinite += n;
+    decode_simd<Code, Code::bits>(in.codes + r * l.code_row_bytes + b * Code::bits / 8, n, p,
+                                  y + r * l.cols + b);
   }
   return nonfinite;
 }
@@ -249,9 +250,10 @@ std::int64_t quantize(host_executor ex, T const* x, quantized_view const& out, s
 #if defined(AGOQ_HOST_AVX512)
   if constexpr (Code::bits == 8 || Code::bits == 4) {
     if (simd && row_groups(l)) {
-      return parallel_sum(ex, l.rows, l.cols, [&](std::int64_t r0, std::int64_t r1) {
-        return quantize_rows_simd<Code, Rounding>(x, out, l, seed, offset, r0, r1);
-      });
+      return parallel_sum(
+          ex, l.groups(), std::min(l.tile.cols, l.cols), [&](std::int64_t k0, std::int64_t k1) {
+            return quantize_groups_simd<Code, Rounding>(x, out, l, seed, offset, k0, k1);
+          });
     }
   }
 #endif
@@ -289,9 +291,10 @@ std::int64_t dequantize(host_executor ex, const_quantized_view const& in, T* y) 
 #if defined(AGOQ_HOST_AVX512)
   if constexpr (Code::bits == 8 || Code::bits == 4) {
     if (simd && row_groups(l)) {
-      return parallel_sum(ex, l.rows, l.cols, [&](std::int64_t r0, std::int64_t r1) {
-        return dequantize_rows_simd<Code>(in, l, y, r0, r1);
-      });
+      return parallel_sum(ex, l.groups(), std::min(l.tile.cols, l.cols),
+                          [&](std::int64_t k0, std::int64_t k1) {
+                            return dequantize_groups_simd<Code>(in, l, y, k0, k1);
+                          });
     }
   }
 #endif
