@@ -55,8 +55,7 @@ matrix_view<bfloat16 const> in(std::uint32_t seed) {
   return matrix_view<bfloat16 const>(input(seed).data(), rows, cols);
 }
 
-/// The three forms of one op. `plain`, `fused` and `unfused` are callables run once per
-/// iteration.
+/// One timed form: `measured` against `plain`, callables run once per iteration.
 template <class Plain, class Run>
 void run(benchmark::State& state, Plain&& plain, Run&& measured, std::int64_t bytes) {
   using clock = std::chrono::steady_clock;
@@ -87,6 +86,20 @@ void run_threads(benchmark::State& state, Fused&& fused, std::int64_t bytes) {
   state.counters.erase("vs_plain");
 }
 
+/// Form `form` of one op (register_all's names): 0 the plain op, 1 fused, 2 unfused (each timed
+/// against the plain op), 3 the fused op on two threads against one. `fused_on(ex)` runs the
+/// fused op on an executor.
+template <class Plain, class FusedOn, class Unfused>
+void run_form(benchmark::State& state, int form, Plain const& plain, FusedOn const& fused_on,
+              Unfused const& unfused, std::int64_t bytes) {
+  if (form == 0) run(state, plain, plain, bytes);
+  if (form == 1)
+    run(
+        state, plain, [&] { fused_on(agoq::host); }, bytes);
+  if (form == 2) run(state, plain, unfused, bytes);
+  if (form == 3) run_threads(state, fused_on, bytes);
+}
+
 constexpr std::int64_t tensor_bytes = rows * cols * 2;
 
 void rmsnorm(benchmark::State& state, int form) {
@@ -103,15 +116,11 @@ void rmsnorm(benchmark::State& state, int form) {
   auto fused_on = [&](agoq::host_executor ex) {
     act::rmsnorm_forward(ex, in(1), ws, 1e-5f, yv, saved.view(), std::span<float>(rstd), opt);
   };
-  auto fused = [&] { fused_on(agoq::host); };
   auto unfused = [&] {
     plain();
     agoq::quantize(agoq::host, in(1), saved.view(), opt);
   };
-  if (form == 0) run(state, plain, plain, 2 * tensor_bytes);
-  if (form == 1) run(state, plain, fused, 2 * tensor_bytes);
-  if (form == 2) run(state, plain, unfused, 2 * tensor_bytes);
-  if (form == 3) run_threads(state, fused_on, 2 * tensor_bytes);
+  run_form(state, form, plain, fused_on, unfused, 2 * tensor_bytes);
 }
 
 void swiglu(benchmark::State& state, int form) {
@@ -122,16 +131,12 @@ void swiglu(benchmark::State& state, int form) {
   auto fused_on = [&](agoq::host_executor ex) {
     act::swiglu_forward(ex, in(1), in(2), ov, sg.view(), su.view(), opt);
   };
-  auto fused = [&] { fused_on(agoq::host); };
   auto unfused = [&] {
     plain();
     agoq::quantize(agoq::host, in(1), sg.view(), opt);
     agoq::quantize(agoq::host, in(2), su.view(), {opt.seed, opt.offset + rows * cols});
   };
-  if (form == 0) run(state, plain, plain, 3 * tensor_bytes);
-  if (form == 1) run(state, plain, fused, 3 * tensor_bytes);
-  if (form == 2) run(state, plain, unfused, 3 * tensor_bytes);
-  if (form == 3) run_threads(state, fused_on, 3 * tensor_bytes);
+  run_form(state, form, plain, fused_on, unfused, 3 * tensor_bytes);
 }
 
 void gelu(benchmark::State& state, int form) {
@@ -142,15 +147,11 @@ void gelu(benchmark::State& state, int form) {
   auto fused_on = [&](agoq::host_executor ex) {
     act::gelu_forward(ex, in(1), yv, saved.view(), opt);
   };
-  auto fused = [&] { fused_on(agoq::host); };
   auto unfused = [&] {
     plain();
     agoq::quantize(agoq::host, in(1), saved.view(), opt);
   };
-  if (form == 0) run(state, plain, plain, 2 * tensor_bytes);
-  if (form == 1) run(state, plain, fused, 2 * tensor_bytes);
-  if (form == 2) run(state, plain, unfused, 2 * tensor_bytes);
-  if (form == 3) run_threads(state, fused_on, 2 * tensor_bytes);
+  run_form(state, form, plain, fused_on, unfused, 2 * tensor_bytes);
 }
 
 void residual(benchmark::State& state, int form) {
@@ -161,16 +162,12 @@ void residual(benchmark::State& state, int form) {
   auto fused_on = [&](agoq::host_executor ex) {
     act::residual_add(ex, in(1), in(2), sv, saved.view(), opt);
   };
-  auto fused = [&] { fused_on(agoq::host); };
   auto unfused = [&] {
     plain();
     agoq::quantize(agoq::host, matrix_view<bfloat16 const>(sum.data(), rows, cols), saved.view(),
                    opt);
   };
-  if (form == 0) run(state, plain, plain, 3 * tensor_bytes);
-  if (form == 1) run(state, plain, fused, 3 * tensor_bytes);
-  if (form == 2) run(state, plain, unfused, 3 * tensor_bytes);
-  if (form == 3) run_threads(state, fused_on, 3 * tensor_bytes);
+  run_form(state, form, plain, fused_on, unfused, 3 * tensor_bytes);
 }
 
 void register_all() {
