@@ -177,6 +177,9 @@ class ThreadsTest(unittest.TestCase):
             w = torch.rand(1024, generator=gen) + 0.5
             out = [agoq.compress(x, INT8_SR, seed=1), agoq.fake_quantize(x, INT4, seed=1)]
             out.append(agoq.decompress(out[0], INT8_SR, 512, 1024))
+            # One row of groups (a flat buffer), which the row path splits by groups.
+            flat = agoq.compress(x.reshape(1, -1), INT8, seed=1)
+            out += [flat, agoq.decompress(flat, INT8, 1, x.numel())]
             y, sx, rstd = agoq.rmsnorm_forward(x, w, 1e-6, INT8, seed=3)
             out += [y, sx, rstd, *agoq.rmsnorm_backward(u, sx, INT8, rstd, w)]
             o, sg, su = agoq.swiglu_forward(x, u, INT4, INT8, seed=2)
