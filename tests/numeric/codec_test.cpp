@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include <doctest/doctest.h>
 
@@ -174,4 +175,107 @@ TEST_CASE("floor_stochastic rounds up with probability floor(2^24 f) / 2^24, exa
     CHECK(outside == 0);
     CHECK(ups == static_cast<std::int64_t>(std::floor(f * 16777216.0)));
   }
+}
+
+namespace {
+
+// The clamp and saturation of the codec written with float comparisons and selects: the
+// definition that codec.hpp computes on the bits (so that loops calling it vectorize).
+template <class Code>
+float clamped_by_selects(float v, group_params p) {
+  float lo, hi;
+  if constexpr (Code::has_zero_point) {
+    lo = static_cast<float>(-p.zero_point);
+    hi = static_cast<float>(Code::levels - p.zero_point);
+  } else {
+    hi = static_cast<float>(Code::qmax);
+    lo = -hi;
+  }
+  v = v != v ? 0.0f : v;
+  v = v < lo ? lo : v;
+  return v > hi ? hi : v;
+}
+
+float saturated_by_selects(float y) {
+  float const m = std::numeric_limits<float>::max();
+  y = y > m ? m : y;
+  return y < -m ? -m : y;
+}
+
+// Every 4093rd float bit pattern, the specials and the neighbourhoods of the clamp bounds.
+template <class F>
+void for_swept_floats(F&& f) {
+  for (std::uint64_t u = 0; u <= 0xffffffffull; u += 4093)
+    f(numeric::bits_float(static_cast<std::uint32_t>(u)));
+  for (std::uint32_t u : {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                          0xffc00000u, 0x7f800001u, 0xffffffffu, 0x00000001u, 0x80000001u}) {
+    f(numeric::bits_float(u));
+  }
+  for (int k = -256; k <= 256; ++k) {
+    for (float d : {-0.5f, -0x1p-20f, 0.0f, 0x1p-20f, 0.5f}) f(static_cast<float>(k) + d);
+  }
+}
+
+// Zero points to try: both ends of the range and inside it (0 alone without a zero point).
+template <class Code>
+std::vector<std::int32_t> zero_points() {
+  if constexpr (Code::has_zero_point) {
+    return {0, 1, Code::levels / 2, Code::levels - 1, Code::levels};
+  } else {
+    return {0};
+  }
+}
+
+template <class Code>
+void check_integer_encoders_against_selects(group_params p) {
+  float const draws[] = {0.0f, 0.5f, 1.0f - 0x1p-24f};
+  std::int64_t mismatches = 0;
+  for_swept_floats([&](float v) {
+    float const c = clamped_by_selects<Code>(v, p);
+    std::uint8_t const nearest = numeric::integer_code<Code>(numeric::rne_small(c), p);
+    mismatches += numeric::nearest_code<Code>(v, p) != nearest;
+    for (float const u : draws) {
+      std::uint8_t const st = numeric::integer_code<Code>(numeric::floor_stochastic(c, u), p);
+      mismatches += numeric::stochastic_code<Code>(v, p, u) != st;
+    }
+  });
+  INFO("zero point " << p.zero_point);
+  CHECK(mismatches == 0);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("the integer encoders' clamp on the bits equals the float clamp", Code,
+                   int_sym<2>, int_sym<4>, int_sym<8>, uint_asym<2>, uint_asym<4>, uint_asym<8>) {
+  for (std::int32_t const z : zero_points<Code>()) {
+    check_integer_encoders_against_selects<Code>(group_params{1.0f, z});
+  }
+}
+
+TEST_CASE_TEMPLATE("decode saturates at ±FLT_MAX on the bits as the float selects do", Code,
+                   int_sym<4>, int_sym<8>, uint_asym<8>, fp8_e4m3, fp8_e5m2) {
+  float const big = std::numeric_limits<float>::max();
+  float const inf = std::numeric_limits<float>::infinity();
+  std::int64_t mismatches = 0;
+  for (float const s : {1.0f, 3.0e36f, 1.0e38f, big, inf, -inf, std::nanf(""), 1e-30f}) {
+    for (std::int32_t const z : zero_points<Code>()) {
+      group_params const p{s, z};
+      for (std::uint32_t c = 0; c < (1u << Code::bits); ++c) {
+        auto const code = static_cast<std::uint8_t>(c);
+        float y;
+        if constexpr (is_fp8_code<Code>) {
+          y = numeric::fp8_to_float(code, Code::format) * p.scale;
+        } else if constexpr (Code::has_zero_point) {
+          y = static_cast<float>(static_cast<std::int32_t>(code) - p.zero_point) * p.scale;
+        } else {
+          y = static_cast<float>(numeric::sign_extend(code, Code::bits)) * p.scale;
+        }
+        float const want = saturated_by_selects(y);
+        float const got = decode<Code>(code, p);
+        mismatches +=
+            (want != want) ? (got == got) : (numeric::float_bits(got) != numeric::float_bits(want));
+      }
+    }
+  }
+  CHECK(mismatches == 0);
 }

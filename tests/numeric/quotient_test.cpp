@@ -154,7 +154,7 @@ __m512 vector_quotient(numeric::scale_divisor const& d, __m512 x) {
 
 // Sweeps x over bit patterns first, first + stride, ... below 2^32 for one scale, comparing the
 // divisor's quotient (16 lanes at a time where AVX-512 is compiled) with x / scale.
-tally sweep(float s, std::uint64_t first, std::uint64_t stride, bool scalar_too) {
+tally sweep(float s, std::uint64_t first, std::uint64_t stride, [[maybe_unused]] bool scalar_too) {
   tally t;
   numeric::scale_divisor const d(s);
 #if defined(AGOQ_HOST_AVX512)

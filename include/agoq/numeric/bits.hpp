@@ -20,6 +20,20 @@ AGOQ_HOST_DEVICE constexpr float bits_float(std::uint32_t u) noexcept {
   return cuda::std::bit_cast<float>(u);
 }
 
+/// All ones where `c` holds, else 0: a mask to select bits with, where a select of floats would
+/// keep g++ (under its default -ftrapping-math) from vectorizing the loop around it. Host and
+/// device.
+AGOQ_HOST_DEVICE constexpr std::uint32_t all_ones_if(bool c) noexcept {
+  return 0u - static_cast<std::uint32_t>(c);
+}
+
+/// c ? a : b on the bits, through a mask: both sides are computed, and no select of floats is
+/// left for g++'s -ftrapping-math to keep a loop around it scalar. Host and device.
+AGOQ_HOST_DEVICE constexpr float select_float(bool c, float a, float b) noexcept {
+  std::uint32_t const m = all_ones_if(c);
+  return bits_float((float_bits(a) & m) | (float_bits(b) & ~m));
+}
+
 /// Smallest positive normal float, 2^-126. Scales below it are treated as zero (DESIGN §4).
 inline constexpr float min_normal_float = 1.17549435e-38f;
 /// Largest finite float.
@@ -37,6 +51,14 @@ AGOQ_HOST_DEVICE inline float rne_small(float v) noexcept {
   constexpr float magic = 12582912.0f;
   float const t = v + magic;
   return t - magic;
+}
+
+/// floor(v) of a float whose magnitude is at most 2^22: the nearest integer (rne_small), less one
+/// where that lies above v. Exact and vectorizable (floorf is not, under g++'s -ftrapping-math);
+/// floor_small(-0) is +0. Host and device.
+AGOQ_HOST_DEVICE inline float floor_small(float v) noexcept {
+  float const r = rne_small(v);
+  return select_float(r > v, r - 1.0f, r);
 }
 
 }  // namespace agoq::numeric

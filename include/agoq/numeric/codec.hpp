@@ -97,9 +97,10 @@ AGOQ_HOST_DEVICE constexpr std::uint32_t code_mask(int bits) noexcept {
 /// within 2^-24 of a step), never moves an integer v (so a clamped v stays in range), and is v's
 /// floor at u = 0.
 AGOQ_HOST_DEVICE inline float floor_stochastic(float v, float u) noexcept {
-  float const q = cuda::std::floor(v);
-  bool const up = q == -1.0f ? u >= -v : 1.0f - u <= v - q;
-  return up ? q + 1.0f : q;
+  float const q = floor_small(v);
+  bool const near_zero = q == -1.0f;
+  bool const up = (near_zero & (u >= -v)) | (!near_zero & (1.0f - u <= v - q));
+  return select_float(up, q + 1.0f, q);
 }
 
 /// Sign-extends a b-bit two's complement field.
@@ -151,19 +152,30 @@ namespace numeric {
 /// The quotient v = x / scale of an integer code with NaN replaced by 0, clamped to the code's
 /// range in units of the scale: [-qmax, qmax] (symmetric) or [-z, 2^b - 1 - z] (asymmetric). The
 /// bounds are integers, so clamping before rounding equals clamping the rounded code.
+///
+/// Computed on the bits, with no branch and no select of a float: a NaN's magnitude bits are
+/// masked to 0 (leaving ±0), and the magnitude is clamped as an unsigned integer (which orders
+/// like the value for non-negative floats, +Inf included) to the bound on its sign's side, z
+/// being in [0, 2^b - 1] as make_group_params makes it. (A value clamped to a zero bound keeps
+/// its sign, -0, which every code derived from it reads as 0.) A float select would let g++
+/// (whose -ftrapping-math keeps it from speculating a float operation) split a loop calling this
+/// into paths and leave it scalar; this form vectorizes.
 template <code_format Code>
 AGOQ_HOST_DEVICE inline float clamped_quotient(float v, group_params p) noexcept {
-  float lo, hi;
+  std::uint32_t const b = float_bits(v);
+  std::uint32_t const sign = b & 0x80000000u;
+  std::uint32_t a = b & 0x7fffffffu;
+  a &= all_ones_if(a <= 0x7f800000u);  // NaN -> 0
+  std::uint32_t limit;
   if constexpr (Code::has_zero_point) {
-    lo = static_cast<float>(-p.zero_point);
-    hi = static_cast<float>(Code::levels - p.zero_point);
+    std::uint32_t const hi = float_bits(static_cast<float>(Code::levels - p.zero_point));
+    std::uint32_t const lo = float_bits(static_cast<float>(p.zero_point));
+    limit = hi ^ ((hi ^ lo) & all_ones_if(sign != 0));  // sign ? z : 2^b - 1 - z
   } else {
-    hi = static_cast<float>(Code::qmax);
-    lo = -hi;
+    limit = float_bits(static_cast<float>(Code::qmax));
   }
-  v = v != v ? 0.0f : v;
-  v = v < lo ? lo : v;
-  return v > hi ? hi : v;
+  a = a < limit ? a : limit;
+  return bits_float(sign | a);
 }
 
 /// The stored code of an integer-valued quantization step q: q + z (asymmetric) or q's low
@@ -230,7 +242,7 @@ AGOQ_HOST_DEVICE inline std::uint8_t stochastic_code(float v, group_params p, fl
     std::uint32_t const u32 = float_bits(v);
     std::uint32_t const a = u32 & 0x7fffffffu;
     std::uint32_t const code = ((u32 >> 24) & 0x80u) | fp8_stochastic_magnitude(a, u, Code::format);
-    return static_cast<std::uint8_t>(a > 0x7f800000u ? 0u : code);
+    return static_cast<std::uint8_t>(code & all_ones_if(a <= 0x7f800000u));  // NaN -> 0
   } else {
     return integer_code<Code>(floor_stochastic(clamped_quotient<Code>(v, p), u), p);
   }
@@ -291,8 +303,10 @@ AGOQ_HOST_DEVICE inline float decode(std::uint8_t code, group_params p) noexcept
   } else {
     y = static_cast<float>(numeric::sign_extend(code, Code::bits)) * p.scale;
   }
-  y = y > numeric::max_finite_float ? numeric::max_finite_float : y;  // NaN passes
-  return y < -numeric::max_finite_float ? -numeric::max_finite_float : y;
+  // Only ±Inf lies past ±FLT_MAX (NaN passes): their bits less one are those of ±FLT_MAX. On the
+  // bits, so that loops decoding into half (whose narrowing is float arithmetic) vectorize.
+  std::uint32_t const b = numeric::float_bits(y);
+  return numeric::bits_float(b - static_cast<std::uint32_t>((b & 0x7fffffffu) == 0x7f800000u));
 }
 
 }  // namespace agoq

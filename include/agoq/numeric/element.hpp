@@ -41,33 +41,43 @@ AGOQ_HOST_DEVICE constexpr std::uint16_t float_to_bf16_bits(float x) noexcept {
   return static_cast<std::uint16_t>(rounded >> 16);
 }
 
-/// binary16 bits -> float (exact, subnormals included). Host and device.
+/// binary16 bits -> float (exact, subnormals included). Host and device. Branch-free (the three
+/// cases selected by masks), so that loops widening halves vectorize.
 AGOQ_HOST_DEVICE constexpr float half_bits_to_float(std::uint16_t h) noexcept {
   std::uint32_t const sign = std::uint32_t{h & 0x8000u} << 16;
-  std::uint32_t const exp = (h >> 10) & 0x1fu;
-  std::uint32_t const man = h & 0x3ffu;
-  if (exp == 0x1fu) return bits_float(sign | 0x7f800000u | (man << 13));
-  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
-  // Subnormal or zero: man * 2^-24 is exact in binary32.
-  float const mag = static_cast<float>(man) * 5.9604644775390625e-8f;
-  return sign ? -mag : mag;
+  std::uint32_t const a = h & 0x7fffu;
+  // Normal: the exponent rebiased (15 -> 127) and the mantissa moved to the float's fields.
+  std::uint32_t const normal = (a << 13) + (112u << 23);
+  // Inf and NaN: the float's all-ones exponent, the same mantissa.
+  std::uint32_t const inf_nan = (a << 13) | 0x7f800000u;
+  // Subnormal or zero: a * 2^-24, exact in binary32.
+  std::uint32_t const sub = float_bits(static_cast<float>(a & 0x3ffu) * 5.9604644775390625e-8f);
+  std::uint32_t const is_sub = all_ones_if(a < 0x400u);
+  std::uint32_t const is_big = all_ones_if(a >= 0x7c00u);
+  std::uint32_t const mag = (sub & is_sub) | (inf_nan & is_big) | (normal & ~(is_sub | is_big));
+  return bits_float(sign | mag);
 }
 
 /// float -> binary16 bits, round to nearest even, overflow to infinity, NaN to a quiet NaN.
-/// Host and device.
+/// Host and device. Branch-free (the cases selected by masks), so that loops narrowing to half
+/// vectorize.
 AGOQ_HOST_DEVICE constexpr std::uint16_t float_to_half_bits(float x) noexcept {
   std::uint32_t const u = float_bits(x);
-  auto const sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  std::uint32_t const sign = (u >> 16) & 0x8000u;
   std::uint32_t const a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-  if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds past 65504
-  if (a < 0x38800000u) {
-    // Result is subnormal (or zero): round a * 2^24 to an integer, exactly.
-    float const scaled = bits_float(a) * 16777216.0f;
-    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(rne_small(scaled)));
-  }
-  std::uint32_t const rounded = a + 0xfffu + ((a >> 13) & 1u);
-  return static_cast<std::uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+  std::uint32_t const nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+  // Normal result: the 13 dropped bits rounded to even on the integer bits, rebiased (127 -> 15).
+  std::uint32_t const normal = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
+  // Subnormal result (or zero): a * 2^24 rounded to an integer, exactly: the low bits of its sum
+  // with 1.5 * 2^23 (the product is at most 2^10 once a is capped at the subnormal bound).
+  float const scaled = bits_float(a < 0x38800000u ? a : 0x38800000u) * 16777216.0f;
+  std::uint32_t const sub = float_bits(scaled + 12582912.0f) - 0x4b400000u;
+  std::uint32_t const is_nan = all_ones_if(a > 0x7f800000u);
+  std::uint32_t const is_inf = all_ones_if(a >= 0x477ff000u) & ~is_nan;  // rounds past 65504
+  std::uint32_t const is_sub = all_ones_if(a < 0x38800000u);
+  std::uint32_t const mag =
+      (nan & is_nan) | (0x7c00u & is_inf) | (sub & is_sub) | (normal & ~(is_nan | is_inf | is_sub));
+  return static_cast<std::uint16_t>(sign | mag);
 }
 
 /// The raw 16 bits of a half or bfloat16 value. Host and device.

@@ -66,7 +66,7 @@ AGOQ_HOST_DEVICE constexpr float fp8_magnitude_to_float(std::uint32_t mag, fp8_f
 /// what the OCP format says they are. Exact. Without a branch (the device kernels' decode): the
 /// code's sign, exponent and mantissa bits moved into a float's, whose value is then the FP8 value
 /// times 2^(bias - 127) (an FP8 subnormal lands on a float subnormal with the same significand),
-/// times 2^(127 - bias), exact; the codes past max_code (NaN, and E5M2's ±Inf) by a select. Host
+/// times 2^(127 - bias), exact; the codes past max_code (NaN, and E5M2's ±Inf) by a mask. Host
 /// and device.
 AGOQ_HOST_DEVICE constexpr float fp8_to_float(std::uint8_t code, fp8_format f) noexcept {
   auto const bias = static_cast<std::uint32_t>(f.exponent_bias);
@@ -75,8 +75,9 @@ AGOQ_HOST_DEVICE constexpr float fp8_to_float(std::uint8_t code, fp8_format f) n
   float const moved =
       bits_float(sign | (mag << (23 - f.mantissa_bits))) * bits_float((254u - bias) << 23);
   bool const is_inf = f.mantissa_bits == 2 && mag == 0x7cu;
-  float const special = bits_float(sign | (is_inf ? 0x7f800000u : 0x7fc00000u));
-  return mag > f.max_code ? special : moved;
+  std::uint32_t const special = sign | (is_inf ? 0x7f800000u : 0x7fc00000u);
+  std::uint32_t const is_special = all_ones_if(mag > f.max_code);
+  return bits_float((special & is_special) | (float_bits(moved) & ~is_special));
 }
 
 /// The magnitude code of FP8 stochastic rounding of the magnitude with float bits `a` (not NaN)
@@ -85,7 +86,8 @@ AGOQ_HOST_DEVICE constexpr float fp8_to_float(std::uint8_t code, fp8_format f) n
 /// (1 - u) * gap <= a - lo, where gap is the distance from lo to the next FP8 magnitude. Both sides
 /// are exact (1 - u has 24 bits and gap is a power of two; a - lo is a Sterbenz difference), so
 /// the comparison is the real one: the magnitude rounds up with probability
-/// floor(2^24 (a - lo) / gap) / 2^24. Written without a branch (host and device): lo and gap come
+/// floor(2^24 (a - lo) / gap) / 2^24. Written without a branch or a select of floats (host and
+/// device; the ranges selected by masks, so that loops calling it vectorize): lo and gap come
 /// from a's bits in the normal range (the dropped mantissa bits cleared; gap = 2^(e - mantissa
 /// bits) for a's exponent e, which is also the gap below the next binade) and from the exact
 /// power-of-two multiply trunc(a / step) in the subnormal range (gap = the subnormal step), and the
@@ -94,43 +96,48 @@ AGOQ_HOST_DEVICE constexpr float fp8_to_float(std::uint8_t code, fp8_format f) n
 AGOQ_HOST_DEVICE constexpr std::uint32_t fp8_stochastic_magnitude(std::uint32_t a, float u,
                                                                   fp8_format f) noexcept {
   float const af = bits_float(a);
-  bool const normal = a >= f.min_normal_bits();
-  // Subnormal range: trunc(a / step), on a clamped to the smallest normal value so that the
+  std::uint32_t const min_normal = f.min_normal_bits();
+  std::uint32_t const is_normal = all_ones_if(a >= min_normal);
+  // Subnormal range: trunc(a / step), on a capped at the smallest normal value so that the
   // conversion stays in range for every a.
-  float const below = normal ? bits_float(f.min_normal_bits()) : af;
-  auto const sub = static_cast<std::uint32_t>(below * bits_float(f.inv_step_bits()));
-  float const step = bits_float(f.step_bits());
-  float const lo =
-      normal ? bits_float(a & ~((1u << f.drop()) - 1u)) : static_cast<float>(sub) * step;
-  float const gap =
-      normal ? bits_float((a & 0x7f800000u) - (static_cast<std::uint32_t>(f.mantissa_bits) << 23))
-             : step;
-  std::uint32_t mag = normal ? (a >> f.drop()) - f.rebias() : sub;
-  mag += (1.0f - u) * gap <= af - lo ? 1u : 0u;
+  float const below = bits_float(a < min_normal ? a : min_normal);
+  auto const sub =
+      static_cast<std::uint32_t>(static_cast<std::int32_t>(below * bits_float(f.inv_step_bits())));
+  std::uint32_t const step = f.step_bits();
+  std::uint32_t const lo =
+      (a & ~((1u << f.drop()) - 1u) & is_normal) |
+      (float_bits(static_cast<float>(static_cast<std::int32_t>(sub)) * bits_float(step)) &
+       ~is_normal);
+  std::uint32_t const gap =
+      (((a & 0x7f800000u) - (static_cast<std::uint32_t>(f.mantissa_bits) << 23)) & is_normal) |
+      (step & ~is_normal);
+  std::uint32_t mag = (((a >> f.drop()) - f.rebias()) & is_normal) | (sub & ~is_normal);
+  mag += (1.0f - u) * bits_float(gap) <= af - bits_float(lo) ? 1u : 0u;
   return mag < f.max_code ? mag : f.max_code;
 }
 
 /// float -> FP8 code, round to nearest even, saturating to the largest finite value (±Inf too);
-/// NaN encodes to +0 (the code of real zero, DESIGN §4). Host and device.
+/// NaN encodes to +0 (the code of real zero, DESIGN §4). Host and device. Branch-free, the
+/// ranges selected by masks (so that loops calling it vectorize): in the normal range the dropped
+/// mantissa bits are rounded to even on the integer bits; in the subnormal range the magnitude
+/// times 1 / step (exact; a is capped at the smallest normal value, so the product is at most
+/// 2^mantissa_bits) is rounded to an integer by its sum with 1.5 * 2^23, read from the sum's low
+/// bits; both then saturate at max_code, which covers every value at or past the largest finite
+/// one, +Inf included.
 AGOQ_HOST_DEVICE constexpr std::uint8_t float_to_fp8_rne_sat(float x, fp8_format f) noexcept {
   std::uint32_t const u = float_bits(x);
   std::uint32_t const sign = (u >> 24) & 0x80u;
   std::uint32_t const a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return 0;
-  float const af = bits_float(a);
-  std::uint32_t mag;
-  if (!(af < f.max_value)) {
-    mag = f.max_code;
-  } else {
-    if (a < f.min_normal_bits()) {
-      mag = static_cast<std::uint32_t>(rne_small(af * bits_float(f.inv_step_bits())));
-    } else {
-      std::uint32_t const rounded = a + ((1u << (f.drop() - 1u)) - 1u) + ((a >> f.drop()) & 1u);
-      mag = (rounded >> f.drop()) - f.rebias();
-    }
-    if (mag > f.max_code) mag = f.max_code;
-  }
-  return static_cast<std::uint8_t>(sign | mag);
+  std::uint32_t const min_normal = f.min_normal_bits();
+  std::uint32_t const rounded = a + ((1u << (f.drop() - 1u)) - 1u) + ((a >> f.drop()) & 1u);
+  std::uint32_t const normal = (rounded >> f.drop()) - f.rebias();
+  float const capped = bits_float(a < min_normal ? a : min_normal);
+  std::uint32_t const sub =
+      float_bits(capped * bits_float(f.inv_step_bits()) + 12582912.0f) - 0x4b400000u;
+  std::uint32_t const is_sub = all_ones_if(a < min_normal);
+  std::uint32_t mag = (sub & is_sub) | (normal & ~is_sub);
+  mag = mag < f.max_code ? mag : f.max_code;
+  return static_cast<std::uint8_t>((sign | mag) & all_ones_if(a <= 0x7f800000u));
 }
 
 }  // namespace agoq::numeric

@@ -1,8 +1,10 @@
 /// \file
 /// Portable segment loops of the CPU executor: statistics, encoding and decoding of a run of
 /// consecutive elements that share one group. They call the shared math of numeric/codec.hpp
-/// element by element and are written so that g++ vectorizes them (integer-domain reductions,
-/// branch-free selects).
+/// element by element and are written so that g++ vectorizes them for whatever vector unit the
+/// target has (AVX2, SSE2, NEON): elements loaded as integers (load_bits: copying the element
+/// struct would keep the loop scalar), integer-domain reductions, and statistics taken in one pass
+/// of plain extrema, the rare segment holding NaN or ±Inf redone by a counting loop.
 #pragma once
 
 #include <cstdint>
@@ -80,20 +82,41 @@ inline typename element_bits<T>::type bits_of(T x) noexcept {
   return cuda::std::bit_cast<typename element_bits<T>::type>(x);
 }
 
+/// The bits of *p, loaded as an integer: a load g++ vectorizes (a copy of the element struct, as
+/// bits_of(*p) makes, keeps the loop scalar).
+template <class T>
+inline typename element_bits<T>::type load_bits(T const* p) noexcept {
+  typename element_bits<T>::type b;
+  std::memcpy(&b, p, sizeof b);
+  return b;
+}
+
+/// *p widened to float (numeric::to_float), through load_bits.
+template <element_type T>
+inline float load_float(T const* p) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    return numeric::bits_float(load_bits(p));
+  } else if constexpr (std::is_same_v<T, bfloat16>) {
+    return numeric::bf16_bits_to_float(load_bits(p));
+  } else {
+    return numeric::half_bits_to_float(load_bits(p));
+  }
+}
+
 template <class T>
 inline T element_from_bits(typename element_bits<T>::type b) noexcept {
   return cuda::std::bit_cast<T>(b);
 }
 
 /// Absolute maximum over the finite values of x[0, n), computed on the magnitude bits (which order
-/// like the values), and the count of non-finite values.
+/// like the values), and the count of non-finite values: the loop that leaves them out.
 template <element_type T>
-inline segment_stats absmax_segment(T const* x, std::int64_t n) noexcept {
+inline segment_stats absmax_counting(T const* x, std::int64_t n) noexcept {
   using B = typename element_bits<T>::type;
   B m = 0;
   std::int64_t nonfinite = 0;
   for (std::int64_t i = 0; i < n; ++i) {
-    B const a = bits_of(x[i]) & element_bits<T>::magnitude;
+    B const a = load_bits(x + i) & element_bits<T>::magnitude;
     bool const finite = a < element_bits<T>::inf;
     nonfinite += finite ? 0 : 1;
     B const v = finite ? a : B{0};
@@ -102,6 +125,24 @@ inline segment_stats absmax_segment(T const* x, std::int64_t n) noexcept {
   segment_stats s;
   s.nonfinite = nonfinite;
   s.any_finite = nonfinite < n;
+  s.stats.absmax = numeric::to_float(element_from_bits<T>(m));
+  return s;
+}
+
+/// absmax_counting in one pass of the largest magnitude bits, which vectorizes: non-finite
+/// magnitudes are the largest, so the pass detects them, and only a segment holding one is redone
+/// by absmax_counting.
+template <element_type T>
+inline segment_stats absmax_segment(T const* x, std::int64_t n) noexcept {
+  using B = typename element_bits<T>::type;
+  B m = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    B const a = load_bits(x + i) & element_bits<T>::magnitude;
+    m = a > m ? a : m;
+  }
+  if (m >= element_bits<T>::inf) return absmax_counting(x, n);
+  segment_stats s;
+  s.any_finite = n > 0;
   s.stats.absmax = numeric::to_float(element_from_bits<T>(m));
   return s;
 }
@@ -116,25 +157,24 @@ inline typename element_bits<T>::signed_type ordered(typename element_bits<T>::t
                         static_cast<S>((s >> shift) & static_cast<S>(element_bits<T>::magnitude)));
 }
 
-/// Minimum and maximum over the finite values of x[0, n), in the ordered-integer domain, and the
-/// count of non-finite values.
+/// True when ordered images in [lo, hi] are all of finite values: a finite value's image lies
+/// strictly between those of -Inf and +Inf, NaNs' beyond them.
 template <element_type T>
-inline segment_stats minmax_segment(T const* x, std::int64_t n) noexcept {
+inline bool ordered_finite(typename element_bits<T>::signed_type lo,
+                           typename element_bits<T>::signed_type hi) noexcept {
   using B = typename element_bits<T>::type;
-  using S = typename element_bits<T>::signed_type;
-  S lo = std::numeric_limits<S>::max();
-  S hi = std::numeric_limits<S>::min();
-  std::int64_t nonfinite = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    B const b = bits_of(x[i]);
-    bool const finite = (b & element_bits<T>::magnitude) < element_bits<T>::inf;
-    nonfinite += finite ? 0 : 1;
-    S const o = ordered<T>(b);
-    S const olo = finite ? o : std::numeric_limits<S>::max();
-    S const ohi = finite ? o : std::numeric_limits<S>::min();
-    lo = olo < lo ? olo : lo;
-    hi = ohi > hi ? ohi : hi;
-  }
+  constexpr B inf = element_bits<T>::inf;
+  constexpr auto minus_inf = static_cast<B>(inf | (element_bits<T>::magnitude + 1u));
+  return lo > ordered<T>(minus_inf) && hi < ordered<T>(inf);
+}
+
+/// The statistics of a segment of n elements, nonfinite of them not finite, whose finite values'
+/// ordered images range over [lo, hi].
+template <element_type T>
+inline segment_stats ordered_stats(typename element_bits<T>::signed_type lo,
+                                   typename element_bits<T>::signed_type hi, std::int64_t n,
+                                   std::int64_t nonfinite) noexcept {
+  using B = typename element_bits<T>::type;
   segment_stats s;
   s.nonfinite = nonfinite;
   s.any_finite = nonfinite < n;
@@ -146,6 +186,45 @@ inline segment_stats minmax_segment(T const* x, std::int64_t n) noexcept {
         numeric::to_float(element_from_bits<T>(static_cast<B>(ordered<T>(static_cast<B>(hi)))));
   }
   return s;
+}
+
+/// Minimum and maximum over the finite values of x[0, n), in the ordered-integer domain, and the
+/// count of non-finite values: the loop that leaves them out.
+template <element_type T>
+inline segment_stats minmax_counting(T const* x, std::int64_t n) noexcept {
+  using B = typename element_bits<T>::type;
+  using S = typename element_bits<T>::signed_type;
+  S lo = std::numeric_limits<S>::max();
+  S hi = std::numeric_limits<S>::min();
+  std::int64_t nonfinite = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    B const b = load_bits(x + i);
+    bool const finite = (b & element_bits<T>::magnitude) < element_bits<T>::inf;
+    nonfinite += finite ? 0 : 1;
+    S const o = ordered<T>(b);
+    S const olo = finite ? o : std::numeric_limits<S>::max();
+    S const ohi = finite ? o : std::numeric_limits<S>::min();
+    lo = olo < lo ? olo : lo;
+    hi = ohi > hi ? ohi : hi;
+  }
+  return ordered_stats<T>(lo, hi, n, nonfinite);
+}
+
+/// minmax_counting in one pass of plain extrema of the ordered images, which vectorizes: the pass
+/// detects non-finite values (ordered_finite), and only a segment holding one is redone by
+/// minmax_counting.
+template <element_type T>
+inline segment_stats minmax_segment(T const* x, std::int64_t n) noexcept {
+  using S = typename element_bits<T>::signed_type;
+  S lo = std::numeric_limits<S>::max();
+  S hi = std::numeric_limits<S>::min();
+  for (std::int64_t i = 0; i < n; ++i) {
+    S const o = ordered<T>(load_bits(x + i));
+    lo = o < lo ? o : lo;
+    hi = o > hi ? o : hi;
+  }
+  if (n == 0 || !ordered_finite<T>(lo, hi)) return minmax_counting(x, n);
+  return ordered_stats<T>(lo, hi, n, 0);
 }
 
 /// Statistics of a segment as the code family needs them.
@@ -171,19 +250,31 @@ inline void uniforms(std::uint64_t seed, std::uint64_t first, std::int64_t n, fl
   }
 }
 
-/// Encodes x[0, n) with round-half-to-even into one code per byte.
+/// Encodes x[0, n) with round-half-to-even into one code per byte (encode_nearest, its zero-scale
+/// test made once for the segment).
 template <code_format Code, element_type T>
 inline void encode_nearest_segment(T const* x, std::int64_t n, group_params p,
                                    std::uint8_t* q) noexcept {
-  for (std::int64_t i = 0; i < n; ++i) q[i] = encode_nearest<Code>(numeric::to_float(x[i]), p);
+  if (p.scale == 0.0f) {
+    std::memset(q, numeric::zero_scale_code<Code>(p), static_cast<std::size_t>(n));
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    q[i] = numeric::nearest_code<Code>(load_float(x + i) / p.scale, p);
+  }
 }
 
-/// Encodes x[0, n) with stochastic rounding, u[i] being element i's draw.
+/// Encodes x[0, n) with stochastic rounding, u[i] being element i's draw (encode_stochastic, its
+/// zero-scale test made once for the segment).
 template <code_format Code, element_type T>
 inline void encode_stochastic_segment(T const* x, std::int64_t n, group_params p, float const* u,
                                       std::uint8_t* q) noexcept {
+  if (p.scale == 0.0f) {
+    std::memset(q, numeric::zero_scale_code<Code>(p), static_cast<std::size_t>(n));
+    return;
+  }
   for (std::int64_t i = 0; i < n; ++i) {
-    q[i] = encode_stochastic<Code>(numeric::to_float(x[i]), p, u[i]);
+    q[i] = numeric::stochastic_code<Code>(load_float(x + i) / p.scale, p, u[i]);
   }
 }
 
@@ -218,7 +309,8 @@ inline void pack_codes(std::uint8_t const* q, std::int64_t n, int bits,
   }
 }
 
-/// Unpacks n codes of `bits` bits from src into one code per byte.
+/// Unpacks n codes of `bits` bits from src into one code per byte (a loop over whole source bytes,
+/// which vectorizes, then the last byte's codes).
 inline void unpack_codes(std::uint8_t const* src, std::int64_t n, int bits,
                          std::uint8_t* q) noexcept {
   if (bits == 8) {
@@ -226,9 +318,23 @@ inline void unpack_codes(std::uint8_t const* src, std::int64_t n, int bits,
     return;
   }
   std::uint32_t const mask = numeric::code_mask(bits);
-  int const per_byte = 8 / bits;
-  for (std::int64_t i = 0; i < n; ++i) {
-    q[i] = static_cast<std::uint8_t>((src[i / per_byte] >> (bits * (i % per_byte))) & mask);
+  std::int64_t const per_byte = 8 / bits;
+  std::int64_t const whole = n / per_byte;
+  if (bits == 4) {
+    for (std::int64_t j = 0; j < whole; ++j) {
+      q[2 * j] = static_cast<std::uint8_t>(src[j] & 0x0fu);
+      q[2 * j + 1] = static_cast<std::uint8_t>(src[j] >> 4);
+    }
+  } else {
+    for (std::int64_t j = 0; j < whole; ++j) {
+      q[4 * j] = static_cast<std::uint8_t>(src[j] & 3u);
+      q[4 * j + 1] = static_cast<std::uint8_t>((src[j] >> 2) & 3u);
+      q[4 * j + 2] = static_cast<std::uint8_t>((src[j] >> 4) & 3u);
+      q[4 * j + 3] = static_cast<std::uint8_t>(src[j] >> 6);
+    }
+  }
+  for (std::int64_t i = whole * per_byte; i < n; ++i) {
+    q[i] = static_cast<std::uint8_t>((src[whole] >> (bits * (i - whole * per_byte))) & mask);
   }
 }
 

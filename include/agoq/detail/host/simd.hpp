@@ -132,20 +132,19 @@ inline segment_stats absmax_simd(T const* x, std::int64_t n) noexcept {
     acc = L::max_u(acc, _mm512_and_si512(L::load(x + i, n - i), mag));
   }
   std::uint32_t const m = L::reduce_max_u(acc);
-  if (m >= element_bits<T>::inf) return absmax_segment(x, n);
+  if (m >= element_bits<T>::inf) return absmax_counting(x, n);
   segment_stats s;
   s.any_finite = n > 0;
   s.stats.absmax = numeric::to_float(element_from_bits<T>(static_cast<B>(m)));
   return s;
 }
 
-/// Minimum and maximum in the ordered-integer domain of segment.hpp's minmax_segment. A finite
-/// value's ordered image lies strictly between those of -Inf and +Inf, so one unmasked pass
-/// decides whether the segment is all finite. Tail lanes are masked to the first element's image.
+/// Minimum and maximum in the ordered-integer domain of segment.hpp's minmax_segment: one unmasked
+/// pass decides whether the segment is all finite (ordered_finite). Tail lanes are masked to the
+/// first element's image.
 template <element_type T>
 inline segment_stats minmax_simd(T const* x, std::int64_t n) noexcept {
   using L = lanes<T>;
-  using B = typename element_bits<T>::type;
   using S = typename element_bits<T>::signed_type;
   __m512i const mag = L::set1(element_bits<T>::magnitude);
   auto const ordered_vec = [&](__m512i b) {
@@ -172,18 +171,8 @@ inline segment_stats minmax_simd(T const* x, std::int64_t n) noexcept {
   }
   auto const lo_s = static_cast<S>(L::reduce_min_s(lo));
   auto const hi_s = static_cast<S>(L::reduce_max_s(hi));
-  if (hi_s >= ordered<T>(element_bits<T>::inf) ||
-      lo_s <=
-          ordered<T>(static_cast<B>(element_bits<T>::inf | (element_bits<T>::magnitude + 1u)))) {
-    return minmax_segment(x, n);
-  }
-  segment_stats s;
-  s.any_finite = n > 0;
-  s.stats.min =
-      numeric::to_float(element_from_bits<T>(static_cast<B>(ordered<T>(static_cast<B>(lo_s)))));
-  s.stats.max =
-      numeric::to_float(element_from_bits<T>(static_cast<B>(ordered<T>(static_cast<B>(hi_s)))));
-  return s;
+  if (!ordered_finite<T>(lo_s, hi_s)) return minmax_counting(x, n);
+  return ordered_stats<T>(lo_s, hi_s, n, 0);
 }
 
 /// The statistics of one group accumulated from float vectors that hold its elements widened
@@ -228,21 +217,16 @@ class value_stats {
   /// all finite, else from the portable loop, which leaves NaN and ±Inf out and counts them.
   template <element_type T>
   static segment_stats stats(reduced r, T const* x, std::int64_t n) noexcept {
-    segment_stats s;
     if constexpr (Code::has_zero_point) {
-      if (r.hi >= ordered<float>(0x7f800000u) || r.lo <= ordered<float>(0xff800000u)) {
-        return minmax_segment(x, n);
-      }
-      s.stats.min = numeric::bits_float(
-          static_cast<std::uint32_t>(ordered<float>(static_cast<std::uint32_t>(r.lo))));
-      s.stats.max = numeric::bits_float(
-          static_cast<std::uint32_t>(ordered<float>(static_cast<std::uint32_t>(r.hi))));
+      if (!ordered_finite<float>(r.lo, r.hi)) return minmax_counting(x, n);
+      return ordered_stats<float>(r.lo, r.hi, n, 0);
     } else {
-      if (static_cast<std::uint32_t>(r.hi) >= 0x7f800000u) return absmax_segment(x, n);
+      if (static_cast<std::uint32_t>(r.hi) >= 0x7f800000u) return absmax_counting(x, n);
+      segment_stats s;
       s.stats.absmax = numeric::bits_float(static_cast<std::uint32_t>(r.hi));
+      s.any_finite = true;
+      return s;
     }
-    s.any_finite = true;
-    return s;
   }
 
  private:
