@@ -216,6 +216,16 @@ void for_swept_floats(F&& f) {
   }
 }
 
+// The FP8 format of an FP8 code (any format for the others, whose callers do not read it).
+template <class Code>
+constexpr numeric::fp8_format fp8_of() {
+  if constexpr (is_fp8_code<Code>) {
+    return Code::format;
+  } else {
+    return numeric::fp8_e4m3_format;
+  }
+}
+
 // Zero points to try: both ends of the range and inside it (0 alone without a zero point).
 template <class Code>
 std::vector<std::int32_t> zero_points() {
@@ -261,17 +271,15 @@ TEST_CASE_TEMPLATE("decode saturates at ±FLT_MAX on the bits as the float selec
     for (std::int32_t const z : zero_points<Code>()) {
       group_params const p{s, z};
       for (std::uint32_t c = 0; c < (1u << Code::bits); ++c) {
-        auto const code = static_cast<std::uint8_t>(c);
-        float y;
-        if constexpr (is_fp8_code<Code>) {
-          y = numeric::fp8_to_float(code, Code::format) * p.scale;
-        } else if constexpr (Code::has_zero_point) {
-          y = static_cast<float>(static_cast<std::int32_t>(code) - p.zero_point) * p.scale;
-        } else {
-          y = static_cast<float>(numeric::sign_extend(code, Code::bits)) * p.scale;
-        }
+        // The code's value (exact; FP8's ±Inf codes as themselves, which decode would saturate
+        // at scale 1) times the scale, exact in double and rounded once to float: the float
+        // product decode computes.
+        double const value = is_fp8_code<Code> ? static_cast<double>(numeric::fp8_to_float(
+                                                     static_cast<std::uint8_t>(c), fp8_of<Code>()))
+                                               : code_value<Code>(c, p);
+        auto const y = static_cast<float>(value * static_cast<double>(s));
         float const want = saturated_by_selects(y);
-        float const got = decode<Code>(code, p);
+        float const got = decode<Code>(static_cast<std::uint8_t>(c), p);
         mismatches +=
             (want != want) ? (got == got) : (numeric::float_bits(got) != numeric::float_bits(want));
       }
