@@ -27,11 +27,16 @@ AGOQ_HOST_DEVICE constexpr std::uint32_t all_ones_if(bool c) noexcept {
   return 0u - static_cast<std::uint32_t>(c);
 }
 
+/// The bits of a where the mask m is set, those of b elsewhere. Host and device.
+AGOQ_HOST_DEVICE constexpr std::uint32_t select_bits(std::uint32_t m, std::uint32_t a,
+                                                     std::uint32_t b) noexcept {
+  return (a & m) | (b & ~m);
+}
+
 /// c ? a : b on the bits, through a mask: both sides are computed, and no select of floats is
 /// left for g++'s -ftrapping-math to keep a loop around it scalar. Host and device.
 AGOQ_HOST_DEVICE constexpr float select_float(bool c, float a, float b) noexcept {
-  std::uint32_t const m = all_ones_if(c);
-  return bits_float((float_bits(a) & m) | (float_bits(b) & ~m));
+  return bits_float(select_bits(all_ones_if(c), float_bits(a), float_bits(b)));
 }
 
 /// Smallest positive normal float, 2^-126. Scales below it are treated as zero (DESIGN §4).
@@ -51,6 +56,12 @@ AGOQ_HOST_DEVICE inline float rne_small(float v) noexcept {
   constexpr float magic = 12582912.0f;
   float const t = v + magic;
   return t - magic;
+}
+
+/// rne_small(v) as an unsigned integer, for 0 <= v <= 2^22: the low bits of v + 1.5 * 2^23, whose
+/// sum rounds v half to even, with no float-to-integer conversion. Host and device.
+AGOQ_HOST_DEVICE constexpr std::uint32_t rne_small_bits(float v) noexcept {
+  return float_bits(v + 12582912.0f) - 0x4b400000u;  // the bits of 1.5 * 2^23
 }
 
 /// floor(v) of a float whose magnitude is at most 2^22: the nearest integer (rne_small), less one

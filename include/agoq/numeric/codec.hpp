@@ -170,7 +170,7 @@ AGOQ_HOST_DEVICE inline float clamped_quotient(float v, group_params p) noexcept
   if constexpr (Code::has_zero_point) {
     std::uint32_t const hi = float_bits(static_cast<float>(Code::levels - p.zero_point));
     std::uint32_t const lo = float_bits(static_cast<float>(p.zero_point));
-    limit = hi ^ ((hi ^ lo) & all_ones_if(sign != 0));  // sign ? z : 2^b - 1 - z
+    limit = select_bits(all_ones_if(sign != 0), lo, hi);  // sign ? z : 2^b - 1 - z
   } else {
     limit = float_bits(static_cast<float>(Code::qmax));
   }

@@ -54,7 +54,7 @@ AGOQ_HOST_DEVICE constexpr float half_bits_to_float(std::uint16_t h) noexcept {
   std::uint32_t const sub = float_bits(static_cast<float>(a & 0x3ffu) * 5.9604644775390625e-8f);
   std::uint32_t const is_sub = all_ones_if(a < 0x400u);
   std::uint32_t const is_big = all_ones_if(a >= 0x7c00u);
-  std::uint32_t const mag = (sub & is_sub) | (inf_nan & is_big) | (normal & ~(is_sub | is_big));
+  std::uint32_t const mag = select_bits(is_sub, sub, select_bits(is_big, inf_nan, normal));
   return bits_float(sign | mag);
 }
 
@@ -68,15 +68,15 @@ AGOQ_HOST_DEVICE constexpr std::uint16_t float_to_half_bits(float x) noexcept {
   std::uint32_t const nan = 0x7e00u | ((a >> 13) & 0x3ffu);
   // Normal result: the 13 dropped bits rounded to even on the integer bits, rebiased (127 -> 15).
   std::uint32_t const normal = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
-  // Subnormal result (or zero): a * 2^24 rounded to an integer, exactly: the low bits of its sum
-  // with 1.5 * 2^23 (the product is at most 2^10 once a is capped at the subnormal bound).
-  float const scaled = bits_float(a < 0x38800000u ? a : 0x38800000u) * 16777216.0f;
-  std::uint32_t const sub = float_bits(scaled + 12582912.0f) - 0x4b400000u;
+  // Subnormal result (or zero): a * 2^24 rounded to an integer, exactly (the product is at most
+  // 2^10 once a is capped at the subnormal bound).
+  std::uint32_t const sub =
+      rne_small_bits(bits_float(a < 0x38800000u ? a : 0x38800000u) * 16777216.0f);
   std::uint32_t const is_nan = all_ones_if(a > 0x7f800000u);
   std::uint32_t const is_inf = all_ones_if(a >= 0x477ff000u) & ~is_nan;  // rounds past 65504
   std::uint32_t const is_sub = all_ones_if(a < 0x38800000u);
   std::uint32_t const mag =
-      (nan & is_nan) | (0x7c00u & is_inf) | (sub & is_sub) | (normal & ~(is_nan | is_inf | is_sub));
+      select_bits(is_nan, nan, select_bits(is_inf, 0x7c00u, select_bits(is_sub, sub, normal)));
   return static_cast<std::uint16_t>(sign | mag);
 }
 

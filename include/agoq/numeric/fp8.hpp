@@ -77,7 +77,7 @@ AGOQ_HOST_DEVICE constexpr float fp8_to_float(std::uint8_t code, fp8_format f) n
   bool const is_inf = f.mantissa_bits == 2 && mag == 0x7cu;
   std::uint32_t const special = sign | (is_inf ? 0x7f800000u : 0x7fc00000u);
   std::uint32_t const is_special = all_ones_if(mag > f.max_code);
-  return bits_float((special & is_special) | (float_bits(moved) & ~is_special));
+  return bits_float(select_bits(is_special, special, float_bits(moved)));
 }
 
 /// The magnitude code of FP8 stochastic rounding of the magnitude with float bits `a` (not NaN)
@@ -104,14 +104,12 @@ AGOQ_HOST_DEVICE constexpr std::uint32_t fp8_stochastic_magnitude(std::uint32_t 
   auto const sub =
       static_cast<std::uint32_t>(static_cast<std::int32_t>(below * bits_float(f.inv_step_bits())));
   std::uint32_t const step = f.step_bits();
-  std::uint32_t const lo =
-      (a & ~((1u << f.drop()) - 1u) & is_normal) |
-      (float_bits(static_cast<float>(static_cast<std::int32_t>(sub)) * bits_float(step)) &
-       ~is_normal);
-  std::uint32_t const gap =
-      (((a & 0x7f800000u) - (static_cast<std::uint32_t>(f.mantissa_bits) << 23)) & is_normal) |
-      (step & ~is_normal);
-  std::uint32_t mag = (((a >> f.drop()) - f.rebias()) & is_normal) | (sub & ~is_normal);
+  std::uint32_t const lo = select_bits(
+      is_normal, a & ~((1u << f.drop()) - 1u),
+      float_bits(static_cast<float>(static_cast<std::int32_t>(sub)) * bits_float(step)));
+  std::uint32_t const gap = select_bits(
+      is_normal, (a & 0x7f800000u) - (static_cast<std::uint32_t>(f.mantissa_bits) << 23), step);
+  std::uint32_t mag = select_bits(is_normal, (a >> f.drop()) - f.rebias(), sub);
   mag += (1.0f - u) * bits_float(gap) <= af - bits_float(lo) ? 1u : 0u;
   return mag < f.max_code ? mag : f.max_code;
 }
@@ -121,9 +119,8 @@ AGOQ_HOST_DEVICE constexpr std::uint32_t fp8_stochastic_magnitude(std::uint32_t 
 /// ranges selected by masks (so that loops calling it vectorize): in the normal range the dropped
 /// mantissa bits are rounded to even on the integer bits; in the subnormal range the magnitude
 /// times 1 / step (exact; a is capped at the smallest normal value, so the product is at most
-/// 2^mantissa_bits) is rounded to an integer by its sum with 1.5 * 2^23, read from the sum's low
-/// bits; both then saturate at max_code, which covers every value at or past the largest finite
-/// one, +Inf included.
+/// 2^mantissa_bits) is rounded to an integer (rne_small_bits); both then saturate at max_code,
+/// which covers every value at or past the largest finite one, +Inf included.
 AGOQ_HOST_DEVICE constexpr std::uint8_t float_to_fp8_rne_sat(float x, fp8_format f) noexcept {
   std::uint32_t const u = float_bits(x);
   std::uint32_t const sign = (u >> 24) & 0x80u;
@@ -132,10 +129,8 @@ AGOQ_HOST_DEVICE constexpr std::uint8_t float_to_fp8_rne_sat(float x, fp8_format
   std::uint32_t const rounded = a + ((1u << (f.drop() - 1u)) - 1u) + ((a >> f.drop()) & 1u);
   std::uint32_t const normal = (rounded >> f.drop()) - f.rebias();
   float const capped = bits_float(a < min_normal ? a : min_normal);
-  std::uint32_t const sub =
-      float_bits(capped * bits_float(f.inv_step_bits()) + 12582912.0f) - 0x4b400000u;
-  std::uint32_t const is_sub = all_ones_if(a < min_normal);
-  std::uint32_t mag = (sub & is_sub) | (normal & ~is_sub);
+  std::uint32_t const sub = rne_small_bits(capped * bits_float(f.inv_step_bits()));
+  std::uint32_t mag = select_bits(all_ones_if(a < min_normal), sub, normal);
   mag = mag < f.max_code ? mag : f.max_code;
   return static_cast<std::uint8_t>((sign | mag) & all_ones_if(a <= 0x7f800000u));
 }
