@@ -48,7 +48,8 @@ struct host_executor {
   host_pool pool{};
 };
 
-/// The default host executor: AVX-512 loops where compiled, the calling thread alone.
+/// The default host executor: the vector loops compiled for this target (AVX-512; AVX2 draws for
+/// stochastic rounding), the calling thread alone.
 inline constexpr host_executor host{};
 
 }  // namespace agoq

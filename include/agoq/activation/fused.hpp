@@ -200,7 +200,7 @@ class row_saver {
   row_saver(host_executor ex, quantized_view v,
             quantize_options opt) requires(!std::is_same_v<Codes, no_codes>)
       : ex_(ex), view_(v), layout_(v.layout()), opt_(opt) {
-    simd_ = ex.simd && agoq::detail::host::simd_available;
+    simd_ = ex.simd;
     if (layout_.elements() == 0 || layout_.tile.rows != 1) return;
     fn_ = dispatch_code<Codes>(v.spec, [&](auto code) {
       return dispatch_rounding(v.spec, [&](auto rounding) -> row_fn {
@@ -454,7 +454,7 @@ template <class Codes>
 class row_loader {
  public:
   row_loader(host_executor ex, const_quantized_view v)
-      : view_(v), layout_(v.layout()), simd_(ex.simd && agoq::detail::host::simd_available) {
+      : view_(v), layout_(v.layout()), simd_(ex.simd) {
     if (layout_.elements() == 0) return;
     row_.resize(static_cast<std::size_t>(layout_.cols));
     fn_ = dispatch_code<Codes>(v.spec,

@@ -541,7 +541,7 @@ template <agoq::detail::readable_elements In>
 tensor_stats measure(host_executor ex, matrix_view<In> x, tile_shape tile) {
   namespace h = agoq::detail::host;
   using stats_detail::slice_partial;
-  bool const simd = ex.simd && h::simd_available;
+  bool const simd = ex.simd;
   stats_detail::slice_grid const g = stats_detail::make_slice_grid(x.extent(0), x.extent(1), tile);
   agoq::detail::check_data(x.data_handle(), x.size(), "measure");
   stats_detail::slice_folder fold(g);

@@ -1,6 +1,8 @@
-// The AVX-512 fast paths of the CPU executor against its portable loops, byte for byte: the row
+// The vector fast paths of the CPU executor against its portable loops, byte for byte: the row
 // path (groups of one row, codes packed in registers), the unmasked statistics with their
-// non-finite fallback, the vector Philox, and every code family's encoder and decoder.
+// non-finite fallback, the vector Philox (AVX-512 and AVX2), and every code family's encoder and
+// decoder. Also built for x86-64-v3 (quantize_avx2_isa_test), where only the AVX2 draws differ
+// from the portable loops.
 #include <agoq/agoq.hpp>
 #include <agoq/detail/host/simd.hpp>
 
@@ -184,20 +186,34 @@ TEST_CASE("vector Philox draws equal the portable ones at any start, across coun
                                              61,
                                              (std::uint64_t{1} << 34) - 4 * 10 - 3,
                                              (std::uint64_t{1} << 34) - 4 * 16,
+                                             (std::uint64_t{1} << 34) - 4 * 8,
                                              (std::uint64_t{5} << 34) - 1,
                                              0xfffffffffffffff0ull};
   for (std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{0x0123456789abcdefull}}) {
     for (std::uint64_t first : firsts) {
-      for (std::int64_t n : {1, 3, 4, 63, 64, 65, 130, 300}) {
+      for (std::int64_t n : {1, 3, 4, 31, 32, 33, 63, 64, 65, 130, 300}) {
         CAPTURE(first);
         CAPTURE(n);
-        std::vector<float> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
+        std::vector<float> a(static_cast<std::size_t>(n));
         h::uniforms(seed, first, n, a.data());
-        h::uniforms_simd(seed, first, n, b.data());
-        for (std::int64_t i = 0; i < n; ++i) {
-          REQUIRE(numeric::float_bits(a[static_cast<std::size_t>(i)]) ==
-                  numeric::float_bits(b[static_cast<std::size_t>(i)]));
-        }
+        // The draws the executor takes, and each vector width compiled here (an AVX-512 build
+        // checks its AVX2 draws too).
+        auto const check = [&](auto draw) {
+          std::vector<float> b(static_cast<std::size_t>(n));
+          draw(b.data());
+          for (std::int64_t i = 0; i < n; ++i) {
+            CAPTURE(i);
+            REQUIRE(numeric::float_bits(a[static_cast<std::size_t>(i)]) ==
+                    numeric::float_bits(b[static_cast<std::size_t>(i)]));
+          }
+        };
+        check([&](float* u) { h::uniforms_simd(seed, first, n, u); });
+#if defined(AGOQ_HOST_AVX512)
+        check([&](float* u) { h::uniforms_lanes<16>(seed, first, n, u); });
+#endif
+#if defined(AGOQ_HOST_AVX2)
+        check([&](float* u) { h::uniforms_lanes<8>(seed, first, n, u); });
+#endif
       }
     }
   }

@@ -246,7 +246,7 @@ template <code_format Code, rounding_mode Rounding, class T>
 std::int64_t quantize(host_executor ex, T const* x, quantized_view const& out, std::uint64_t seed,
                       std::uint64_t offset) {
   quantized_layout const l = out.layout();
-  bool const simd = ex.simd && simd_available;
+  bool const simd = ex.simd;
 #if defined(AGOQ_HOST_AVX512)
   if constexpr (Code::bits == 8 || Code::bits == 4) {
     if (simd && row_groups(l)) {
@@ -287,7 +287,7 @@ std::int64_t quantize(host_executor ex, T const* x, quantized_view const& out, s
 template <code_format Code, class T>
 std::int64_t dequantize(host_executor ex, const_quantized_view const& in, T* y) {
   quantized_layout const l = in.layout();
-  bool const simd = ex.simd && simd_available;
+  bool const simd = ex.simd;
 #if defined(AGOQ_HOST_AVX512)
   if constexpr (Code::bits == 8 || Code::bits == 4) {
     if (simd && row_groups(l)) {
@@ -327,7 +327,7 @@ template <code_format Code, rounding_mode Rounding, class In, class Out>
 std::int64_t fake_quantize(host_executor ex, spec const& sp, std::int64_t rows, std::int64_t cols,
                            In const* x, Out* y, std::uint64_t seed, std::uint64_t offset) {
   quantized_layout const l = make_layout(sp, rows, cols);
-  bool const simd = ex.simd && simd_available;
+  bool const simd = ex.simd;
   return sum_over_chunks(ex, l, [&](chunk const& k, scratch& s) {
     std::int64_t const nonfinite =
         chunk_params<Code>(x, cols, l.tile, sp.scale, k.r0, k.r1, k.c0, k.c1, simd, s);

@@ -14,7 +14,7 @@
 #include <limits>
 #include <type_traits>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)) || defined(__AVX2__)
 // GCC 12 reports -Wmaybe-uninitialized and -Wuninitialized inside its own AVX-512 headers (GCC bug
 // 105593, the _mm512_undefined_* idiom); the diagnostic is located in the header, so it is
 // silenced there.
@@ -27,7 +27,12 @@
 #else
 #include <immintrin.h>
 #endif
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define AGOQ_HOST_AVX512 1
+#endif
+#if defined(__AVX2__)
+#define AGOQ_HOST_AVX2 1
 #endif
 
 #include "../../numeric/rounding.hpp"
@@ -817,30 +822,110 @@ inline void philox_draws64(std::uint64_t seed, std::uint64_t block, float* u) no
 
 #endif  // AGOQ_HOST_AVX512
 
-/// uniforms, vectorized where compiled: 16 Philox blocks at a time.
-inline void uniforms_simd(std::uint64_t seed, std::uint64_t first, std::int64_t n,
-                          float* u) noexcept {
+#if defined(AGOQ_HOST_AVX2)
+
+/// mul_wide on 8 lanes (AVX2): the low and high halves of each lane's product with m.
+inline void mul_wide(__m256i a, std::uint32_t m, __m256i& lo, __m256i& hi) noexcept {
+  __m256i const mv = _mm256_set1_epi32(static_cast<int>(m));
+  __m256i const even = _mm256_mul_epu32(a, mv);
+  __m256i const odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), mv);
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xaa);
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xaa);
+}
+
+/// philox_draws64 on 8 lanes (AVX2): the draws of stream positions 4 * block .. 4 * block + 31
+/// (8 Philox blocks) into u[0, 32). Lane k runs block block + 2 * (k % 4) + k / 4, so that a
+/// transpose of 4x4 words within each 128-bit lane leaves the words in position order. Requires
+/// the 32-bit block counter not to wrap inside the 8 blocks.
+inline void philox_draws32(std::uint64_t seed, std::uint64_t block, float* u) noexcept {
+  constexpr std::uint32_t m0 = 0xD2511F53u;
+  constexpr std::uint32_t m1 = 0xCD9E8D57u;
+  constexpr std::uint32_t w0 = 0x9E3779B9u;
+  constexpr std::uint32_t w1 = 0xBB67AE85u;
+  __m256i c0 =
+      _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(block))),
+                       _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+  __m256i c1 = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(block >> 32)));
+  __m256i c2 = _mm256_setzero_si256();
+  __m256i c3 = _mm256_setzero_si256();
+  auto key0 = static_cast<std::uint32_t>(seed);
+  auto key1 = static_cast<std::uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    __m256i lo0, hi0, lo1, hi1;
+    mul_wide(c0, m0, lo0, hi0);
+    mul_wide(c2, m1, lo1, hi1);
+    c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(key0)));
+    c1 = lo1;
+    c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(key1)));
+    c3 = lo0;
+    key0 += w0;
+    key1 += w1;
+  }
+  __m256i const t0 = _mm256_unpacklo_epi32(c0, c1);
+  __m256i const t1 = _mm256_unpackhi_epi32(c0, c1);
+  __m256i const t2 = _mm256_unpacklo_epi32(c2, c3);
+  __m256i const t3 = _mm256_unpackhi_epi32(c2, c3);
+  __m256i const words[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                            _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+  __m256 const step = _mm256_set1_ps(5.9604644775390625e-8f);  // 2^-24, as numeric::uniform24
+  for (int j = 0; j < 4; ++j) {
+    _mm256_storeu_ps(u + 8 * j,
+                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words[j], 8)), step));
+  }
+}
+
+#endif  // AGOQ_HOST_AVX2
+
+/// Philox blocks per call of the vector draws compiled here (philox_draws64 with AVX-512,
+/// philox_draws32 with AVX2), 0 where neither is.
 #if defined(AGOQ_HOST_AVX512)
-  // Positions before the first block boundary come from the portable loop.
+inline constexpr int philox_lanes = 16;
+#elif defined(AGOQ_HOST_AVX2)
+inline constexpr int philox_lanes = 8;
+#else
+inline constexpr int philox_lanes = 0;
+#endif
+
+/// uniforms, Lanes Philox blocks at a time: philox_draws64 (16, AVX-512) or philox_draws32 (8,
+/// AVX2), either of which must be compiled; the positions before the first block boundary, and
+/// the blocks across which the low counter word wraps, come from the portable loop.
+template <int Lanes>
+inline void uniforms_lanes(std::uint64_t seed, std::uint64_t first, std::int64_t n,
+                           float* u) noexcept {
+  constexpr std::int64_t per_call = 4 * Lanes;
+  auto const draws = [&](std::uint64_t block, float* dst) {
+#if defined(AGOQ_HOST_AVX512)
+    if constexpr (Lanes == 16) philox_draws64(seed, block, dst);
+#endif
+#if defined(AGOQ_HOST_AVX2)
+    if constexpr (Lanes == 8) philox_draws32(seed, block, dst);
+#endif
+  };
   std::int64_t i = std::min<std::int64_t>(n, static_cast<std::int64_t>((4u - (first & 3u)) & 3u));
   uniforms(seed, first, i, u);
   while (i < n) {
     std::uint64_t const block = (first + static_cast<std::uint64_t>(i)) >> 2;
-    if (static_cast<std::uint32_t>(block) > 0xffffffffu - 15u) {
-      // The low counter word wraps inside these 16 blocks: the portable loop carries correctly.
-      std::int64_t const m = std::min<std::int64_t>(n - i, 64);
+    if (static_cast<std::uint32_t>(block) > 0xffffffffu - (Lanes - 1)) {
+      std::int64_t const m = std::min<std::int64_t>(n - i, per_call);
       uniforms(seed, first + static_cast<std::uint64_t>(i), m, u + i);
       i += m;
-    } else if (n - i >= 64) {
-      philox_draws64(seed, block, u + i);
-      i += 64;
+    } else if (n - i >= per_call) {
+      draws(block, u + i);
+      i += per_call;
     } else {
-      float tail[64];
-      philox_draws64(seed, block, tail);
+      float tail[per_call];
+      draws(block, tail);
       std::memcpy(u + i, tail, static_cast<std::size_t>(n - i) * sizeof(float));
       i = n;
     }
   }
+}
+
+/// uniforms, vectorized where compiled (AVX-512 or AVX2): philox_lanes Philox blocks at a time.
+inline void uniforms_simd(std::uint64_t seed, std::uint64_t first, std::int64_t n,
+                          float* u) noexcept {
+#if defined(AGOQ_HOST_AVX512) || defined(AGOQ_HOST_AVX2)
+  uniforms_lanes<philox_lanes>(seed, first, n, u);
 #else
   uniforms(seed, first, n, u);
 #endif
