@@ -770,114 +770,119 @@ inline void decode_simd(std::uint8_t const* src, std::int64_t n, group_params p,
   }
 }
 
-/// Multiplies each 32-bit lane of `a` by the constant m: the low and high halves of the products.
-inline void mul_wide(__m512i a, std::uint32_t m, __m512i& lo, __m512i& hi) noexcept {
-  __m512i const mv = _mm512_set1_epi32(static_cast<int>(m));
-  __m512i const even = _mm512_mul_epu32(a, mv);
-  __m512i const odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), mv);
-  lo = _mm512_mullo_epi32(a, mv);
-  hi = _mm512_mask_blend_epi32(0xaaaa, _mm512_srli_epi64(even, 32), odd);
-}
-
-/// The draws of stream positions 4 * block .. 4 * block + 63 (16 Philox blocks) into u[0, 64).
-/// The 16 lanes run blocks block + 4 * (k % 4) + k / 4, so that a transpose of 4x4 words within
-/// each 128-bit lane leaves the words in position order. Requires the 32-bit block counter not
-/// to wrap inside the 16 blocks.
-inline void philox_draws64(std::uint64_t seed, std::uint64_t block, float* u) noexcept {
-  constexpr std::uint32_t m0 = 0xD2511F53u;
-  constexpr std::uint32_t m1 = 0xCD9E8D57u;
-  constexpr std::uint32_t w0 = 0x9E3779B9u;
-  constexpr std::uint32_t w1 = 0xBB67AE85u;
-  __m512i c0 =
-      _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(block))),
-                       _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
-  __m512i c1 = _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(block >> 32)));
-  __m512i c2 = _mm512_setzero_si512();
-  __m512i c3 = _mm512_setzero_si512();
-  auto key0 = static_cast<std::uint32_t>(seed);
-  auto key1 = static_cast<std::uint32_t>(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    __m512i lo0, hi0, lo1, hi1;
-    mul_wide(c0, m0, lo0, hi0);
-    mul_wide(c2, m1, lo1, hi1);
-    c0 = _mm512_ternarylogic_epi32(hi1, c1, _mm512_set1_epi32(static_cast<int>(key0)), 0x96);
-    c1 = lo1;
-    c2 = _mm512_ternarylogic_epi32(hi0, c3, _mm512_set1_epi32(static_cast<int>(key1)), 0x96);
-    c3 = lo0;
-    key0 += w0;
-    key1 += w1;
-  }
-  __m512i const t0 = _mm512_unpacklo_epi32(c0, c1);
-  __m512i const t1 = _mm512_unpackhi_epi32(c0, c1);
-  __m512i const t2 = _mm512_unpacklo_epi32(c2, c3);
-  __m512i const t3 = _mm512_unpackhi_epi32(c2, c3);
-  __m512i const words[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
-                            _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)};
-  __m512 const step = _mm512_set1_ps(5.9604644775390625e-8f);  // 2^-24, as numeric::uniform24
-  for (int j = 0; j < 4; ++j) {
-    _mm512_storeu_ps(u + 16 * j,
-                     _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(words[j], 8)), step));
-  }
-}
-
 #endif  // AGOQ_HOST_AVX512
 
+/// The vector operations of philox_draws on Lanes 32-bit lanes: 16 (AVX-512) or 8 (AVX2), each
+/// specialized where its instructions are compiled.
+template <int Lanes>
+struct philox_vector;
+
+#if defined(AGOQ_HOST_AVX512)
+template <>
+struct philox_vector<16> {
+  using type = __m512i;
+  static type set1(std::uint32_t v) noexcept { return _mm512_set1_epi32(static_cast<int>(v)); }
+  /// Lane k runs block b + 4 * (k % 4) + k / 4.
+  static type counters(std::uint32_t b) noexcept {
+    return _mm512_add_epi32(
+        set1(b), _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+  }
+  static type zero() noexcept { return _mm512_setzero_si512(); }
+  /// The low and high halves of each lane's product with m.
+  static void mul_wide(type a, std::uint32_t m, type& lo, type& hi) noexcept {
+    type const mv = set1(m);
+    type const even = _mm512_mul_epu32(a, mv);
+    type const odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), mv);
+    lo = _mm512_mullo_epi32(a, mv);
+    hi = _mm512_mask_blend_epi32(0xaaaa, _mm512_srli_epi64(even, 32), odd);
+  }
+  static type xor3(type a, type b, type c) noexcept {
+    return _mm512_ternarylogic_epi32(a, b, c, 0x96);
+  }
+  static type unpacklo32(type a, type b) noexcept { return _mm512_unpacklo_epi32(a, b); }
+  static type unpackhi32(type a, type b) noexcept { return _mm512_unpackhi_epi32(a, b); }
+  static type unpacklo64(type a, type b) noexcept { return _mm512_unpacklo_epi64(a, b); }
+  static type unpackhi64(type a, type b) noexcept { return _mm512_unpackhi_epi64(a, b); }
+  /// The draws of a vector of words, as numeric::uniform24 makes them: (w >> 8) * 2^-24.
+  static void store_draws(float* u, type w) noexcept {
+    _mm512_storeu_ps(u, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(w, 8)),
+                                      _mm512_set1_ps(5.9604644775390625e-8f)));
+  }
+};
+#endif
+
 #if defined(AGOQ_HOST_AVX2)
+template <>
+struct philox_vector<8> {
+  using type = __m256i;
+  static type set1(std::uint32_t v) noexcept { return _mm256_set1_epi32(static_cast<int>(v)); }
+  /// Lane k runs block b + 2 * (k % 4) + k / 4.
+  static type counters(std::uint32_t b) noexcept {
+    return _mm256_add_epi32(set1(b), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+  }
+  static type zero() noexcept { return _mm256_setzero_si256(); }
+  /// The low and high halves of each lane's product with m (vpmuludq on the even and odd words).
+  static void mul_wide(type a, std::uint32_t m, type& lo, type& hi) noexcept {
+    type const mv = set1(m);
+    type const even = _mm256_mul_epu32(a, mv);
+    type const odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), mv);
+    lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xaa);
+    hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xaa);
+  }
+  static type xor3(type a, type b, type c) noexcept {
+    return _mm256_xor_si256(_mm256_xor_si256(a, b), c);
+  }
+  static type unpacklo32(type a, type b) noexcept { return _mm256_unpacklo_epi32(a, b); }
+  static type unpackhi32(type a, type b) noexcept { return _mm256_unpackhi_epi32(a, b); }
+  static type unpacklo64(type a, type b) noexcept { return _mm256_unpacklo_epi64(a, b); }
+  static type unpackhi64(type a, type b) noexcept { return _mm256_unpackhi_epi64(a, b); }
+  static void store_draws(float* u, type w) noexcept {
+    _mm256_storeu_ps(u, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w, 8)),
+                                      _mm256_set1_ps(5.9604644775390625e-8f)));
+  }
+};
+#endif
 
-/// mul_wide on 8 lanes (AVX2): the low and high halves of each lane's product with m.
-inline void mul_wide(__m256i a, std::uint32_t m, __m256i& lo, __m256i& hi) noexcept {
-  __m256i const mv = _mm256_set1_epi32(static_cast<int>(m));
-  __m256i const even = _mm256_mul_epu32(a, mv);
-  __m256i const odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), mv);
-  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xaa);
-  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xaa);
-}
-
-/// philox_draws64 on 8 lanes (AVX2): the draws of stream positions 4 * block .. 4 * block + 31
-/// (8 Philox blocks) into u[0, 32). Lane k runs block block + 2 * (k % 4) + k / 4, so that a
-/// transpose of 4x4 words within each 128-bit lane leaves the words in position order. Requires
-/// the 32-bit block counter not to wrap inside the 8 blocks.
-inline void philox_draws32(std::uint64_t seed, std::uint64_t block, float* u) noexcept {
+/// The draws of stream positions 4 * block .. 4 * block + 4 * Lanes - 1 (Lanes Philox blocks)
+/// into u[0, 4 * Lanes), Philox4x32-10 on Lanes lanes at once: the lanes run their blocks in an
+/// order (philox_vector::counters) that a transpose of 4x4 words within each 128-bit lane leaves
+/// in position order. Requires the 32-bit block counter not to wrap inside the Lanes blocks.
+template <int Lanes>
+inline void philox_draws(std::uint64_t seed, std::uint64_t block, float* u) noexcept {
+  using V = philox_vector<Lanes>;
   constexpr std::uint32_t m0 = 0xD2511F53u;
   constexpr std::uint32_t m1 = 0xCD9E8D57u;
   constexpr std::uint32_t w0 = 0x9E3779B9u;
   constexpr std::uint32_t w1 = 0xBB67AE85u;
-  __m256i c0 =
-      _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(block))),
-                       _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-  __m256i c1 = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(block >> 32)));
-  __m256i c2 = _mm256_setzero_si256();
-  __m256i c3 = _mm256_setzero_si256();
+  typename V::type c0 = V::counters(static_cast<std::uint32_t>(block));
+  typename V::type c1 = V::set1(static_cast<std::uint32_t>(block >> 32));
+  typename V::type c2 = V::zero();
+  typename V::type c3 = V::zero();
   auto key0 = static_cast<std::uint32_t>(seed);
   auto key1 = static_cast<std::uint32_t>(seed >> 32);
   for (int round = 0; round < 10; ++round) {
-    __m256i lo0, hi0, lo1, hi1;
-    mul_wide(c0, m0, lo0, hi0);
-    mul_wide(c2, m1, lo1, hi1);
-    c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(key0)));
+    typename V::type lo0, hi0, lo1, hi1;
+    V::mul_wide(c0, m0, lo0, hi0);
+    V::mul_wide(c2, m1, lo1, hi1);
+    c0 = V::xor3(hi1, c1, V::set1(key0));
     c1 = lo1;
-    c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(key1)));
+    c2 = V::xor3(hi0, c3, V::set1(key1));
     c3 = lo0;
     key0 += w0;
     key1 += w1;
   }
-  __m256i const t0 = _mm256_unpacklo_epi32(c0, c1);
-  __m256i const t1 = _mm256_unpackhi_epi32(c0, c1);
-  __m256i const t2 = _mm256_unpacklo_epi32(c2, c3);
-  __m256i const t3 = _mm256_unpackhi_epi32(c2, c3);
-  __m256i const words[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
-                            _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
-  __m256 const step = _mm256_set1_ps(5.9604644775390625e-8f);  // 2^-24, as numeric::uniform24
-  for (int j = 0; j < 4; ++j) {
-    _mm256_storeu_ps(u + 8 * j,
-                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words[j], 8)), step));
-  }
+  typename V::type const t0 = V::unpacklo32(c0, c1);
+  typename V::type const t1 = V::unpackhi32(c0, c1);
+  typename V::type const t2 = V::unpacklo32(c2, c3);
+  typename V::type const t3 = V::unpackhi32(c2, c3);
+  V::store_draws(u, V::unpacklo64(t0, t2));
+  V::store_draws(u + Lanes, V::unpackhi64(t0, t2));
+  V::store_draws(u + 2 * Lanes, V::unpacklo64(t1, t3));
+  V::store_draws(u + 3 * Lanes, V::unpackhi64(t1, t3));
 }
 
-#endif  // AGOQ_HOST_AVX2
-
-/// Philox blocks per call of the vector draws compiled here (philox_draws64 with AVX-512,
-/// philox_draws32 with AVX2), 0 where neither is.
+/// Philox blocks per call of the vector draws compiled here: 16 with AVX-512, 8 with AVX2, 0
+/// where neither is.
 #if defined(AGOQ_HOST_AVX512)
 inline constexpr int philox_lanes = 16;
 #elif defined(AGOQ_HOST_AVX2)
@@ -886,21 +891,13 @@ inline constexpr int philox_lanes = 8;
 inline constexpr int philox_lanes = 0;
 #endif
 
-/// uniforms, Lanes Philox blocks at a time: philox_draws64 (16, AVX-512) or philox_draws32 (8,
-/// AVX2), either of which must be compiled; the positions before the first block boundary, and
-/// the blocks across which the low counter word wraps, come from the portable loop.
+/// uniforms, Lanes Philox blocks at a time (philox_draws, whose philox_vector<Lanes> must be
+/// compiled); the positions before the first block boundary, and the blocks across which the low
+/// counter word wraps, come from the portable loop.
 template <int Lanes>
 inline void uniforms_lanes(std::uint64_t seed, std::uint64_t first, std::int64_t n,
                            float* u) noexcept {
   constexpr std::int64_t per_call = 4 * Lanes;
-  auto const draws = [&](std::uint64_t block, float* dst) {
-#if defined(AGOQ_HOST_AVX512)
-    if constexpr (Lanes == 16) philox_draws64(seed, block, dst);
-#endif
-#if defined(AGOQ_HOST_AVX2)
-    if constexpr (Lanes == 8) philox_draws32(seed, block, dst);
-#endif
-  };
   std::int64_t i = std::min<std::int64_t>(n, static_cast<std::int64_t>((4u - (first & 3u)) & 3u));
   uniforms(seed, first, i, u);
   while (i < n) {
@@ -910,11 +907,11 @@ inline void uniforms_lanes(std::uint64_t seed, std::uint64_t first, std::int64_t
       uniforms(seed, first + static_cast<std::uint64_t>(i), m, u + i);
       i += m;
     } else if (n - i >= per_call) {
-      draws(block, u + i);
+      philox_draws<Lanes>(seed, block, u + i);
       i += per_call;
     } else {
       float tail[per_call];
-      draws(block, tail);
+      philox_draws<Lanes>(seed, block, tail);
       std::memcpy(u + i, tail, static_cast<std::size_t>(n - i) * sizeof(float));
       i = n;
     }
