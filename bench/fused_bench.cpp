@@ -12,7 +12,9 @@
 /// the ratio is read from one run even on a busy machine. Target for fused: vs_plain <= 1.15.
 /// A fourth form, `fused_threads:2`, runs the fused op on two threads of the host executor and
 /// the same op on one in every iteration: `vs_one_thread` is the one-thread time over the
-/// two-thread time (the speed-up).
+/// two-thread time (the speed-up). A fifth, `memory_floor`, moves the fused op's bytes and the
+/// plain op's with none of their arithmetic: its `vs_plain` is the least the fused op's can be
+/// on this machine where memory bounds both (a target below it cannot be met there).
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -86,21 +88,69 @@ void run_threads(benchmark::State& state, Fused&& fused, std::int64_t bytes) {
   state.counters.erase("vs_plain");
 }
 
+constexpr std::int64_t tensor_bytes = rows * cols * 2;
+constexpr std::int64_t tensor_words = tensor_bytes / 8;
+
+/// The memory floor of an op with `inputs` bf16 input tensors and one output, saving copies of
+/// `saved_bytes` bytes each (codes and scales): the same bytes moved with none of the op's
+/// arithmetic, as 64-bit words through plain (cached) stores, the loop g++ vectorizes. The
+/// output's words are the inputs' xor; after each block of 64 of them, each saved buffer gets
+/// its share of the block (int8 codes of bf16 values: 32 words), so the saved copies are written
+/// as the fused ops write them, in step with the output.
+class traffic {
+ public:
+  traffic(int inputs, std::vector<std::int64_t> const& saved_bytes)
+      : in_(static_cast<std::size_t>(inputs),
+            std::vector<std::uint64_t>(static_cast<std::size_t>(tensor_words), 1)),
+        out_(static_cast<std::size_t>(tensor_words)) {
+    for (std::int64_t b : saved_bytes) saved_.emplace_back(static_cast<std::size_t>(b / 8));
+  }
+
+  /// Moves the plain op's bytes (with_saved false) or the fused op's.
+  void move(bool with_saved) {
+    std::uint64_t const* a = in_.front().data();
+    std::uint64_t const* b = in_.back().data();
+    std::uint64_t* y = out_.data();
+    constexpr std::int64_t block = 64;
+    for (std::int64_t i = 0; i < tensor_words; i += block) {
+      for (std::int64_t j = i; j < i + block; ++j) y[j] = a[j] ^ b[j];
+      if (!with_saved) continue;
+      for (auto& s : saved_) {
+        auto const n = static_cast<std::int64_t>(s.size());
+        std::int64_t const s0 = i * n / tensor_words, s1 = (i + block) * n / tensor_words;
+        for (std::int64_t j = s0; j < s1; ++j) s[static_cast<std::size_t>(j)] = y[i + (j - s0)];
+      }
+    }
+    benchmark::DoNotOptimize(y);
+    benchmark::ClobberMemory();
+  }
+
+ private:
+  std::vector<std::vector<std::uint64_t>> in_;
+  std::vector<std::uint64_t> out_;
+  std::vector<std::vector<std::uint64_t>> saved_;
+};
+
 /// Form `form` of one op (register_all's names): 0 the plain op, 1 fused, 2 unfused (each timed
-/// against the plain op), 3 the fused op on two threads against one. `fused_on(ex)` runs the
-/// fused op on an executor.
+/// against the plain op), 3 the fused op on two threads against one, 4 the op's memory floor (the
+/// fused op's bytes moved, timed against the plain op's: the least vs_plain can be where memory
+/// bounds the op). `fused_on(ex)` runs the fused op on an executor.
 template <class Plain, class FusedOn, class Unfused>
 void run_form(benchmark::State& state, int form, Plain const& plain, FusedOn const& fused_on,
-              Unfused const& unfused, std::int64_t bytes) {
+              Unfused const& unfused, std::int64_t bytes, int inputs,
+              std::vector<std::int64_t> const& saved_bytes) {
   if (form == 0) run(state, plain, plain, bytes);
   if (form == 1)
     run(
         state, plain, [&] { fused_on(agoq::host); }, bytes);
   if (form == 2) run(state, plain, unfused, bytes);
   if (form == 3) run_threads(state, fused_on, bytes);
+  if (form == 4) {
+    traffic t(inputs, saved_bytes);
+    run(
+        state, [&] { t.move(false); }, [&] { t.move(true); }, bytes);
+  }
 }
-
-constexpr std::int64_t tensor_bytes = rows * cols * 2;
 
 void rmsnorm(benchmark::State& state, int form) {
   std::vector<bfloat16> w(static_cast<std::size_t>(cols),
@@ -120,7 +170,7 @@ void rmsnorm(benchmark::State& state, int form) {
     plain();
     agoq::quantize(agoq::host, in(1), saved.view(), opt);
   };
-  run_form(state, form, plain, fused_on, unfused, 2 * tensor_bytes);
+  run_form(state, form, plain, fused_on, unfused, 2 * tensor_bytes, 1, {saved.bytes()});
 }
 
 void swiglu(benchmark::State& state, int form) {
@@ -136,7 +186,7 @@ void swiglu(benchmark::State& state, int form) {
     agoq::quantize(agoq::host, in(1), sg.view(), opt);
     agoq::quantize(agoq::host, in(2), su.view(), {opt.seed, opt.offset + rows * cols});
   };
-  run_form(state, form, plain, fused_on, unfused, 3 * tensor_bytes);
+  run_form(state, form, plain, fused_on, unfused, 3 * tensor_bytes, 2, {sg.bytes(), su.bytes()});
 }
 
 void gelu(benchmark::State& state, int form) {
@@ -151,7 +201,7 @@ void gelu(benchmark::State& state, int form) {
     plain();
     agoq::quantize(agoq::host, in(1), saved.view(), opt);
   };
-  run_form(state, form, plain, fused_on, unfused, 2 * tensor_bytes);
+  run_form(state, form, plain, fused_on, unfused, 2 * tensor_bytes, 1, {saved.bytes()});
 }
 
 void residual(benchmark::State& state, int form) {
@@ -167,12 +217,12 @@ void residual(benchmark::State& state, int form) {
     agoq::quantize(agoq::host, matrix_view<bfloat16 const>(sum.data(), rows, cols), saved.view(),
                    opt);
   };
-  run_form(state, form, plain, fused_on, unfused, 3 * tensor_bytes);
+  run_form(state, form, plain, fused_on, unfused, 3 * tensor_bytes, 2, {saved.bytes()});
 }
 
 void register_all() {
-  char const* forms[] = {"plain", "fused", "unfused", "fused_threads:2"};
-  for (int f = 0; f < 4; ++f) {
+  char const* forms[] = {"plain", "fused", "unfused", "fused_threads:2", "memory_floor"};
+  for (int f = 0; f < 5; ++f) {
     std::string const s = std::string("/") + forms[f] + "/bf16_4096x4096";
     benchmark::RegisterBenchmark(("rmsnorm_forward" + s).c_str(), rmsnorm, f)
         ->UseManualTime()
