@@ -92,24 +92,32 @@ if reduce.exists():
 fused = out / "fused_bench.json"
 if fused.exists():
     print("\n## Fused activation ops (time of the fused op over the plain op's)\n")
-    times, gbps = {}, {}
+    # bm_floor/<op>: the op's bytes moved with (fused:1) and without (fused:0) its saved copies.
+    times, gbps, floors = {}, {}, {}
     for b in json.loads(fused.read_text())["benchmarks"]:
         if b.get("error_occurred"):
             continue
-        op = b["name"].split("/")[0]
+        parts = b["name"].split("/")
         size = int(re.search(r"bytes:(\d+)", b["name"]).group(1))
         m = re.search(r"fused:(\d)", b["name"])
-        key = (op, size, int(m.group(1)) if m else -1)
-        times[key] = b["real_time"]
-        gbps[key] = b["bytes_per_second"] / 1e9
-    print("| op | MiB of bf16 | plain us | fused us | fused / plain | GB/s |")
-    print("|---|---|---|---|---|---|")
+        f = int(m.group(1)) if m else -1
+        if parts[0] == "bm_floor":
+            floors[("bm_" + parts[1], size, f)] = b["real_time"]
+            continue
+        times[(parts[0], size, f)] = b["real_time"]
+        gbps[(parts[0], size, f)] = b["bytes_per_second"] / 1e9
+    print("Floor: the fused op's bytes moved over the plain op's (a copy kernel), the least")
+    print("fused / plain can be where memory bounds the op.\n")
+    print("| op | MiB of bf16 | plain us | fused us | fused / plain | floor | GB/s |")
+    print("|---|---|---|---|---|---|---|")
     for (op, size, f), t in sorted(times.items()):
         if f == 1:
             p = times.get((op, size, 0), float("nan"))
-            print(f"| {op} | {size >> 20} | {p:.1f} | {t:.1f} | {t / p:.2f} | {gbps[(op, size, f)]:.0f} |")
+            floor = floors.get((op, size, 1), float("nan")) / floors.get((op, size, 0), float("nan"))
+            print(f"| {op} | {size >> 20} | {p:.1f} | {t:.1f} | {t / p:.2f} | {floor:.2f} "
+                  f"| {gbps[(op, size, f)]:.0f} |")
         elif f == -1:
-            print(f"| {op} | {size >> 20} | | {t:.1f} | | {gbps[(op, size, f)]:.0f} |")
+            print(f"| {op} | {size >> 20} | | {t:.1f} | | | {gbps[(op, size, f)]:.0f} |")
 
 # The gradient buffer's accumulate (dequantize, add, requantize in one pass) beside a copy of the
 # same bytes (bench/buffer_device_bench.cu).
