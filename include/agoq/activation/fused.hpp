@@ -87,11 +87,12 @@ std::int64_t quantize_row(T const* row, std::int64_t r, std::int64_t c0, std::in
       h::uniforms(seed, first, n_range, s.draws.data());
     }
   }
-#if defined(AGOQ_HOST_AVX512)
-  if constexpr (Code::bits == 8 || Code::bits == 4) {
+#if defined(AGOQ_HOST_ROW_SIMD)
+  if constexpr (h::row_simd<Code>) {
     if (simd && h::row_groups(l)) {  // packed codes straight from registers, group by group
       for (std::int64_t b = c0, k = k0; b < c1; b += g, ++k) {
         std::int64_t const n = std::min(g, c1 - b);
+        h::prefetch_ahead(row + b, n * static_cast<std::int64_t>(sizeof(T)));
         h::segment_stats const st = h::stats_segment_simd<Code>(row + b, n);
         nonfinite += st.nonfinite;
         group_params const p = make_group_params<Code>(out.spec.scale, st.stats);
@@ -150,8 +151,8 @@ std::int64_t decode_row(const_quantized_view const& in, quantized_layout const& 
   std::int64_t const cols = l.cols;
   std::uint8_t const* src = in.codes + r * l.code_row_bytes;
   std::int64_t nonfinite = 0;
-#if defined(AGOQ_HOST_AVX512)
-  if constexpr (Code::bits == 8 || Code::bits == 4) {
+#if defined(AGOQ_HOST_ROW_SIMD)
+  if constexpr (h::row_simd<Code>) {
     if (simd && (g >= cols || (g * Code::bits) % 8 == 0)) {  // every group starts on a byte
       for (std::int64_t b = 0; b < cols; b += g) {
         std::int64_t const n = std::min(g, cols - b);

@@ -1,8 +1,8 @@
 // The vector fast paths of the CPU executor against its portable loops, byte for byte: the row
 // path (groups of one row, codes packed in registers), the unmasked statistics with their
 // non-finite fallback, the vector Philox (AVX-512 and AVX2), and every code family's encoder and
-// decoder. Also built for x86-64-v3 (quantize_avx2_isa_test), where only the AVX2 draws differ
-// from the portable loops.
+// decoder. Also built for x86-64-v3 (quantize_avx2_isa_test), where the same cases check the
+// AVX2 row path (simd_avx2.hpp) and the AVX2 draws against the portable loops.
 #include <agoq/agoq.hpp>
 #include <agoq/detail/host/simd.hpp>
 

@@ -187,7 +187,7 @@ inline bool row_groups(quantized_layout const& l) noexcept {
   return l.tile.rows == 1 && (l.tile.cols >= l.cols || (l.tile.cols * l.bits) % 8 == 0);
 }
 
-#if defined(AGOQ_HOST_AVX512)
+#if defined(AGOQ_HOST_ROW_SIMD)
 
 /// quantize along rows of groups (row_groups, 8- or 4-bit codes), the groups [k0, k1) of the
 /// group grid in row-major order (so that a call of one row, a flat tensor, splits among threads
@@ -207,6 +207,7 @@ std::int64_t quantize_groups_simd(T const* x, quantized_view const& out, quantiz
     std::int64_t const b = (k - r * l.group_grid_cols) * g;
     std::int64_t const n = std::min(g, l.cols - b);
     T const* group = x + r * l.cols + b;
+    prefetch_ahead(group, n * static_cast<std::int64_t>(sizeof(T)));
     segment_stats const st = stats_segment_simd<Code>(group, n);
     nonfinite += st.nonfinite;
     group_params const p = make_group_params<Code>(out.spec.scale, st.stats);
@@ -233,13 +234,14 @@ std::int64_t dequantize_groups_simd(const_quantized_view const& in, quantized_la
     std::int64_t const n = std::min(g, l.cols - b);
     group_params const p = load_group_params(in, k);
     if (!numeric::is_finite(p.scale)) nonfinite += n;
-    decode_simd<Code, Code::bits>(in.codes + r * l.code_row_bytes + b * Code::bits / 8, n, p,
-                                  y + r * l.cols + b);
+    std::uint8_t const* codes = in.codes + r * l.code_row_bytes + b * Code::bits / 8;
+    prefetch_ahead(codes, n * Code::bits / 8);
+    decode_simd<Code, Code::bits>(codes, n, p, y + r * l.cols + b);
   }
   return nonfinite;
 }
 
-#endif  // AGOQ_HOST_AVX512
+#endif  // AGOQ_HOST_ROW_SIMD
 
 /// quantize: statistics, parameters, codes; returns the non-finite input count.
 template <code_format Code, rounding_mode Rounding, class T>
@@ -247,8 +249,8 @@ std::int64_t quantize(host_executor ex, T const* x, quantized_view const& out, s
                       std::uint64_t offset) {
   quantized_layout const l = out.layout();
   bool const simd = ex.simd;
-#if defined(AGOQ_HOST_AVX512)
-  if constexpr (Code::bits == 8 || Code::bits == 4) {
+#if defined(AGOQ_HOST_ROW_SIMD)
+  if constexpr (row_simd<Code>) {
     if (simd && row_groups(l)) {
       return parallel_sum(
           ex, l.groups(), std::min(l.tile.cols, l.cols), [&](std::int64_t k0, std::int64_t k1) {
@@ -288,8 +290,8 @@ template <code_format Code, class T>
 std::int64_t dequantize(host_executor ex, const_quantized_view const& in, T* y) {
   quantized_layout const l = in.layout();
   bool const simd = ex.simd;
-#if defined(AGOQ_HOST_AVX512)
-  if constexpr (Code::bits == 8 || Code::bits == 4) {
+#if defined(AGOQ_HOST_ROW_SIMD)
+  if constexpr (row_simd<Code>) {
     if (simd && row_groups(l)) {
       return parallel_sum(ex, l.groups(), std::min(l.tile.cols, l.cols),
                           [&](std::int64_t k0, std::int64_t k1) {

@@ -237,6 +237,21 @@ inline segment_stats stats_segment(T const* x, std::int64_t n) noexcept {
   }
 }
 
+/// How far ahead of a group the row path prefetches (prefetch_ahead), in bytes.
+inline constexpr std::int64_t prefetch_distance = 4096;
+
+/// Asks the caches for the lines of [p + prefetch_distance, p + prefetch_distance + bytes), for
+/// reading (a hint: it never faults, past the end of the buffer included). The row path reads a
+/// short run of memory per group between runs of arithmetic; the hardware prefetchers alone leave
+/// most of those loads to miss the L1 cache.
+inline void prefetch_ahead(void const* p, std::int64_t bytes) noexcept {
+  auto const a =
+      reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(prefetch_distance);
+  for (std::int64_t j = 0; j < bytes; j += 64) {
+    __builtin_prefetch(reinterpret_cast<char const*>(a + static_cast<std::uintptr_t>(j)), 0, 3);
+  }
+}
+
 /// Fills u[0, n) with the uniform draws of stream positions first, first + 1, ... under `seed`,
 /// one Philox block per four positions.
 inline void uniforms(std::uint64_t seed, std::uint64_t first, std::int64_t n, float* u) noexcept {
@@ -275,6 +290,19 @@ inline void encode_stochastic_segment(T const* x, std::int64_t n, group_params p
   }
   for (std::int64_t i = 0; i < n; ++i) {
     q[i] = numeric::stochastic_code<Code>(load_float(x + i) / p.scale, p, u[i]);
+  }
+}
+
+/// Writes the codes of the n elements of a group whose scale is 0 as `Width`-bit fields at dst:
+/// every code is that of zero (FP8: +0, whatever the zero point field holds).
+template <code_format Code, int Width>
+inline void encode_zero_scale(std::int64_t n, group_params p, std::uint8_t* dst) noexcept {
+  auto const z = static_cast<std::uint8_t>(is_fp8_code<Code> ? 0 : p.zero_point);
+  if constexpr (Width == 8) {
+    std::memset(dst, z, static_cast<std::size_t>(n));
+  } else {
+    std::memset(dst, z | (z << 4), static_cast<std::size_t>(n / 2));
+    if (n & 1) dst[n / 2] = z;
   }
 }
 

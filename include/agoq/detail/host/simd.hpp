@@ -5,7 +5,9 @@
 /// bfloat16 rounding, the same Philox words. Covered: statistics (absolute maximum, ordered
 /// min/max), encoding with nearest and stochastic rounding and decoding of every integer code and
 /// both FP8 formats, from and to float, bfloat16 and half, one code per byte or 4-bit packed.
-/// Where AVX-512 (F, BW, VL) is not enabled at compile time they forward to the portable loops.
+/// Where AVX-512 (F, BW, VL) is not enabled at compile time but AVX2 is, simd_avx2.hpp supplies
+/// the row path's encoder and decoder of the integer codes and this file the AVX2 Philox draws;
+/// everything else forwards to the portable loops.
 #pragma once
 
 #include <algorithm>
@@ -34,9 +36,15 @@
 #if defined(__AVX2__)
 #define AGOQ_HOST_AVX2 1
 #endif
+/// Defined where the row path's vector encoder and decoder (encode_simd, decode_simd) are
+/// compiled: AVX-512 (this file) or AVX2 (simd_avx2.hpp).
+#if defined(AGOQ_HOST_AVX512) || defined(AGOQ_HOST_AVX2)
+#define AGOQ_HOST_ROW_SIMD 1
+#endif
 
 #include "../../numeric/rounding.hpp"
 #include "segment.hpp"
+#include "simd_avx2.hpp"
 
 namespace agoq::detail::host {
 
@@ -45,6 +53,16 @@ namespace agoq::detail::host {
 inline constexpr bool simd_available = true;
 #else
 inline constexpr bool simd_available = false;
+#endif
+
+#if defined(AGOQ_HOST_ROW_SIMD)
+/// True where the row path (whole groups of one row, codes packed in registers: encode_simd,
+/// decode_simd) takes Code: 8- and 4-bit codes with AVX-512, 8- and 4-bit integer codes with
+/// AVX2, whose FP8 codes are left to the chunk path and g++'s vectorization of the portable loops
+/// (faster there than the row path's per-group calls of them).
+template <code_format Code>
+inline constexpr bool row_simd = (Code::bits == 8 || Code::bits == 4) &&
+                                 (simd_available || !is_fp8_code<Code>);
 #endif
 
 #if defined(AGOQ_HOST_AVX512)
@@ -539,19 +557,6 @@ inline void store_codes(std::uint8_t* dst, __m512i c0, __m512i c1, std::int64_t 
   }
 }
 
-/// Writes the codes of the n elements of a group whose scale is 0 as `Width`-bit fields at dst:
-/// every code is that of zero (FP8: +0, whatever the zero point field holds).
-template <code_format Code, int Width>
-inline void encode_zero_scale(std::int64_t n, group_params p, std::uint8_t* dst) noexcept {
-  auto const z = static_cast<std::uint8_t>(is_fp8_code<Code> ? 0 : p.zero_point);
-  if constexpr (Width == 8) {
-    std::memset(dst, z, static_cast<std::size_t>(n));
-  } else {
-    std::memset(dst, z | (z << 4), static_cast<std::size_t>(n / 2));
-    if (n & 1) dst[n / 2] = z;
-  }
-}
-
 /// Encodes one step of a group whose scale is not 0: the values v0, v1 arranged like a step of A,
 /// the first `left` elements of which are written as `Width`-bit fields at dst. u: the step's
 /// draws in element order (stochastic rounding; `left` of them are read), else unused.
@@ -947,7 +952,7 @@ inline segment_stats stats_segment_simd(T const* x, std::int64_t n) noexcept {
 template <code_format Code, element_type T>
 inline void encode_nearest_segment_simd(T const* x, std::int64_t n, group_params p,
                                         std::uint8_t* q) noexcept {
-#if defined(AGOQ_HOST_AVX512)
+#if defined(AGOQ_HOST_ROW_SIMD)
   encode_simd<Code, rounding_kind::nearest, 8>(x, n, p, nullptr, q);
 #else
   encode_nearest_segment<Code>(x, n, p, q);
@@ -958,7 +963,7 @@ inline void encode_nearest_segment_simd(T const* x, std::int64_t n, group_params
 template <code_format Code, element_type T>
 inline void encode_stochastic_segment_simd(T const* x, std::int64_t n, group_params p,
                                            float const* u, std::uint8_t* q) noexcept {
-#if defined(AGOQ_HOST_AVX512)
+#if defined(AGOQ_HOST_ROW_SIMD)
   encode_simd<Code, rounding_kind::stochastic, 8>(x, n, p, u, q);
 #else
   encode_stochastic_segment<Code>(x, n, p, u, q);
@@ -969,7 +974,7 @@ inline void encode_stochastic_segment_simd(T const* x, std::int64_t n, group_par
 template <code_format Code, element_type T>
 inline void decode_segment_simd(std::uint8_t const* q, std::int64_t n, group_params p,
                                 T* y) noexcept {
-#if defined(AGOQ_HOST_AVX512)
+#if defined(AGOQ_HOST_ROW_SIMD)
   decode_simd<Code, 8>(q, n, p, y);
 #else
   decode_segment<Code>(q, n, p, y);
