@@ -366,12 +366,10 @@ struct encoder {
 
   explicit encoder(group_params p) noexcept
       : scale(_mm512_set1_ps(p.scale)), zero_point(_mm512_set1_epi32(p.zero_point)) {
-    if constexpr (Code::has_zero_point) {
-      lo = _mm512_set1_ps(static_cast<float>(-p.zero_point));
-      hi = _mm512_set1_ps(static_cast<float>(Code::levels - p.zero_point));
-    } else if constexpr (!is_fp8_code<Code>) {
-      lo = _mm512_set1_ps(-static_cast<float>(Code::qmax));
-      hi = _mm512_set1_ps(static_cast<float>(Code::qmax));
+    if constexpr (!is_fp8_code<Code>) {
+      quotient_range const r = integer_range<Code>(p);
+      lo = _mm512_set1_ps(r.lo);
+      hi = _mm512_set1_ps(r.hi);
     }
   }
 

@@ -77,15 +77,10 @@ struct encoder {
   __m256i zero_point;
 
   explicit encoder(group_params p) noexcept
-      : scale(_mm256_set1_ps(p.scale)), zero_point(_mm256_set1_epi32(p.zero_point)) {
-    if constexpr (Code::has_zero_point) {
-      lo = _mm256_set1_ps(static_cast<float>(-p.zero_point));
-      hi = _mm256_set1_ps(static_cast<float>(Code::levels - p.zero_point));
-    } else {
-      lo = _mm256_set1_ps(-static_cast<float>(Code::qmax));
-      hi = _mm256_set1_ps(static_cast<float>(Code::qmax));
-    }
-  }
+      : scale(_mm256_set1_ps(p.scale)),
+        lo(_mm256_set1_ps(integer_range<Code>(p).lo)),
+        hi(_mm256_set1_ps(integer_range<Code>(p).hi)),
+        zero_point(_mm256_set1_epi32(p.zero_point)) {}
 
   /// Clamps x / scale to the code's range. NaN survives (vmaxps and vminps return their second
   /// operand when it is NaN) and converts to 0x80000000, whose low bits are the code of zero's.
