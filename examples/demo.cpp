@@ -291,13 +291,13 @@ inline void print_header() {
   std::printf(
       "  saved activations (~4 bit), gradients (8 bit + an 8-bit all-reduce), optimizer states\n"
       "  and weights, in one byte layout shared by CUDA kernels and their bit-exact CPU twin.\n\n");
-  // host_simd_available is the compile-time switch of the CPU executor's AVX-512 loops.
+  // host_simd_isa names the vector loops the CPU executor was compiled with.
   std::printf(
-      "This demo runs the CPU executor (%s, one thread) on synthetic tensors drawn from a\n"
+      "This demo runs the CPU executor (%s loops, one thread) on synthetic tensors drawn from a\n"
       "fixed seed. Per scheme: bits per element and size, scales, zero points and padding\n"
       "included; error of the dequantized tensor against the bf16 input; time per GB of bf16\n"
       "(elements x 2 bytes), fastest of %d runs.\n\n",
-      agoq::host_simd_available ? "AVX-512 loops" : "portable loops", timing_repeats);
+      agoq::host_simd_isa, timing_repeats);
 }
 
 /// Prints one table of results for `t`, then the expansion of any alias it used.

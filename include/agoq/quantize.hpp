@@ -25,6 +25,12 @@ namespace agoq {
 /// for the including translation unit); otherwise it runs the portable loops.
 inline constexpr bool host_simd_available = detail::host::simd_available;
 
+/// The vector loops the CPU executor was compiled with for the including translation unit:
+/// "AVX-512" (all of them), "AVX2" (the row path of the integer codes, per_group and per_row
+/// groupings, and the stochastic-rounding draws; the rest portable) or "portable" (loops written
+/// for the compiler's auto-vectorizer). Every choice gives the same bits.
+inline constexpr char const* host_simd_isa = detail::host::simd_isa;
+
 /// Arguments of stochastic rounding: element i (row-major index) of a call draws stream
 /// position `offset + i` under `seed`. Give each step, layer and micro-batch its own seed or
 /// offset range; nearest rounding ignores both.

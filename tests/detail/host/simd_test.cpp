@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -125,11 +126,17 @@ TEST_CASE("SIMD packing equals the portable packing") {
   }
 }
 
-TEST_CASE("the SIMD loops are compiled where AVX-512 is enabled") {
+TEST_CASE("the SIMD loops are compiled where AVX-512 is enabled, the AVX2 ones where AVX2 is") {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
   CHECK(h::simd_available);
+  CHECK(std::string(h::simd_isa) == "AVX-512");
 #else
   CHECK_FALSE(h::simd_available);
   MESSAGE("AVX-512 not enabled at compile time: the SIMD loops forward to the portable ones");
+#if defined(__AVX2__)
+  CHECK(std::string(h::simd_isa) == "AVX2");
+#else
+  CHECK(std::string(h::simd_isa) == "portable");
+#endif
 #endif
 }

@@ -288,6 +288,10 @@ void register_tensors(py::module_& m) {
   m.def(
       "simd", [] { return agoq::host_simd_available; },
       "True when the extension was compiled with agoq's AVX-512 loops.");
+  m.def(
+      "simd_isa", [] { return std::string(agoq::host_simd_isa); },
+      "The vector loops the extension's CPU executor was compiled with: AVX-512, AVX2 or "
+      "portable.");
 }
 
 }  // namespace agoq_torch

@@ -55,6 +55,17 @@ inline constexpr bool simd_available = true;
 inline constexpr bool simd_available = false;
 #endif
 
+/// The vector loops compiled here, by name: "AVX-512" (every loop of this file), "AVX2" (the
+/// integer codes' row path of simd_avx2.hpp and the Philox draws) or "portable" (none: the loops
+/// of segment.hpp as the compiler vectorizes them).
+#if defined(AGOQ_HOST_AVX512)
+inline constexpr char const* simd_isa = "AVX-512";
+#elif defined(AGOQ_HOST_AVX2)
+inline constexpr char const* simd_isa = "AVX2";
+#else
+inline constexpr char const* simd_isa = "portable";
+#endif
+
 #if defined(AGOQ_HOST_ROW_SIMD)
 /// True where the row path (whole groups of one row, codes packed in registers: encode_simd,
 /// decode_simd) takes Code: 8- and 4-bit codes with AVX-512, 8- and 4-bit integer codes with
