@@ -76,10 +76,11 @@ struct encoder {
   __m256 scale, lo, hi;
   __m256i zero_point;
 
-  explicit encoder(group_params p) noexcept
+  explicit encoder(group_params p) noexcept : encoder(p, integer_range<Code>(p)) {}
+  encoder(group_params p, quotient_range r) noexcept
       : scale(_mm256_set1_ps(p.scale)),
-        lo(_mm256_set1_ps(integer_range<Code>(p).lo)),
-        hi(_mm256_set1_ps(integer_range<Code>(p).hi)),
+        lo(_mm256_set1_ps(r.lo)),
+        hi(_mm256_set1_ps(r.hi)),
         zero_point(_mm256_set1_epi32(p.zero_point)) {}
 
   /// Clamps x / scale to the code's range. NaN survives (vmaxps and vminps return their second
@@ -280,7 +281,8 @@ inline void encode_simd(T const* x, std::int64_t n, group_params p, float const*
     }
     if (i < n) {
       // The tail's codes from copies padded with +0 (draws 0); the padding's codes are then
-      // cleared, as the last byte of 4-bit fields holds one of them where the tail is odd.
+      // cleared, as the last byte of 4-bit fields holds one of them where the tail is odd, and
+      // the step's fields written by store_codes to a copy, of which the tail's bytes are kept.
       std::int64_t const left = n - i;
       alignas(32) unsigned char xs[avx2::step * sizeof(T)] = {};
       float us[avx2::step] = {};
@@ -291,13 +293,9 @@ inline void encode_simd(T const* x, std::int64_t n, group_params p, float const*
       alignas(16) std::uint8_t codes[avx2::step];
       avx2::encode_step<Code, Rounding, 8>(e, reinterpret_cast<T const*>(xs), us, codes);
       std::memset(codes + left, 0, static_cast<std::size_t>(avx2::step - left));
-      if constexpr (Width == 8) {
-        std::memcpy(dst + i, codes, static_cast<std::size_t>(left));
-      } else {
-        for (std::int64_t j = 0; j < left; j += 2) {
-          dst[(i + j) / 2] = static_cast<std::uint8_t>(codes[j] | (codes[j + 1] << 4));
-        }
-      }
+      std::uint8_t fields[avx2::step];
+      avx2::store_codes<Width>(fields, _mm_load_si128(reinterpret_cast<__m128i const*>(codes)));
+      std::memcpy(dst + i * Width / 8, fields, static_cast<std::size_t>((left * Width + 7) / 8));
     }
   }
 }
