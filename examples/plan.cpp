@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <exception>
 #include <fstream>
-#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -36,12 +35,12 @@ struct options {
 
 void usage() {
   std::puts(
-      "usage: agoq_plan [--config FILE] [--preset llama3-8b|32b|gpt3-1.3b] [--style llama|gpt]\n"
-      "  [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N] [--head-dim N]\n"
-      "  [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N] [--vp-rules core|legacy]\n"
-      "  [--dp N] [--zero 0-3] [--sp] [--no-sp] [--micro-batch N] [--seq N]\n"
-      "  [--micro-batches N] [--grad fp32|bf16|int8] [--optim fp32|int8] [--bucket N]\n"
-      "  [--reserved-gib X] [--budget-gib X] [--verbose]\n"
+      "usage: agoq_plan [--config FILE] [--preset llama3-8b|qwen2.5-32b|gpt3-1.3b]\n"
+      "  [--style llama|gpt] [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N]\n"
+      "  [--head-dim N] [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N]\n"
+      "  [--vp-rules core|legacy] [--dp N] [--zero 0-3] [--sp] [--no-sp] [--micro-batch N]\n"
+      "  [--seq N] [--micro-batches N] [--grad fp32|bf16|int8] [--optim fp32|int8]\n"
+      "  [--bucket N] [--reserved-gib X] [--budget-gib X] [--verbose]\n"
       "--vp N > 1 runs Megatron's interleaved schedule: by default Megatron-Core's, in groups of\n"
       "--vp-group micro-batches (its microbatch_group_size_per_vp_stage; default pp), which\n"
       "needs pp <= group <= micro-batches and micro-batches mod group either 0 or >= pp;\n"
@@ -54,29 +53,31 @@ void usage() {
       "A config file holds the same keys as key=value lines (sp=1, verbose=1; # comments).");
 }
 
-void preset(options& o, std::string const& name) {
-  act::model_shape& m = o.model;
-  if (name == "llama3-8b") {
-    m = {act::block_style::llama, 32, 4096, 14336, 32, 8, 128, 128256, false};
-  } else if (name == "32b") {  // Qwen-2.5-32B-like
-    m = {act::block_style::llama, 64, 5120, 27648, 40, 8, 128, 152064, false};
-  } else if (name == "gpt3-1.3b") {
-    m = {act::block_style::gpt, 24, 2048, 8192, 16, 16, 128, 50257, true};
-  } else {
-    throw std::invalid_argument("unknown preset '" + name + "'");
+/// The whole of v read by `read` (std::stoll or std::stod), or an error naming the key.
+template <class Read>
+auto parse_whole(std::string const& key, std::string const& v, char const* what, Read read) {
+  std::size_t used = 0;
+  try {
+    auto const x = read(v, &used);
+    if (used == v.size()) return x;
+  } catch (std::logic_error const&) {  // std::invalid_argument, std::out_of_range
   }
+  throw std::invalid_argument(std::string("bad ") + what + " for " + key + ": '" + v + "'");
 }
 
 std::int64_t to_int(std::string const& key, std::string const& v) {
-  std::size_t used = 0;
-  long long const x = std::stoll(v, &used);
-  if (used != v.size()) throw std::invalid_argument("bad integer for " + key + ": '" + v + "'");
-  return x;
+  return parse_whole(key, v, "integer",
+                     [](std::string const& s, std::size_t* used) { return std::stoll(s, used); });
+}
+
+double to_real(std::string const& key, std::string const& v) {
+  return parse_whole(key, v, "number",
+                     [](std::string const& s, std::size_t* used) { return std::stod(s, used); });
 }
 
 void apply(options& o, std::string const& key, std::string const& v) {
   if (key == "preset") {
-    preset(o, v);
+    o.model = act::preset_model(v);
   } else if (key == "style") {
     if (v != "llama" && v != "gpt") throw std::invalid_argument("style is llama or gpt");
     o.model.style = v == "llama" ? act::block_style::llama : act::block_style::gpt;
@@ -130,9 +131,9 @@ void apply(options& o, std::string const& key, std::string const& v) {
   } else if (key == "bucket") {
     o.step.bucket_parameters = to_int(key, v);
   } else if (key == "reserved-gib") {
-    o.step.reserved_bytes = static_cast<std::int64_t>(std::stod(v) * gib);
+    o.step.reserved_bytes = static_cast<std::int64_t>(to_real(key, v) * gib);
   } else if (key == "budget-gib") {
-    o.budget_gib = std::stod(v);
+    o.budget_gib = to_real(key, v);
   } else if (key == "verbose") {
     o.verbose = v != "0";
   } else {
@@ -231,7 +232,7 @@ void print_plan(options const& o, act::activation_plan const& plan) {
 
 int run(int argc, char** argv) {
   options o;
-  preset(o, "llama3-8b");
+  o.model = act::preset_model("llama3-8b");
   o.step.seq = 8192;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];

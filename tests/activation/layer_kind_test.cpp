@@ -6,10 +6,6 @@
 
 using namespace agoq::activation;
 
-namespace {
-model_shape llama3_8b() { return {block_style::llama, 32, 4096, 14336, 32, 8, 128, 128256, false}; }
-}  // namespace
-
 TEST_CASE("every kind has a name, a category and belongs to a block") {
   CHECK(all_tensor_kinds.size() == static_cast<std::size_t>(tensor_kind_count));
   for (int i = 0; i < tensor_kind_count; ++i) {
@@ -22,6 +18,23 @@ TEST_CASE("every kind has a name, a category and belongs to a block") {
   }
   CHECK(name_of(tensor_kind::swiglu_output) == "swiglu_output");
   CHECK(name_of(tensor_kind::fc2_input) == "fc2_input");
+}
+
+TEST_CASE("model presets: published shapes by name, and a clear error for any other name") {
+  for (model_preset const& p : model_presets) {
+    CHECK_NOTHROW(p.shape.validate());
+    CHECK(preset_model(p.name).layers == p.shape.layers);
+  }
+  model_shape const q = preset_model("qwen2.5-32b");
+  CHECK((q.layers == 64 && q.hidden == 5120 && q.ffn == 27648 && q.heads == 40 && q.kv_heads == 8 &&
+         q.head_size() == 128 && q.vocab == 152064 && !q.tied_embeddings));
+  model_shape const g = preset_model("gpt3-1.3b");
+  CHECK((g.style == block_style::gpt && g.layers == 24 && g.hidden == 2048 && g.ffn == 8192 &&
+         g.heads == 16 && g.kv_heads == 16 && g.vocab == 50257 && g.tied_embeddings));
+  CHECK_THROWS_WITH_AS(preset_model("llama3-70b"),
+                       doctest::Contains("unknown preset 'llama3-70b' (presets: llama3-8b, "
+                                         "qwen2.5-32b, gpt3-1.3b)"),
+                       agoq::invalid_argument);
 }
 
 TEST_CASE("categories") {
@@ -42,7 +55,7 @@ TEST_CASE("categories") {
 }
 
 TEST_CASE("LLaMA-3-8B shapes without tensor parallelism") {
-  model_shape const m = llama3_8b();
+  model_shape const m = preset_model("llama3-8b");
   shard_shape const sh{2, 4096, 1, false};  // 8192 tokens
   CHECK(shape_of(tensor_kind::attn_norm_input, m, sh) == saved_shape{8192, 4096, 2});
   CHECK(shape_of(tensor_kind::qkv_input, m, sh) == saved_shape{8192, 4096, 2});
@@ -63,7 +76,7 @@ TEST_CASE("LLaMA-3-8B shapes without tensor parallelism") {
 }
 
 TEST_CASE("tensor parallelism splits heads and the MLP; sequence parallelism the rest") {
-  model_shape const m = llama3_8b();
+  model_shape const m = preset_model("llama3-8b");
   shard_shape const tp4{1, 8192, 4, false};
   CHECK(shape_of(tensor_kind::attn_norm_input, m, tp4) == saved_shape{8192, 4096, 2});
   CHECK(shape_of(tensor_kind::mlp_input, m, tp4) == saved_shape{8192, 4096, 2});
@@ -98,7 +111,7 @@ TEST_CASE("GPT-style shapes") {
 }
 
 TEST_CASE("bad shapes are refused") {
-  model_shape m = llama3_8b();
+  model_shape m = preset_model("llama3-8b");
   CHECK_THROWS_AS(shape_of(tensor_kind::gelu_input, m, {}), agoq::invalid_argument);
   CHECK_THROWS_AS(shape_of(tensor_kind::query, m, {1, 4096, 3, false}), agoq::invalid_argument);
   CHECK_THROWS_AS(shape_of(tensor_kind::query, m, {1, 4095, 2, true}), agoq::invalid_argument);

@@ -15,8 +15,6 @@
 using namespace agoq::activation;
 
 namespace {
-model_shape llama3_8b() { return {block_style::llama, 32, 4096, 14336, 32, 8, 128, 128256, false}; }
-model_shape qwen_32b() { return {block_style::llama, 64, 5120, 27648, 40, 8, 128, 152064, false}; }
 std::int64_t total_parameters(std::vector<stage_memory> const& s) {
   std::int64_t n = 0;
   for (auto const& x : s) n += x.parameters;
@@ -112,18 +110,18 @@ std::vector<std::vector<std::int64_t>> sorted(std::vector<std::vector<std::int64
 
 TEST_CASE("parameter counts match the published models") {
   step_config const st{1, 4096, 0};
-  auto const l8 = estimate_memory(llama3_8b(), {}, st, {}, policy_table{});
+  auto const l8 = estimate_memory(preset_model("llama3-8b"), {}, st, {}, policy_table{});
   CHECK(total_parameters(l8) == 8030261248);  // LLaMA-3-8B
   // Qwen-2.5-32B has 32,763,876,352 with its QKV biases (64 x 7168), which agoq does not model.
-  auto const q = estimate_memory(qwen_32b(), {}, st, {}, policy_table{});
+  auto const q = estimate_memory(preset_model("qwen2.5-32b"), {}, st, {}, policy_table{});
   CHECK(total_parameters(q) == 32763876352 - 64 * 7168);
-  CHECK(layer_parameters(llama3_8b(), 1) == 218112000);
-  CHECK(layer_parameters(llama3_8b(), 4) ==
+  CHECK(layer_parameters(preset_model("llama3-8b"), 1) == 218112000);
+  CHECK(layer_parameters(preset_model("llama3-8b"), 4) ==
         (4096 * 1024 * 2 + 4096 * 256 * 2 + 3 * 4096 * 3584 + 2 * 4096));
 }
 
 TEST_CASE("states under ZeRO stages, by hand") {
-  model_shape const m = llama3_8b();
+  model_shape const m = preset_model("llama3-8b");
   std::int64_t const n = 8030261248;
   step_config const st{1, 1024, 0};
   for (int zero = 0; zero <= 3; ++zero) {
@@ -289,7 +287,7 @@ TEST_CASE("schedules Megatron refuses") {
   CHECK_NOTHROW(in_flight_peaks({4, 2, 4, 4, interleaved_rules::megatron_legacy}, 0));
   // Through the configuration: a bad group size fails validate; micro-batches the schedule
   // refuses fail estimate_memory (and make_plan).
-  model_shape const m = llama3_8b();
+  model_shape const m = preset_model("llama3-8b");
   parallel_config p;
   p.pp = 4;
   p.virtual_stages = 2;
@@ -566,7 +564,7 @@ TEST_CASE("transient working memory of a layer, by hand") {
 }
 
 TEST_CASE("gradient buffers, by hand") {
-  model_shape const m = llama3_8b();
+  model_shape const m = preset_model("llama3-8b");
   parallel_config p;
   p.tp = 2;
   p.dp = 4;
@@ -617,7 +615,7 @@ TEST_CASE("transient memory of a whole pipeline, by hand") {
   // policy quantizes mlp_input, whose bf16 copy adds 2 T h = 33,554,432. Last stage: the head,
   // 2 T0 V/2 + 2 T0 h + G = 1,050,673,152 + 134,217,728 = 1,184,890,880, and with 8-bit gradients
   // the head weight's bf16 gradient 2 x 64,128 x 4096 = 525,336,576.
-  model_shape const m = llama3_8b();
+  model_shape const m = preset_model("llama3-8b");
   parallel_config const p{2, 4, 4, 1, 1, true};
   step_config const st{1, 8192, 0};
   auto const base = estimate_memory(m, p, st, {}, policy_table::all_precise());
@@ -650,12 +648,12 @@ TEST_CASE("transient memory of a whole pipeline, by hand") {
 TEST_CASE("configuration errors") {
   parallel_config p;
   p.pp = 3;
-  CHECK_THROWS_WITH_AS(p.validate(llama3_8b()), doctest::Contains("do not split"),
+  CHECK_THROWS_WITH_AS(p.validate(preset_model("llama3-8b")), doctest::Contains("do not split"),
                        agoq::invalid_argument);
   p.pp = 1;
   p.virtual_stages = 2;
-  CHECK_THROWS_AS(p.validate(llama3_8b()), agoq::invalid_argument);
+  CHECK_THROWS_AS(p.validate(preset_model("llama3-8b")), agoq::invalid_argument);
   p.virtual_stages = 1;
   p.zero_stage = 4;
-  CHECK_THROWS_AS(p.validate(llama3_8b()), agoq::invalid_argument);
+  CHECK_THROWS_AS(p.validate(preset_model("llama3-8b")), agoq::invalid_argument);
 }

@@ -479,7 +479,7 @@ TEST_CASE("the planner reserves the dequantized buffers its candidates may need"
 
 TEST_CASE("the planner is deterministic") {
   planner_input in;
-  in.model = {block_style::llama, 32, 4096, 14336, 32, 8, 128, 128256, false};
+  in.model = preset_model("llama3-8b");
   in.parallel = {2, 4, 4, 1, 1, true};
   in.step = {1, 8192, 0};
   in.states.gradients = gradient_format::int8_g128;

@@ -188,6 +188,33 @@ struct model_shape {
   }
 };
 
+/// A published model's shape, by name.
+struct model_preset {
+  std::string_view name;
+  model_shape shape;
+};
+
+/// The shapes of published models: LLaMA-3-8B, Qwen-2.5-32B and GPT-3 XL (1.3B parameters,
+/// input embedding and output head tied).
+inline constexpr std::array<model_preset, 3> model_presets{{
+    {"llama3-8b", {block_style::llama, 32, 4096, 14336, 32, 8, 128, 128256, false}},
+    {"qwen2.5-32b", {block_style::llama, 64, 5120, 27648, 40, 8, 128, 152064, false}},
+    {"gpt3-1.3b", {block_style::gpt, 24, 2048, 8192, 16, 16, 128, 50257, true}},
+}};
+
+/// The shape of the preset named `name` (model_presets); throws agoq::invalid_argument naming the
+/// presets for any other name.
+inline model_shape preset_model(std::string_view name) {
+  std::string names;
+  for (model_preset const& p : model_presets) {
+    if (p.name == name) return p.shape;
+    names += (names.empty() ? "" : ", ") + std::string(p.name);
+  }
+  detail::throw_invalid(
+      __FILE__, __LINE__,
+      "preset_model: unknown preset '" + std::string(name) + "' (presets: " + names + ")");
+}
+
 /// Tensor and sequence parallelism of one micro-batch's activations, and its size.
 struct shard_shape {
   std::int64_t micro_batch = 1;  ///< sequences per micro-batch (b)

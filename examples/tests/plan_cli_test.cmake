@@ -1,0 +1,55 @@
+# The agoq_plan tool from the outside: its figures for the README's command, a config file and
+# flags after it, the schedules and presets it prints, and each kind of bad input refused with exit
+# status 1 and a message naming the problem. Run as
+#   cmake -DPLAN=<agoq_plan> -DCONFIG=<plan.conf> -P plan_cli_test.cmake
+
+# check(<name> <expected exit status> <regex> <args...>): runs agoq_plan with args and checks its
+# exit status and that its output (stdout and stderr) matches regex.
+function(check name status regex)
+  execute_process(COMMAND ${PLAN} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE out)
+  if(NOT rc STREQUAL "${status}" OR NOT out MATCHES "${regex}")
+    message(SEND_ERROR "${name}: exit status ${rc} (want ${status}); the output should match "
+                       "'${regex}':\n${out}")
+  else()
+    message(STATUS "${name}: ok")
+  endif()
+endfunction()
+
+check(help 0 "usage: agoq_plan \\[--config FILE\\]" --help)
+
+# The README's command: LLaMA-3-8B on 32 GPUs under 16 GiB. The peak figures are the memory
+# model's (tests/activation/memory_model_test.cpp checks its terms by hand).
+check(readme 0
+  "tp 2, pp 4 \\(1F1B\\), dp 4, ZeRO-1, sp on.*peak per-GPU memory: 27.91 GiB -> 14.87 GiB, saving 46.7%.*plan for a budget of 16.00 GiB per GPU.*stage 3: total"
+  --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 16)
+
+# A config file (comments, blanks around '='), and a flag after it overriding one of its keys.
+check(config 0
+  "model: llama, 64 layers, hidden 5120, ffn 27648, heads 40, kv_heads 8, head_dim 128, vocab 152064.*tp 4, pp 4 \\(1F1B\\), dp 4, ZeRO-1, sp on; micro-batch 1 x seq 8192"
+  --config ${CONFIG})
+check(config_then_flag 0 "tp 4, pp 2 \\(1F1B\\)" --config ${CONFIG} --pp 2)
+
+check(gpt_preset 0 "model: gpt, 24 layers, hidden 2048, ffn 8192, heads 16, kv_heads 16"
+  --preset gpt3-1.3b --pp 2)
+check(interleaved 0 "pp 4 \\(interleaved, v = 2, megatron-core, groups of 4\\).*micro-batches 8"
+  --pp 4 --vp 2 --micro-batches 8)
+check(verbose 0 "transient: working \\(layer or head backward\\) \\+ gradient buffers \\+ reserved"
+  --pp 2 --verbose)
+
+# Bad input: exit status 1 and a message naming the problem.
+check(unknown_preset 1 "agoq_plan: .*unknown preset 'llama3-70b' \\(presets: llama3-8b, qwen2.5-32b, gpt3-1.3b\\)"
+  --preset llama3-70b)
+check(bad_integer 1 "agoq_plan: bad integer for tp: 'two'" --tp two)
+check(trailing_garbage 1 "agoq_plan: bad integer for layers: '32x'" --layers 32x)
+check(bad_number 1 "agoq_plan: bad number for budget-gib: 'lots'" --budget-gib lots)
+check(missing_value 1 "agoq_plan: --layers needs a value" --layers)
+check(unknown_key 1 "agoq_plan: unknown key 'frobnicate'" --frobnicate 3)
+check(positional 1 "agoq_plan: unexpected argument 'llama'" llama)
+check(missing_config 1 "agoq_plan: cannot open config file '/nonexistent/plan.conf'"
+  --config /nonexistent/plan.conf)
+check(bad_choice 1 "agoq_plan: grad: fp32\\|bf16\\|int8" --grad fp16)
+check(invalid_parallel 1 "agoq_plan: .*kv_heads \\(8\\) and tp \\(3\\) must divide one another" --tp 3)
+check(infeasible_budget 1
+  "agoq_plan: .*the budget of 2147483648 bytes falls short by [0-9]+ bytes on pipeline stage 0"
+  --budget-gib 2)
