@@ -22,21 +22,13 @@ using i64 = std::int64_t;
 using agoq::test::code_field;
 using agoq::test::code_prefixes;
 using agoq::test::make_spec;
+using agoq::test::portable;
 using agoq::test::stored_scale;
 using doctest::Contains;
 
 constexpr float flt_max = std::numeric_limits<float>::max();
 constexpr float inf = std::numeric_limits<float>::infinity();
 constexpr float qnan = std::numeric_limits<float>::quiet_NaN();
-
-agoq::host_executor const portable{.simd = false};
-
-template <class T>
-std::uint16_t bits16(T x) {
-  std::uint16_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
 
 // Code field of element (r, c) (packed LSB first, rows byte-aligned).
 // The codes documented for the non-finite values (DESIGN §4), as raw fields.

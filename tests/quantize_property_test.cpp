@@ -452,7 +452,7 @@ int exact_code(code_info const& c, double x, double sd, double zd, bool& near_ti
   return static_cast<int>(std::clamp(k, -1.0 * c.qmax, 1.0 * c.qmax));
 }
 
-agoq::host_executor const portable{.simd = false};
+using agoq::test::portable;
 
 // One input, one spec: agoq against the reference and every executor against the others.
 // Returns the first failure found ("" if none).

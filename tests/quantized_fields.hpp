@@ -10,10 +10,15 @@
 #include <string>
 #include <vector>
 
+#include <agoq/host_executor.hpp>
 #include <agoq/layout/view.hpp>
 #include <agoq/scheme/spec.hpp>
 
 namespace agoq::test {
+
+/// The host executor without its vector loops: the portable loops, whose bits the vector loops
+/// must reproduce.
+inline constexpr agoq::host_executor portable{.simd = false};
 
 /// The code field of element (r, c), read from the packed rows (LSB first, rows byte-aligned).
 inline int code_field(agoq::const_quantized_view v, std::int64_t r, std::int64_t c) {

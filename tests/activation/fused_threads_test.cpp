@@ -31,7 +31,7 @@ using codes =
     agoq::type_list<agoq::int_sym<2>, agoq::int_sym<4>, agoq::int_sym<8>, agoq::uint_asym<4>>;
 
 // bf16 data with outliers, NaN and +-Inf.
-tensor data(std::int64_t n, unsigned seed) {
+tensor sample(std::int64_t n, unsigned seed) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> d(0.0f, 1.0f);
   tensor x(static_cast<std::size_t>(n));
@@ -72,8 +72,8 @@ struct outputs {
 
 outputs run_all(host_executor ex, spec const& s, std::int64_t rows, std::int64_t cols) {
   std::int64_t const n = rows * cols;
-  tensor const x = data(n, 1), g = data(n, 2), u = data(n, 3), dy = data(n, 4);
-  tensor w = data(cols, 5);
+  tensor const x = sample(n, 1), g = sample(n, 2), u = sample(n, 3), dy = sample(n, 4);
+  tensor w = sample(cols, 5);
   quantize_options const opt{.seed = 9, .offset = 77};
   outputs o;
   auto saved = [&] { return &o.saved.emplace_back(s, rows, cols); };

@@ -1,6 +1,7 @@
 // The CUDA AdamW step against the host step, bit for bit: parameters, moment codes and scales,
 // skipped counts, over several steps.
 #include "device_support.cuh"
+#include "optim/problem.hpp"
 
 #include <cstdint>
 #include <cstring>
@@ -117,7 +118,7 @@ std::vector<G> gradients(std::int64_t n, std::uint64_t seed, float scale, bool n
   return g;
 }
 
-adamw_hyper const hyper{1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f};
+adamw_hyper const hyper = agoq_test::test_hyper();
 
 // A host state of n elements stored as `opt` says, with stream seed `seed`.
 adamw_state seeded_state(std::int64_t n, std::uint64_t seed, adamw_state_options opt = {}) {

@@ -14,10 +14,14 @@
 
 #include <doctest/doctest.h>
 
+#include "optim/problem.hpp"
+
 using namespace agoq;
 using namespace agoq::optim;
 
 namespace {
+
+using agoq_test::test_hyper;
 
 constexpr host_executor portable{false};
 
@@ -111,18 +115,11 @@ std::vector<adamw_state_options> state_options() {
   return r;
 }
 
-adamw_hyper hyper() {
-  adamw_hyper h;
-  h.lr = 1e-2f;
-  h.weight_decay = 0.01f;
-  return h;
-}
-
 }  // namespace
 
 TEST_CASE("the vector update loop equals the portable one on adversarial values") {
   std::mt19937_64 gen(5);
-  adamw_coefficients const c = make_coefficients(hyper(), 3);
+  adamw_coefficients const c = make_coefficients(test_hyper(), 3);
   for (std::int64_t k : {1, 15, 16, 17, 100, 1000}) {
     CAPTURE(k);
     std::vector<float> const g = gradients(k, static_cast<std::uint64_t>(k));
@@ -190,13 +187,15 @@ TEST_CASE("vector AdamW steps equal portable steps bit for bit over every moment
           quantized_tensor gq(spec::parse("int8_g128_sym_sr_f32"), 1, n);
           for (float& x : g) x = numeric::is_finite(x) ? x : 1.0f;
           quantize(host, as_row(g.data(), n), gq.view(), {7, 0});
-          REQUIRE(
-              adamw_step(portable, a, hyper(), std::span<float>(pa), std::as_const(gq).view()) ==
-              adamw_step(host, b, hyper(), std::span<float>(pb), std::as_const(gq).view()));
+          REQUIRE(adamw_step(portable, a, test_hyper(), std::span<float>(pa),
+                             std::as_const(gq).view()) == adamw_step(host, b, test_hyper(),
+                                                                     std::span<float>(pb),
+                                                                     std::as_const(gq).view()));
         } else {
-          REQUIRE(
-              adamw_step(portable, a, hyper(), std::span<float>(pa), std::span<float const>(g)) ==
-              adamw_step(host, b, hyper(), std::span<float>(pb), std::span<float const>(g)));
+          REQUIRE(adamw_step(portable, a, test_hyper(), std::span<float>(pa),
+                             std::span<float const>(g)) == adamw_step(host, b, test_hyper(),
+                                                                      std::span<float>(pb),
+                                                                      std::span<float const>(g)));
         }
         REQUIRE(bits(pa) == bits(pb));
         require_same_state(a, b);
@@ -216,9 +215,9 @@ TEST_CASE("vector AdamW steps equal portable steps bit for bit over every moment
         std::vector<float> const gf = gradients(n, 20 + static_cast<std::uint64_t>(t));
         std::vector<bfloat16> g(gf.size());
         for (std::size_t i = 0; i < g.size(); ++i) g[i] = numeric::from_float<bfloat16>(gf[i]);
-        REQUIRE(adamw_step(portable, a, hyper(), std::span<bfloat16>(wa), sa,
+        REQUIRE(adamw_step(portable, a, test_hyper(), std::span<bfloat16>(wa), sa,
                            std::span<bfloat16 const>(g)) ==
-                adamw_step(host, b, hyper(), std::span<bfloat16>(wb), sb,
+                adamw_step(host, b, test_hyper(), std::span<bfloat16>(wb), sb,
                            std::span<bfloat16 const>(g)));
         REQUIRE(bits(wa) == bits(wb));
         REQUIRE(bits(ma) == bits(mb));

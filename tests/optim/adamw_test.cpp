@@ -18,18 +18,13 @@ using namespace agoq::optim;
 
 namespace {
 
+using agoq_test::test_hyper;
+
 adamw_state_options fp32_options() {
   adamw_state_options o;
   o.m = moment_format::f32;
   o.v = moment_format::f32;
   return o;
-}
-
-adamw_hyper problem_hyper() {
-  adamw_hyper h;
-  h.lr = 1e-2f;
-  h.weight_decay = 0.01f;
-  return h;
 }
 
 /// The trajectory problem: features over two decades, seed 7, 500 steps.
@@ -40,7 +35,7 @@ agoq_test::least_squares const& problem() {
 
 agoq_test::run_result const& fp32_run() {
   static agoq_test::run_result const r =
-      agoq_test::train(problem(), fp32_options(), problem_hyper(), 500);
+      agoq_test::train(problem(), fp32_options(), test_hyper(), 500);
   return r;
 }
 
@@ -131,7 +126,7 @@ TEST_CASE("adamw: the 8-bit state tracks fp32 AdamW on least squares over 500 st
   agoq_test::run_result const& ref = fp32_run();
   adamw_state_options o;
   o.seed = 99;
-  agoq_test::run_result const r = agoq_test::train(p, o, problem_hyper(), 500);
+  agoq_test::run_result const r = agoq_test::train(p, o, test_hyper(), 500);
   REQUIRE(r.finite);
   double const pred = p.prediction_distance(r.w, ref.w);
   double const ratio = r.final_loss / ref.final_loss;
@@ -159,7 +154,7 @@ TEST_CASE("adamw: a plain linear 8-bit second moment blows up where e4m3_sqrt do
     o.v = moment_format::int8_linear;
     o.v_rounding = r;
     o.seed = 99;
-    agoq_test::run_result const bad = agoq_test::train(p, o, problem_hyper(), 500);
+    agoq_test::run_result const bad = agoq_test::train(p, o, test_hyper(), 500);
     MESSAGE("linear 8-bit v: loss ratio " << bad.final_loss / ref.final_loss << ", largest loss "
                                           << bad.max_loss / l0 << " x the initial loss");
     // Blown up: the loss rose above where it started, and ends 100x above the fp32 run.
@@ -169,7 +164,7 @@ TEST_CASE("adamw: a plain linear 8-bit second moment blows up where e4m3_sqrt do
     // (stochastic, the default) and 1.13 (nearest, which lets v stagnate: docs/optimizer.md);
     // the bound 1.5 separates that from the control's > 100 with room on both sides.
     o.v = moment_format::e4m3_sqrt;
-    agoq_test::run_result const good = agoq_test::train(p, o, problem_hyper(), 500);
+    agoq_test::run_result const good = agoq_test::train(p, o, test_hyper(), 500);
     CHECK(good.max_loss <= l0);
     CHECK(good.final_loss < 1.5 * ref.final_loss);
   }

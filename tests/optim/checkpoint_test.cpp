@@ -14,6 +14,8 @@
 
 #include <doctest/doctest.h>
 
+#include "optim/problem.hpp"
+
 #include <agoq/gradient/buffer.hpp>
 #include <agoq/layout/serialize.hpp>
 #include <agoq/quantize.hpp>
@@ -155,7 +157,7 @@ TEST_CASE("checkpoint: malformed and truncated tensor records are refused") {
 
 namespace {
 
-adamw_hyper const hyper{1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f};
+adamw_hyper const hyper = agoq_test::test_hyper();
 
 // Steps `steps` times from step `first` on with the seeded gradients of the test.
 void run(adamw_state& s, std::vector<float>& w, int first, int steps) {

@@ -15,6 +15,14 @@
 
 namespace agoq_test {
 
+/// The optimizer tests' hyperparameters: lr 1e-2, weight decay 0.01, the default betas and eps.
+inline agoq::optim::adamw_hyper test_hyper() {
+  agoq::optim::adamw_hyper h;
+  h.lr = 1e-2f;
+  h.weight_decay = 0.01f;
+  return h;
+}
+
 /// min over w of L(w) = ||A w - y||^2 / (2 M), A = [M, D] with column j scaled by 10^(-3 u_j).
 struct least_squares {
   static constexpr std::int64_t samples = 512;

@@ -17,12 +17,14 @@
 
 #include <doctest/doctest.h>
 
+#include "quantized_fields.hpp"
+
 using namespace agoq;
 namespace h = agoq::detail::host;
 
 namespace {
 
-constexpr host_executor portable{false};
+using agoq::test::portable;
 
 // Values spread over many binades with ties at step 0.25, signed zeros, subnormals, values at
 // the fp8 saturation edge and, with probability `special`, NaN and ±Inf. Some 32-element runs
