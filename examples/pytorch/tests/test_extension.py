@@ -306,6 +306,19 @@ class GradientAndOptimizerTest(unittest.TestCase):
 
 
 class PlanningTest(unittest.TestCase):
+    def test_model_presets_are_whole_models(self):
+        presets = agoq.model_presets()
+        self.assertEqual(list(presets), ["llama3-8b", "qwen2.5-32b", "gpt3-1.3b"])
+        llama = presets["llama3-8b"]
+        self.assertEqual(llama, dict(style="llama", layers=32, hidden=4096, ffn=14336, heads=32,
+                                     kv_heads=8, head_dim=128, vocab=128256,
+                                     tied_embeddings=False))
+        self.assertEqual(presets["gpt3-1.3b"]["style"], "gpt")
+        # The memory table of agoq_plan's README command (docs/activations.md, section 6), stage 0.
+        mem = agoq.estimate_memory(llama, 1, 8192, gradients="int8", pp=4, tp=2, dp=4, zero=1,
+                                   sp=True)
+        self.assertEqual(round(mem[0]["total"] / 2**30, 2), 14.87)
+
     def test_layer_bytes_match_the_shapes(self):
         shapes = agoq.saved_shapes(LLAMA, 8, 128)
         kinds = agoq.tensor_kinds("llama")

@@ -68,6 +68,28 @@ act::model_shape model_of(py::dict const& d) {
   return m;
 }
 
+/// The dict of a model (model_of's keys, every one of them).
+py::dict model_dict(act::model_shape const& m) {
+  py::dict d;
+  d["style"] = m.style == act::block_style::llama ? "llama" : "gpt";
+  d["layers"] = m.layers;
+  d["hidden"] = m.hidden;
+  d["ffn"] = m.ffn;
+  d["heads"] = m.heads;
+  d["kv_heads"] = m.kv_heads;
+  d["head_dim"] = m.head_dim;
+  d["vocab"] = m.vocab;
+  d["tied_embeddings"] = m.tied_embeddings;
+  return d;
+}
+
+/// {name: model} of agoq::activation::model_presets.
+py::dict model_presets() {
+  py::dict d;
+  for (act::model_preset const& p : act::model_presets) d[py::str(p.name)] = model_dict(p.shape);
+  return d;
+}
+
 /// A policy from {kind: (default, [candidates])}; kinds not named keep agoq's default policy.
 act::policy_table policy_of(py::object const& p) {
   act::policy_table t;
@@ -325,6 +347,9 @@ py::list estimate_memory(py::dict const& model, std::int64_t micro_batch, std::i
 }  // namespace
 
 void register_planning(py::module_& m) {
+  m.def("model_presets", &model_presets,
+        "{name: model} of the published shapes agoq knows (llama3-8b, qwen2.5-32b, gpt3-1.3b), "
+        "each a dict with every key a model takes.");
   m.def("tensor_kinds", &tensor_kinds, py::arg("style") = "llama",
         "The tensors a block of the style saves for backward, in forward order (o_proj_input "
         "reads the attention_output buffer).");
