@@ -1,6 +1,6 @@
-// Test helpers: spec names of every code family, and readers of a quantized view's fields
-// straight from its bytes, independent of agoq's own readers (the tests compare agoq's output
-// with these).
+// Test helpers: spec names of every code family, readers of a quantized view's fields straight
+// from its bytes, independent of agoq's own readers (the tests compare agoq's output with these),
+// and the portable executor the vector loops are compared with.
 #pragma once
 
 #include <bit>
