@@ -10,6 +10,7 @@
 
 #include <agoq/activation/planner.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -70,9 +71,16 @@ std::int64_t to_int(std::string const& key, std::string const& v) {
                      [](std::string const& s, std::size_t* used) { return std::stoll(s, used); });
 }
 
-double to_real(std::string const& key, std::string const& v) {
-  return parse_whole(key, v, "number",
-                     [](std::string const& s, std::size_t* used) { return std::stod(s, used); });
+/// A finite number of GiB below 2^32 from v: above 0 where `positive`, else at least 0.
+double to_gib(std::string const& key, std::string const& v, bool positive) {
+  double const x = parse_whole(
+      key, v, "number", [](std::string const& s, std::size_t* used) { return std::stod(s, used); });
+  if (!std::isfinite(x) || x < 0.0 || (positive && x == 0.0) || x >= 0x1p32) {
+    throw std::invalid_argument(key + " must be a number of GiB " +
+                                (positive ? "above 0" : "of at least 0") +
+                                " and below 2^32, got '" + v + "'");
+  }
+  return x;
 }
 
 void apply(options& o, std::string const& key, std::string const& v) {
@@ -110,7 +118,9 @@ void apply(options& o, std::string const& key, std::string const& v) {
   } else if (key == "dp") {
     o.parallel.dp = to_int(key, v);
   } else if (key == "zero") {
-    o.parallel.zero_stage = static_cast<int>(to_int(key, v));
+    std::int64_t const stage = to_int(key, v);
+    if (stage < 0 || stage > 3) throw std::invalid_argument("zero is 0, 1, 2 or 3, got " + v);
+    o.parallel.zero_stage = static_cast<int>(stage);
   } else if (key == "sp") {
     o.parallel.sp = v != "0";
   } else if (key == "micro-batch") {
@@ -131,9 +141,9 @@ void apply(options& o, std::string const& key, std::string const& v) {
   } else if (key == "bucket") {
     o.step.bucket_parameters = to_int(key, v);
   } else if (key == "reserved-gib") {
-    o.step.reserved_bytes = static_cast<std::int64_t>(to_real(key, v) * gib);
+    o.step.reserved_bytes = static_cast<std::int64_t>(to_gib(key, v, false) * gib);
   } else if (key == "budget-gib") {
-    o.budget_gib = to_real(key, v);
+    o.budget_gib = to_gib(key, v, true);
   } else if (key == "verbose") {
     o.verbose = v != "0";
   } else {

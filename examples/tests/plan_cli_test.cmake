@@ -43,6 +43,13 @@ check(unknown_preset 1 "agoq_plan: .*unknown preset 'llama3-70b' \\(presets: lla
 check(bad_integer 1 "agoq_plan: bad integer for tp: 'two'" --tp two)
 check(trailing_garbage 1 "agoq_plan: bad integer for layers: '32x'" --layers 32x)
 check(bad_number 1 "agoq_plan: bad number for budget-gib: 'lots'" --budget-gib lots)
+check(negative_budget 1 "agoq_plan: budget-gib must be a number of GiB above 0 and below 2\\^32, got '-5'"
+  --budget-gib -5)
+check(zero_budget 1 "agoq_plan: budget-gib must be a number of GiB above 0" --budget-gib 0)
+check(infinite_budget 1 "agoq_plan: budget-gib must be a number of GiB above 0" --budget-gib inf)
+check(nan_reserve 1 "agoq_plan: reserved-gib must be a number of GiB of at least 0 and below 2\\^32, got 'nan'"
+  --reserved-gib nan)
+check(zero_stage_range 1 "agoq_plan: zero is 0, 1, 2 or 3, got 4294967297" --zero 4294967297)
 check(missing_value 1 "agoq_plan: --layers needs a value" --layers)
 check(unknown_key 1 "agoq_plan: unknown key 'frobnicate'" --frobnicate 3)
 check(positional 1 "agoq_plan: unexpected argument 'llama'" llama)
