@@ -1,7 +1,8 @@
 /// \file
 /// agoq_plan: prints the per-GPU training memory of a model under a parallel layout (bf16
 /// activations + fp32 gradients against AGoQ's layer-aware activations + 8-bit gradients) and,
-/// given a budget, the activation plan the planner chooses.
+/// given a budget, the activation plan the planner chooses; with --json, all of it as one JSON
+/// document (figures in bytes).
 ///
 ///   agoq_plan --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 60
 ///   agoq_plan --config model.cfg        (key=value lines, the flag names without "--")
@@ -17,6 +18,8 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -32,6 +35,7 @@ struct options {
   act::state_formats agoq_states{act::gradient_format::int8_g128, act::optimizer_format::fp32};
   double budget_gib = 0;
   bool verbose = false;
+  bool json = false;
 };
 
 void usage() {
@@ -41,7 +45,7 @@ void usage() {
       "  [--head-dim N] [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N]\n"
       "  [--vp-rules core|legacy] [--dp N] [--zero 0-3] [--sp] [--no-sp] [--micro-batch N]\n"
       "  [--seq N] [--micro-batches N] [--grad fp32|bf16|int8] [--optim fp32|int8]\n"
-      "  [--bucket N] [--reserved-gib X] [--budget-gib X] [--verbose]\n"
+      "  [--bucket N] [--reserved-gib X] [--budget-gib X] [--verbose] [--json]\n"
       "--vp N > 1 runs Megatron's interleaved schedule: by default Megatron-Core's, in groups of\n"
       "--vp-group micro-batches (its microbatch_group_size_per_vp_stage; default pp), which\n"
       "needs pp <= group <= micro-batches and micro-batches mod group either 0 or >= pp;\n"
@@ -146,6 +150,8 @@ void apply(options& o, std::string const& key, std::string const& v) {
     o.budget_gib = to_gib(key, v, true);
   } else if (key == "verbose") {
     o.verbose = v != "0";
+  } else if (key == "json") {
+    o.json = v != "0";
   } else {
     throw std::invalid_argument("unknown key '" + key + "'");
   }
@@ -240,6 +246,133 @@ void print_plan(options const& o, act::activation_plan const& plan) {
   }
 }
 
+// --json: one JSON document holding what the tables and the plan show, in bytes.
+
+std::string json_string(std::string_view s) {
+  std::string r = "\"";
+  for (char const c : s) {
+    if (c == '"' || c == '\\') r += '\\';
+    r += c;
+  }
+  return r + "\"";
+}
+
+std::string json_number(std::int64_t x) { return std::to_string(x); }
+
+/// A double to 17 significant digits (read back exactly), null where it is not finite.
+std::string json_number(double x) {
+  if (!std::isfinite(x)) return "null";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.17g", x);
+  return b;
+}
+
+std::string json_bool(bool x) { return x ? "true" : "false"; }
+
+/// {"key": value, ...} from keys and values already written as JSON.
+std::string json_object(std::vector<std::pair<std::string_view, std::string>> const& fields) {
+  std::string r = "{";
+  for (auto const& [k, v] : fields) r += (r.size() > 1 ? ", " : "") + json_string(k) + ": " + v;
+  return r + "}";
+}
+
+/// [value, ...] from values already written as JSON.
+std::string json_array(std::vector<std::string> const& items) {
+  std::string r = "[";
+  for (auto const& v : items) r += (r.size() > 1 ? ", " : "") + v;
+  return r + "]";
+}
+
+std::string json_stage(act::stage_memory const& s) {
+  std::vector<std::string> flight;
+  for (std::int64_t f : s.in_flight) flight.push_back(json_number(f));
+  return json_object({{"stage", json_number(s.stage)},
+                      {"in_flight", json_array(flight)},
+                      {"parameters", json_number(s.parameters)},
+                      {"weights", json_number(s.weights)},
+                      {"master_weights", json_number(s.master_weights)},
+                      {"gradients", json_number(s.gradients)},
+                      {"optimizer", json_number(s.optimizer)},
+                      {"gathered_weights", json_number(s.gathered_weights)},
+                      {"activations", json_number(s.activations)},
+                      {"head_activations", json_number(s.head_activations)},
+                      {"working", json_number(s.working)},
+                      {"gradient_buffers", json_number(s.gradient_buffers)},
+                      {"reserved", json_number(s.reserved)},
+                      {"transient", json_number(s.transient())},
+                      {"total", json_number(s.total())}});
+}
+
+std::string json_stages(std::vector<act::stage_memory> const& stages) {
+  std::vector<std::string> r;
+  for (auto const& s : stages) r.push_back(json_stage(s));
+  return json_array(r);
+}
+
+std::string json_plan(act::activation_plan const& plan) {
+  std::vector<std::string> stages;
+  for (auto const& s : plan.stages()) {
+    std::vector<std::string> tensors;
+    for (auto const& t : s.tensors) {
+      tensors.push_back(json_object(
+          {{"layer", json_number(t.layer)},
+           {"kind", json_string(act::name_of(t.kind))},
+           {"storage", json_string(t.choice.name(t.kind == act::tensor_kind::softmax_lse ? 4 : 2))},
+           {"bytes", json_number(t.bytes)},
+           {"in_flight", json_number(t.in_flight)},
+           {"error", json_number(t.error)}}));
+    }
+    stages.push_back(json_object({{"memory", json_stage(s.memory)},
+                                  {"unused_bytes", json_number(s.unused_bytes)},
+                                  {"error", json_number(s.error)},
+                                  {"error_lower_bound", json_number(s.error_lower_bound)},
+                                  {"tensors", json_array(tensors)}}));
+  }
+  return json_object(
+      {{"budget_bytes", json_number(plan.budget_bytes())}, {"stages", json_array(stages)}});
+}
+
+void print_json(options const& o, std::vector<act::stage_memory> const& baseline,
+                std::vector<act::stage_memory> const& agoq, act::activation_plan const* plan) {
+  act::model_shape const& m = o.model;
+  act::parallel_config const& p = o.parallel;
+  std::vector<std::pair<std::string_view, std::string>> doc = {
+      {"model",
+       json_object({{"style", json_string(m.style == act::block_style::llama ? "llama" : "gpt")},
+                    {"layers", json_number(m.layers)},
+                    {"hidden", json_number(m.hidden)},
+                    {"ffn", json_number(m.ffn)},
+                    {"heads", json_number(m.heads)},
+                    {"kv_heads", json_number(m.kv_heads)},
+                    {"head_dim", json_number(m.head_size())},
+                    {"vocab", json_number(m.vocab)},
+                    {"tied_embeddings", json_bool(m.tied_embeddings)}})},
+      {"parallel", json_object({{"tp", json_number(p.tp)},
+                                {"pp", json_number(p.pp)},
+                                {"vp", json_number(p.virtual_stages)},
+                                {"vp_group", json_number(p.vp_group > 0 ? p.vp_group : p.pp)},
+                                {"vp_rules", json_string(act::name_of(p.vp_rules))},
+                                {"dp", json_number(p.dp)},
+                                {"zero", json_number(std::int64_t{p.zero_stage})},
+                                {"sp", json_bool(p.sp)}})},
+      {"step", json_object({{"micro_batch", json_number(o.step.micro_batch)},
+                            {"seq", json_number(o.step.seq)},
+                            {"micro_batches", json_number(o.step.micro_batches)},
+                            {"bucket_parameters", json_number(o.step.bucket_parameters)},
+                            {"reserved_bytes", json_number(o.step.reserved_bytes)}})},
+      {"agoq_states",
+       json_object({{"gradients", json_string(act::name_of(o.agoq_states.gradients))},
+                    {"optimizer", json_string(act::name_of(o.agoq_states.optimizer))}})},
+      {"baseline", json_stages(baseline)},
+      {"agoq", json_stages(agoq)},
+      {"peak_bytes", json_object({{"baseline", json_number(act::peak_total(baseline))},
+                                  {"agoq", json_number(act::peak_total(agoq))}})},
+      {"saving", json_number(1.0 - static_cast<double>(act::peak_total(agoq)) /
+                                       static_cast<double>(act::peak_total(baseline)))}};
+  if (plan != nullptr) doc.emplace_back("plan", json_plan(*plan));
+  std::printf("%s\n", json_object(doc).c_str());
+}
+
 int run(int argc, char** argv) {
   options o;
   o.model = act::preset_model("llama3-8b");
@@ -252,7 +385,7 @@ int run(int argc, char** argv) {
     }
     if (a.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + a + "'");
     a = a.substr(2);
-    if (a == "sp" || a == "verbose") {
+    if (a == "sp" || a == "verbose" || a == "json") {
       apply(o, a, "1");
     } else if (a == "no-sp") {
       apply(o, "sp", "0");
@@ -269,6 +402,27 @@ int run(int argc, char** argv) {
   o.parallel.validate(o.model);
   act::model_shape const& m = o.model;
   act::parallel_config const& p = o.parallel;
+  auto const baseline =
+      act::estimate_memory(m, p, o.step, act::state_formats{}, act::policy_table::all_precise());
+  auto const agoq = act::estimate_memory(m, p, o.step, o.agoq_states, act::policy_table{});
+  auto const plan = [&] {
+    act::planner_input in;
+    in.model = m;
+    in.parallel = p;
+    in.step = o.step;
+    in.states = o.agoq_states;
+    in.budget_bytes = static_cast<std::int64_t>(o.budget_gib * gib);
+    return act::make_plan(in);
+  };
+  if (o.json) {
+    if (o.budget_gib > 0) {
+      act::activation_plan const planned = plan();
+      print_json(o, baseline, agoq, &planned);
+    } else {
+      print_json(o, baseline, agoq, nullptr);
+    }
+    return 0;
+  }
   std::printf(
       "model: %s, %lld layers, hidden %lld, ffn %lld, heads %lld, kv_heads %lld, "
       "head_dim %lld, vocab %lld\n",
@@ -289,10 +443,6 @@ int run(int argc, char** argv) {
       static_cast<long long>(o.step.micro_batch), static_cast<long long>(o.step.seq),
       o.step.micro_batches > 0 ? std::to_string(o.step.micro_batches).c_str()
                                : "fill the pipeline");
-
-  auto const baseline =
-      act::estimate_memory(m, p, o.step, act::state_formats{}, act::policy_table::all_precise());
-  auto const agoq = act::estimate_memory(m, p, o.step, o.agoq_states, act::policy_table{});
   print_table(o, "baseline: bf16 activations, fp32 gradients, fp32 Adam", baseline);
   std::printf(
       "\nagoq default policy: residual int8_g128, linear/activation inputs int4_g128, "
@@ -303,17 +453,7 @@ int run(int argc, char** argv) {
                                   static_cast<double>(act::peak_total(baseline));
   std::printf("\npeak per-GPU memory: %.2f GiB -> %.2f GiB, saving %.1f%%\n",
               g(act::peak_total(baseline)), g(act::peak_total(agoq)), 100.0 * saving);
-
-  if (o.budget_gib > 0) {
-    act::planner_input in;
-    in.model = m;
-    in.parallel = p;
-    in.step = o.step;
-    in.states = o.agoq_states;
-    in.budget_bytes = static_cast<std::int64_t>(o.budget_gib * gib);
-    auto const plan = act::make_plan(in);
-    print_plan(o, plan);
-  }
+  if (o.budget_gib > 0) print_plan(o, plan());
   return 0;
 }
 

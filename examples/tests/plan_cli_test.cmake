@@ -20,14 +20,17 @@ check(help 0 "usage: agoq_plan \\[--config FILE\\]" --help)
 
 # The README's command: LLaMA-3-8B on 32 GPUs under 16 GiB. The peak figures are the memory
 # model's (tests/activation/memory_model_test.cpp checks its terms by hand).
-check(readme 0
-  "tp 2, pp 4 \\(1F1B\\), dp 4, ZeRO-1, sp on.*peak per-GPU memory: 27.91 GiB -> 14.87 GiB, saving 46.7%.*plan for a budget of 16.00 GiB per GPU.*stage 3: total"
+string(CONCAT readme "tp 2, pp 4 \\(1F1B\\), dp 4, ZeRO-1, sp on.*"
+  "peak per-GPU memory: 27.91 GiB -> 14.87 GiB, saving 46.7%.*"
+  "plan for a budget of 16.00 GiB per GPU.*stage 3: total")
+check(readme 0 "${readme}"
   --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 16)
 
 # A config file (comments, blanks around '='), and a flag after it overriding one of its keys.
-check(config 0
-  "model: llama, 64 layers, hidden 5120, ffn 27648, heads 40, kv_heads 8, head_dim 128, vocab 152064.*tp 4, pp 4 \\(1F1B\\), dp 4, ZeRO-1, sp on; micro-batch 1 x seq 8192"
-  --config ${CONFIG})
+string(CONCAT config "model: llama, 64 layers, hidden 5120, ffn 27648, heads 40, kv_heads 8, "
+  "head_dim 128, vocab 152064.*tp 4, pp 4 \\(1F1B\\), dp 4, ZeRO-1, sp on; "
+  "micro-batch 1 x seq 8192")
+check(config 0 "${config}" --config ${CONFIG})
 check(config_then_flag 0 "tp 4, pp 2 \\(1F1B\\)" --config ${CONFIG} --pp 2)
 
 check(gpt_preset 0 "model: gpt, 24 layers, hidden 2048, ffn 8192, heads 16, kv_heads 16"
@@ -38,16 +41,19 @@ check(verbose 0 "transient: working \\(layer or head backward\\) \\+ gradient bu
   --pp 2 --verbose)
 
 # Bad input: exit status 1 and a message naming the problem.
-check(unknown_preset 1 "agoq_plan: .*unknown preset 'llama3-70b' \\(presets: llama3-8b, qwen2.5-32b, gpt3-1.3b\\)"
+check(unknown_preset 1
+  "agoq_plan: .*unknown preset 'llama3-70b' \\(presets: llama3-8b, qwen2.5-32b, gpt3-1.3b\\)"
   --preset llama3-70b)
 check(bad_integer 1 "agoq_plan: bad integer for tp: 'two'" --tp two)
 check(trailing_garbage 1 "agoq_plan: bad integer for layers: '32x'" --layers 32x)
 check(bad_number 1 "agoq_plan: bad number for budget-gib: 'lots'" --budget-gib lots)
-check(negative_budget 1 "agoq_plan: budget-gib must be a number of GiB above 0 and below 2\\^32, got '-5'"
+check(negative_budget 1
+  "agoq_plan: budget-gib must be a number of GiB above 0 and below 2\\^32, got '-5'"
   --budget-gib -5)
 check(zero_budget 1 "agoq_plan: budget-gib must be a number of GiB above 0" --budget-gib 0)
 check(infinite_budget 1 "agoq_plan: budget-gib must be a number of GiB above 0" --budget-gib inf)
-check(nan_reserve 1 "agoq_plan: reserved-gib must be a number of GiB of at least 0 and below 2\\^32, got 'nan'"
+check(nan_reserve 1
+  "agoq_plan: reserved-gib must be a number of GiB of at least 0 and below 2\\^32, got 'nan'"
   --reserved-gib nan)
 check(zero_stage_range 1 "agoq_plan: zero is 0, 1, 2 or 3, got 4294967297" --zero 4294967297)
 check(missing_value 1 "agoq_plan: --layers needs a value" --layers)
@@ -56,7 +62,70 @@ check(positional 1 "agoq_plan: unexpected argument 'llama'" llama)
 check(missing_config 1 "agoq_plan: cannot open config file '/nonexistent/plan.conf'"
   --config /nonexistent/plan.conf)
 check(bad_choice 1 "agoq_plan: grad: fp32\\|bf16\\|int8" --grad fp16)
-check(invalid_parallel 1 "agoq_plan: .*kv_heads \\(8\\) and tp \\(3\\) must divide one another" --tp 3)
+check(invalid_parallel 1 "agoq_plan: .*kv_heads \\(8\\) and tp \\(3\\) must divide one another"
+  --tp 3)
 check(infeasible_budget 1
   "agoq_plan: .*the budget of 2147483648 bytes falls short by [0-9]+ bytes on pipeline stage 0"
   --budget-gib 2)
+
+# --json: the same figures in bytes, one document that CMake's own parser reads.
+# json_get(<var> <args...>): string(JSON <var> GET <document> <args...>), an error if absent.
+function(json_get var)
+  string(JSON value ERROR_VARIABLE error GET "${doc}" ${ARGN})
+  if(error)
+    message(SEND_ERROR "json: ${ARGN}: ${error}")
+  endif()
+  set(${var} "${value}" PARENT_SCOPE)
+endfunction()
+
+execute_process(COMMAND ${PLAN} --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192
+                  --budget-gib 16 --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE doc ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(SEND_ERROR "json: exit status ${rc}: ${err}")
+else()
+  # The peaks the table prints, 27.91 and 14.87 GiB, in hundredths of a GiB rounded.
+  json_get(peak peak_bytes baseline)
+  math(EXPR centi "(${peak} * 100 + (1 << 29)) >> 30")
+  json_get(agoq_peak peak_bytes agoq)
+  math(EXPR agoq_centi "(${agoq_peak} * 100 + (1 << 29)) >> 30")
+  json_get(kv model kv_heads)
+  json_get(rules parallel vp_rules)
+  json_get(budget plan budget_bytes)
+  string(JSON stages LENGTH "${doc}" plan stages)
+  if(NOT centi EQUAL 2791 OR NOT agoq_centi EQUAL 1487 OR NOT kv EQUAL 8
+     OR NOT rules STREQUAL "megatron-core" OR NOT budget EQUAL 17179869184 OR NOT stages EQUAL 4)
+    message(SEND_ERROR "json: peaks ${centi}, ${agoq_centi} (1/100 GiB), kv_heads ${kv}, "
+                       "vp_rules ${rules}, budget ${budget}, ${stages} stages")
+  endif()
+  # Each planned stage within the budget, its total the sum of its parts.
+  math(EXPR last "${stages} - 1")
+  foreach(i RANGE ${last})
+    set(sum 0)
+    foreach(part weights master_weights gradients optimizer gathered_weights activations
+                 head_activations working gradient_buffers reserved)
+      json_get(bytes plan stages ${i} memory ${part})
+      math(EXPR sum "${sum} + ${bytes}")
+    endforeach()
+    json_get(total plan stages ${i} memory total)
+    if(NOT sum EQUAL total OR total GREATER budget)
+      message(SEND_ERROR "json: stage ${i}: total ${total}, parts ${sum}, budget ${budget}")
+    endif()
+  endforeach()
+  json_get(kind plan stages 0 tensors 0 kind)
+  json_get(layer plan stages 0 tensors 0 layer)
+  if(NOT kind STREQUAL "attn_norm_input" OR NOT layer EQUAL 0)
+    message(SEND_ERROR "json: the first planned tensor is ${kind} of layer ${layer}")
+  endif()
+  message(STATUS "json: ok")
+endif()
+
+# Without a budget the document holds no plan.
+execute_process(COMMAND ${PLAN} --pp 2 --json RESULT_VARIABLE rc OUTPUT_VARIABLE doc)
+string(JSON plan_type ERROR_VARIABLE missing TYPE "${doc}" plan)
+string(JSON stages LENGTH "${doc}" agoq)
+if(NOT rc EQUAL 0 OR NOT missing OR NOT stages EQUAL 2)
+  message(SEND_ERROR "json_no_budget: exit status ${rc}, plan '${plan_type}', ${stages} stages")
+else()
+  message(STATUS "json_no_budget: ok")
+endif()
