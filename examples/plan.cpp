@@ -248,6 +248,7 @@ void print_plan(options const& o, act::activation_plan const& plan) {
 
 // --json: one JSON document holding what the tables and the plan show, in bytes.
 
+/// s as a JSON string (s is one of agoq's names: no control characters to escape).
 std::string json_string(std::string_view s) {
   std::string r = "\"";
   for (char const c : s) {
