@@ -201,6 +201,11 @@ void print_table(options const& o, char const* title,
                 g(s.gradient_buffers), g(s.reserved));
 }
 
+/// A planned tensor's storage by name ("bf16" or "fp32" where kept precise: precise_bytes_of).
+std::string storage_name(act::planned_tensor const& t) {
+  return t.choice.name(act::precise_bytes_of(t.kind));
+}
+
 void print_plan(options const& o, act::activation_plan const& plan) {
   std::printf("\nplan for a budget of %.2f GiB per GPU\n", g(plan.budget_bytes()));
   for (auto const& s : plan.stages()) {
@@ -223,7 +228,7 @@ void print_plan(options const& o, act::activation_plan const& plan) {
       };
       for (auto const& t : s.tensors) {
         if (t.kind != k) continue;
-        std::string const name = t.choice.name(t.kind == act::tensor_kind::softmax_lse ? 4 : 2);
+        std::string const name = storage_name(t);
         if (name == run_name && t.layer == run_last + 1) {
           run_last = t.layer;
         } else {
@@ -239,8 +244,7 @@ void print_plan(options const& o, act::activation_plan const& plan) {
       for (auto const& t : s.tensors)
         std::printf("    layer %3lld %-17s %-22s %10.2f MiB x %lld  error %.4g\n",
                     static_cast<long long>(t.layer), std::string(act::name_of(t.kind)).c_str(),
-                    t.choice.name(t.kind == act::tensor_kind::softmax_lse ? 4 : 2).c_str(),
-                    static_cast<double>(t.bytes) / (1024.0 * 1024.0),
+                    storage_name(t).c_str(), static_cast<double>(t.bytes) / (1024.0 * 1024.0),
                     static_cast<long long>(t.in_flight), t.error);
     }
   }
@@ -315,13 +319,12 @@ std::string json_plan(act::activation_plan const& plan) {
   for (auto const& s : plan.stages()) {
     std::vector<std::string> tensors;
     for (auto const& t : s.tensors) {
-      tensors.push_back(json_object(
-          {{"layer", json_number(t.layer)},
-           {"kind", json_string(act::name_of(t.kind))},
-           {"storage", json_string(t.choice.name(t.kind == act::tensor_kind::softmax_lse ? 4 : 2))},
-           {"bytes", json_number(t.bytes)},
-           {"in_flight", json_number(t.in_flight)},
-           {"error", json_number(t.error)}}));
+      tensors.push_back(json_object({{"layer", json_number(t.layer)},
+                                     {"kind", json_string(act::name_of(t.kind))},
+                                     {"storage", json_string(storage_name(t))},
+                                     {"bytes", json_number(t.bytes)},
+                                     {"in_flight", json_number(t.in_flight)},
+                                     {"error", json_number(t.error)}}));
     }
     stages.push_back(json_object({{"memory", json_stage(s.memory)},
                                   {"unused_bytes", json_number(s.unused_bytes)},

@@ -52,6 +52,8 @@ TEST_CASE("categories") {
   CHECK(is_alias(tensor_kind::o_proj_input));
   CHECK(storage_kind(tensor_kind::o_proj_input) == tensor_kind::attention_output);
   CHECK(storage_kind(tensor_kind::query) == tensor_kind::query);
+  CHECK(precise_bytes_of(tensor_kind::softmax_lse) == 4);    // fp32
+  CHECK(precise_bytes_of(tensor_kind::swiglu_output) == 2);  // bf16
 }
 
 TEST_CASE("LLaMA-3-8B shapes without tensor parallelism") {

@@ -151,6 +151,12 @@ inline constexpr tensor_category category_of(tensor_kind k) noexcept {
 /// counts it once). It is listed so every consumer of a saved tensor has a name.
 inline constexpr bool is_alias(tensor_kind k) noexcept { return k == tensor_kind::o_proj_input; }
 
+/// Bytes of one element of kind `k` kept precise: 4 for the fp32 logsumexp, 2 (bf16) for every
+/// other kind.
+inline constexpr int precise_bytes_of(tensor_kind k) noexcept {
+  return k == tensor_kind::softmax_lse ? 4 : 2;
+}
+
 /// The kind whose buffer an alias reads (the kind itself when it is not an alias).
 inline constexpr tensor_kind storage_kind(tensor_kind k) noexcept {
   return is_alias(k) ? tensor_kind::attention_output : k;
@@ -301,24 +307,25 @@ inline saved_shape shape_of(tensor_kind k, model_shape const& m, shard_shape con
   std::int64_t const t = p.tp;
   std::int64_t const d = m.head_size();
   std::int64_t const seq_rows = p.sp ? tokens / t : tokens;
+  int const pb = precise_bytes_of(k);
   switch (k) {
     case tensor_kind::query:
     case tensor_kind::attention_output:
     case tensor_kind::o_proj_input:
-      return {tokens, m.heads / t * d, 2};
+      return {tokens, m.heads / t * d, pb};
     case tensor_kind::key:
     case tensor_kind::value:
-      return {tokens, kv_heads_per_rank(m, t) * d, 2};
+      return {tokens, kv_heads_per_rank(m, t) * d, pb};
     case tensor_kind::softmax_lse:
-      return {p.micro_batch * (m.heads / t), p.seq, 4};
+      return {p.micro_batch * (m.heads / t), p.seq, pb};
     case tensor_kind::gate_output:
     case tensor_kind::up_output:
     case tensor_kind::swiglu_output:
     case tensor_kind::gelu_input:
     case tensor_kind::fc2_input:
-      return {tokens, m.ffn / t, 2};
+      return {tokens, m.ffn / t, pb};
     default:
-      return {seq_rows, m.hidden, 2};
+      return {seq_rows, m.hidden, pb};
   }
 }
 

@@ -184,7 +184,7 @@ py::dict default_policy() {
   for (act::tensor_kind const k : act::all_tensor_kinds) {
     if (act::is_alias(k)) continue;
     py::list candidates;
-    int const pb = k == act::tensor_kind::softmax_lse ? 4 : 2;
+    int const pb = act::precise_bytes_of(k);
     for (act::storage const& c : t.candidates(k)) candidates.append(c.name(pb));
     out[py::str(std::string(act::name_of(k)))] =
         py::make_tuple(t.default_storage(k).name(pb), candidates);
@@ -306,7 +306,7 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
   for (std::int64_t layer = 0; layer < in.model.layers; ++layer) {
     py::dict kinds;
     for (act::tensor_kind const k : act::block_tensors(in.model.style)) {
-      int const pb = k == act::tensor_kind::softmax_lse ? 4 : 2;
+      int const pb = act::precise_bytes_of(k);
       kinds[py::str(std::string(act::name_of(k)))] = plan.storage_of(layer, k).name(pb);
     }
     layers.append(kinds);
