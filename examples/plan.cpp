@@ -341,16 +341,15 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
   act::model_shape const& m = o.model;
   act::parallel_config const& p = o.parallel;
   std::vector<std::pair<std::string_view, std::string>> doc = {
-      {"model",
-       json_object({{"style", json_string(m.style == act::block_style::llama ? "llama" : "gpt")},
-                    {"layers", json_number(m.layers)},
-                    {"hidden", json_number(m.hidden)},
-                    {"ffn", json_number(m.ffn)},
-                    {"heads", json_number(m.heads)},
-                    {"kv_heads", json_number(m.kv_heads)},
-                    {"head_dim", json_number(m.head_size())},
-                    {"vocab", json_number(m.vocab)},
-                    {"tied_embeddings", json_bool(m.tied_embeddings)}})},
+      {"model", json_object({{"style", json_string(act::name_of(m.style))},
+                             {"layers", json_number(m.layers)},
+                             {"hidden", json_number(m.hidden)},
+                             {"ffn", json_number(m.ffn)},
+                             {"heads", json_number(m.heads)},
+                             {"kv_heads", json_number(m.kv_heads)},
+                             {"head_dim", json_number(m.head_size())},
+                             {"vocab", json_number(m.vocab)},
+                             {"tied_embeddings", json_bool(m.tied_embeddings)}})},
       {"parallel", json_object({{"tp", json_number(p.tp)},
                                 {"pp", json_number(p.pp)},
                                 {"vp", json_number(p.virtual_stages)},
@@ -430,7 +429,7 @@ int run(int argc, char** argv) {
   std::printf(
       "model: %s, %lld layers, hidden %lld, ffn %lld, heads %lld, kv_heads %lld, "
       "head_dim %lld, vocab %lld\n",
-      m.style == act::block_style::llama ? "llama" : "gpt", static_cast<long long>(m.layers),
+      std::string(act::name_of(m.style)).c_str(), static_cast<long long>(m.layers),
       static_cast<long long>(m.hidden), static_cast<long long>(m.ffn),
       static_cast<long long>(m.heads), static_cast<long long>(m.kv_heads),
       static_cast<long long>(m.head_size()), static_cast<long long>(m.vocab));

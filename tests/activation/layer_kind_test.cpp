@@ -18,6 +18,8 @@ TEST_CASE("every kind has a name, a category and belongs to a block") {
   }
   CHECK(name_of(tensor_kind::swiglu_output) == "swiglu_output");
   CHECK(name_of(tensor_kind::fc2_input) == "fc2_input");
+  CHECK(name_of(block_style::llama) == "llama");
+  CHECK(name_of(block_style::gpt) == "gpt");
 }
 
 TEST_CASE("model presets: published shapes by name, and a clear error for any other name") {

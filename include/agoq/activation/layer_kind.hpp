@@ -94,6 +94,11 @@ inline constexpr std::span<tensor_kind const> block_tensors(block_style s) noexc
 /// The index of a kind in all_tensor_kinds (its enumerator value).
 inline constexpr int index_of(tensor_kind k) noexcept { return static_cast<int>(k); }
 
+/// The style's name: "llama" or "gpt".
+inline constexpr std::string_view name_of(block_style s) noexcept {
+  return s == block_style::llama ? "llama" : "gpt";
+}
+
 /// The short name of a kind (its enumerator name).
 inline constexpr std::string_view name_of(tensor_kind k) noexcept {
   constexpr std::array<std::string_view, tensor_kind_count> names = {

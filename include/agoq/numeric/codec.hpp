@@ -149,6 +149,23 @@ AGOQ_HOST_DEVICE constexpr group_params make_group_params(group_stats const& st)
 
 namespace numeric {
 
+/// The range [lo, hi] of an integer code's quotient x / scale, in units of the scale: [-z, 2^b - 1
+/// - z] with a zero point z, else [-qmax, qmax]. clamped_quotient clamps to it on the bits, the
+/// host's vector encoders with vector min and max. Host and device.
+struct quotient_range {
+  float lo, hi;
+};
+
+template <code_format Code>
+requires(!is_fp8_code<Code>) AGOQ_HOST_DEVICE constexpr quotient_range
+    integer_range(group_params p) noexcept {
+  if constexpr (Code::has_zero_point) {
+    return {static_cast<float>(-p.zero_point), static_cast<float>(Code::levels - p.zero_point)};
+  } else {
+    return {-static_cast<float>(Code::qmax), static_cast<float>(Code::qmax)};
+  }
+}
+
 /// The quotient v = x / scale of an integer code with NaN replaced by 0, clamped to the code's
 /// range in units of the scale: [-qmax, qmax] (symmetric) or [-z, 2^b - 1 - z] (asymmetric). The
 /// bounds are integers, so clamping before rounding equals clamping the rounded code.
@@ -166,13 +183,13 @@ AGOQ_HOST_DEVICE inline float clamped_quotient(float v, group_params p) noexcept
   std::uint32_t const sign = b & 0x80000000u;
   std::uint32_t a = b & 0x7fffffffu;
   a &= all_ones_if(a <= 0x7f800000u);  // NaN -> 0
+  quotient_range const r = integer_range<Code>(p);
   std::uint32_t limit;
   if constexpr (Code::has_zero_point) {
-    std::uint32_t const hi = float_bits(static_cast<float>(Code::levels - p.zero_point));
-    std::uint32_t const lo = float_bits(static_cast<float>(p.zero_point));
-    limit = select_bits(all_ones_if(sign != 0), lo, hi);  // sign ? z : 2^b - 1 - z
+    // sign ? z : 2^b - 1 - z, z the magnitude bits of lo = -z (+0 when z is 0)
+    limit = select_bits(all_ones_if(sign != 0), float_bits(r.lo) & 0x7fffffffu, float_bits(r.hi));
   } else {
-    limit = float_bits(static_cast<float>(Code::qmax));
+    limit = float_bits(r.hi);
   }
   a = a < limit ? a : limit;
   return bits_float(sign | a);

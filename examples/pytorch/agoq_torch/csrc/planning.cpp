@@ -71,7 +71,7 @@ act::model_shape model_of(py::dict const& d) {
 /// The dict of a model (model_of's keys, every one of them).
 py::dict model_dict(act::model_shape const& m) {
   py::dict d;
-  d["style"] = m.style == act::block_style::llama ? "llama" : "gpt";
+  d["style"] = std::string(act::name_of(m.style));
   d["layers"] = m.layers;
   d["hidden"] = m.hidden;
   d["ffn"] = m.ffn;

@@ -265,22 +265,6 @@ inline void uniforms(std::uint64_t seed, std::uint64_t first, std::int64_t n, fl
   }
 }
 
-/// The range [lo, hi] to which the vector encoders clamp the quotient x / scale of an integer
-/// code (numeric::clamped_quotient's limits): [-z, levels - z] with a zero point z, else
-/// [-qmax, qmax].
-struct quotient_range {
-  float lo, hi;
-};
-
-template <code_format Code>
-requires(!is_fp8_code<Code>) inline quotient_range integer_range(group_params p) noexcept {
-  if constexpr (Code::has_zero_point) {
-    return {static_cast<float>(-p.zero_point), static_cast<float>(Code::levels - p.zero_point)};
-  } else {
-    return {-static_cast<float>(Code::qmax), static_cast<float>(Code::qmax)};
-  }
-}
-
 /// Encodes x[0, n) with round-half-to-even into one code per byte (encode_nearest, its zero-scale
 /// test made once for the segment).
 template <code_format Code, element_type T>

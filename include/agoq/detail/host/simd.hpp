@@ -378,7 +378,7 @@ struct encoder {
   explicit encoder(group_params p) noexcept
       : scale(_mm512_set1_ps(p.scale)), zero_point(_mm512_set1_epi32(p.zero_point)) {
     if constexpr (!is_fp8_code<Code>) {
-      quotient_range const r = integer_range<Code>(p);
+      numeric::quotient_range const r = numeric::integer_range<Code>(p);
       lo = _mm512_set1_ps(r.lo);
       hi = _mm512_set1_ps(r.hi);
     }

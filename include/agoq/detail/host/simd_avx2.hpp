@@ -76,8 +76,8 @@ struct encoder {
   __m256 scale, lo, hi;
   __m256i zero_point;
 
-  explicit encoder(group_params p) noexcept : encoder(p, integer_range<Code>(p)) {}
-  encoder(group_params p, quotient_range r) noexcept
+  explicit encoder(group_params p) noexcept : encoder(p, numeric::integer_range<Code>(p)) {}
+  encoder(group_params p, numeric::quotient_range r) noexcept
       : scale(_mm256_set1_ps(p.scale)),
         lo(_mm256_set1_ps(r.lo)),
         hi(_mm256_set1_ps(r.hi)),
