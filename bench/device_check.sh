@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The device tier in one go, on a machine with a CUDA GPU: builds for sm_90 (or $CUDA_ARCH),
 # runs the device tests (ctest label gpu) and the quantized-matmul example, runs the device
-# benchmarks, and writes a summary (pass/fail per test, GB/s and ratio to copy per kernel) to
-# <out>/summary.md. About 3-5 minutes on an H100/H200.
+# benchmarks and the PyTorch extension's device tests, and writes a summary (pass/fail per test,
+# GB/s and ratio to copy per kernel) to <out>/summary.md. About 3-5 minutes on an H100/H200, and a
+# few more for the PyTorch device module's build (AGOQ_CHECK_TORCH=0 leaves it out).
 #
 #   bench/device_check.sh [out-dir]
 #   bench/device_check.sh --prebuilt DIR [out-dir]
@@ -115,6 +116,25 @@ run_benches() {
 bench_rc=$(run_benches "$build" "$out")
 python3 bench/summarize_device.py "$out" "$tests_rc" "$example_rc" "$bench_rc" >"$out/summary.md"
 
+# The PyTorch extension's calls on CUDA tensors (examples/pytorch/tests/test_device.py: every
+# result against the CPU module's, bit for bit), where python3's torch sees a GPU and
+# AGOQ_CHECK_TORCH is not 0. It builds the extension's CPU and device modules first (into
+# build-torch/; the device module is one nvcc translation unit of a few minutes), so it runs after
+# everything else: a lease that ends during it keeps the rest of the summary.
+torch_rc=0
+if [ "${AGOQ_CHECK_TORCH:-1}" != 0 ] &&
+    python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+  AGOQ_TORCH_BUILD_DIR="$PWD/build-torch" timeout 900 python3 -m unittest discover \
+    -s examples/pytorch/tests -p test_device.py -v >"$out/torch_device.log" 2>&1
+  torch_rc=$?
+  {
+    echo
+    echo "## PyTorch extension on CUDA tensors (test_device.py, exit code $torch_rc)"
+    echo
+    grep -E "^(test_|Ran |OK|FAILED)" "$out/torch_device.log" | sed 's/^/    /'
+  } >>"$out/summary.md"
+fi
+
 # Variants (prebuilt only): their tests, their benchmarks, a summary section each.
 variants_rc=0
 if [ -n "$prebuilt" ] && [ -d "$build/variants" ]; then
@@ -139,4 +159,5 @@ if [ -n "$prebuilt" ] && [ -d "$build/variants" ]; then
   done
 fi
 cat "$out/summary.md"
-[ "$tests_rc" -eq 0 ] && [ "$example_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$variants_rc" -eq 0 ]
+[ "$tests_rc" -eq 0 ] && [ "$example_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$torch_rc" -eq 0 ] &&
+  [ "$variants_rc" -eq 0 ]

@@ -1,5 +1,6 @@
 """agoq for PyTorch: quantized saved activations, fused ops, 8-bit gradients and all-reduce,
-8-bit AdamW, and the activation planner, on the CPU executor of the agoq headers.
+8-bit AdamW, and the activation planner, on the CPU executor of the agoq headers; the saved-tensor
+calls and fused ops also on GPU tensors, through agoq's CUDA executor.
 
 The C++ part (csrc/) is compiled on first import with torch.utils.cpp_extension.load into
 $AGOQ_TORCH_BUILD_DIR (default: <repo>/build/pytorch) and reused while its sources and the agoq
@@ -58,16 +59,25 @@ def _unit_sources(build):
     for i, unit in enumerate(_UNITS):
         text = "".join(f'#include "{_HERE / "csrc" / name}"\n' for name in unit)
         path = build / f"unit_{i}.cpp"
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
+        _write_if_changed(path, text)
         sources.append(str(path))
     return sources
+
+
+def _build_dir():
+    return _pathlib.Path(_os.environ.get("AGOQ_TORCH_BUILD_DIR", _REPO / "build" / "pytorch"))
+
+
+def _write_if_changed(path, text):
+    """Writes text to path unless it already holds it (so that ninja rebuilds nothing else)."""
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
 
 
 def _load():
     _check_torch()
     from torch.utils import cpp_extension
-    build = _pathlib.Path(_os.environ.get("AGOQ_TORCH_BUILD_DIR", _REPO / "build" / "pytorch"))
+    build = _build_dir()
     build.mkdir(parents=True, exist_ok=True)
     sources = _unit_sources(build)
     verbose = _os.environ.get("AGOQ_TORCH_VERBOSE", "") not in ("", "0")
@@ -92,6 +102,107 @@ def _load():
 
 _C = _load()
 
-__all__ = [name for name in dir(_C) if not name.startswith("_")]
-globals().update({name: getattr(_C, name) for name in __all__})
+# The tensor calls that also take GPU tensors, each with the name of its first argument: a call
+# whose first tensor is on a GPU goes to the device module (csrc/device.cu, the CUDA executor on
+# torch's current stream), any other to the CPU module.
+_DEVICE_CALLS = {
+    "compress": "x", "decompress": "buffer", "fake_quantize": "x", "rmsnorm_forward": "x",
+    "rmsnorm_forward_plain": "x", "rmsnorm_backward": "dy", "swiglu_forward": "gate",
+    "swiglu_forward_plain": "gate", "swiglu_backward": "dout", "gelu_forward": "x",
+    "gelu_forward_plain": "x", "gelu_backward": "dy", "residual_add": "a",
+}
+_device = None
+
+
+def _emulating():
+    """AGOQ_TORCH_DEVICE=emulated: the device module is built for agoq's CUDA emulator
+    (tests/emulator), whose device tensors are CPU tensors over its memory (device_module().
+    to_device); how tests/test_device.py runs on a machine without a GPU."""
+    return _os.environ.get("AGOQ_TORCH_DEVICE", "") == "emulated"
+
+
+def device_module():
+    """The device module, built on first use: with nvcc where torch has CUDA (into
+    <build dir>/cuda, a few minutes the first time), or for the CUDA emulator under
+    AGOQ_TORCH_DEVICE=emulated (into <build dir>/emulated)."""
+    global _device
+    if _device is not None:
+        return _device
+    from torch.utils import cpp_extension
+    emulated = _emulating()
+    if not emulated and _torch.version.cuda is None:
+        raise RuntimeError("agoq_torch: this torch has no CUDA, so GPU tensors cannot be given "
+                           f"(torch {_torch.__version__})")
+    build = _build_dir() / ("emulated" if emulated else "cuda")
+    build.mkdir(parents=True, exist_ok=True)
+    verbose = _os.environ.get("AGOQ_TORCH_VERBOSE", "") not in ("", "0")
+    if not verbose and not (build / "agoq_torch_device.so").exists():
+        print("agoq_torch: building the device module if needed (a few minutes the first time)",
+              file=_sys.stderr, flush=True)
+    includes = [str(_REPO / "include")] + _cuda_include_dirs()
+    if emulated:
+        emulator = _REPO / "tests" / "emulator"
+        unit = build / "device_emulated.cpp"
+        # As CMake's agoq_add_emulated_test: the emulator first, then the device source, at -O1
+        # without contraction (docs/testing.md, "The emulated device tier").
+        _write_if_changed(unit, f'#include "{emulator / "cuda_emulator.hpp"}"\n'
+                                f'#include "{_HERE / "csrc" / "device.cu"}"\n')
+        _device = cpp_extension.load(
+            name="agoq_torch_device",
+            sources=[str(unit), str(emulator / "cuda_emulator.cpp")],
+            extra_cflags=["-std=c++20", "-O1", "-ffp-contract=off", "-Wall", "-Wextra",
+                          "-Wno-unknown-pragmas"],
+            extra_ldflags=["-lboost_context"],
+            extra_include_paths=includes + [str(emulator)],
+            build_directory=str(build), verbose=verbose, with_cuda=False)
+    else:
+        # torch's extensions build with CUDA's half and bfloat16 operators and conversions turned
+        # off; agoq's headers use them, as any CUDA C++ does by default.
+        _device = cpp_extension.load(
+            name="agoq_torch_device",
+            sources=[str(_HERE / "csrc" / "device.cu")],
+            extra_cflags=["-std=c++20", "-O3"],
+            extra_cuda_cflags=["-std=c++20", "-O3", "-U__CUDA_NO_HALF_OPERATORS__",
+                               "-U__CUDA_NO_HALF_CONVERSIONS__",
+                               "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+                               "-U__CUDA_NO_HALF2_OPERATORS__"],
+            extra_include_paths=includes,
+            build_directory=str(build), verbose=verbose, with_cuda=True)
+    return _device
+
+
+def _module_of(t):
+    """The module that runs a call whose first tensor is t."""
+    if isinstance(t, _torch.Tensor):
+        if t.is_cuda or (_emulating() and device_module().holds(t)):
+            return device_module()
+    return _C
+
+
+def _dispatching(name, first):
+    def call(*args, **kwargs):
+        t = args[0] if args else kwargs.get(first)
+        return getattr(_module_of(t), name)(*args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = getattr(_C, name).__doc__
+    return call
+
+
+def nonfinite_seen():
+    """NaN/Inf values the quantizing calls of this process have met since the last reset, on the
+    CPU and (once a GPU tensor was given; reading them synchronizes) on every device."""
+    return _C.nonfinite_seen() + (_device.nonfinite_seen() if _device is not None else 0)
+
+
+def reset_nonfinite():
+    """Sets nonfinite_seen() to 0."""
+    _C.reset_nonfinite()
+    if _device is not None:
+        _device.reset_nonfinite()
+
+
+__all__ = [name for name in dir(_C) if not name.startswith("_")] + ["device_module"]
+globals().update({name: getattr(_C, name) for name in dir(_C)
+                  if not name.startswith("_") and name not in globals()})
+globals().update({name: _dispatching(name, first) for name, first in _DEVICE_CALLS.items()})
 __version__ = _C.version

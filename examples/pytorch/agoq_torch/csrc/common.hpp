@@ -66,26 +66,38 @@ inline torch::ScalarType dtype_or_float(pybind11::object const& dtype) {
   return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
 }
 
-/// Checks that `t` is a contiguous CPU tensor of float32, bfloat16 or float16.
-inline void check_floating(torch::Tensor const& t, char const* what) {
+/// Where the tensors of the extension's CPU calls must be. Each check below takes a place: this one
+/// by default, or the device backend of device.cu, whose tensors are on the first input's GPU. A
+/// place has holds(t) and expected(), the phrase a refusal names.
+struct cpu_place {
+  static bool holds(torch::Tensor const& t) { return t.device().is_cpu(); }
+  static std::string expected() { return "a CPU tensor"; }
+};
+
+/// Checks that `t` is a contiguous tensor of float32, bfloat16 or float16 at `place`.
+template <class Place = cpu_place>
+void check_floating(torch::Tensor const& t, char const* what, Place const& place = {}) {
   TORCH_CHECK(t.defined(), what, ": expected a tensor, got None");
-  TORCH_CHECK(t.device().is_cpu(), what, ": expected a CPU tensor, got one on ", t.device());
+  TORCH_CHECK(place.holds(t), what, ": expected ", place.expected(), ", got one on ", t.device());
   TORCH_CHECK(t.is_contiguous(), what, ": expected a contiguous tensor");
   auto const st = t.scalar_type();
   TORCH_CHECK(st == torch::kFloat || st == torch::kBFloat16 || st == torch::kHalf, what,
               ": expected float32, bfloat16 or float16, got ", st);
 }
 
-/// Checks a 2-D floating tensor [rows, cols].
-inline void check_matrix(torch::Tensor const& t, char const* what) {
-  check_floating(t, what);
+/// Checks a 2-D floating tensor [rows, cols] at `place`.
+template <class Place = cpu_place>
+void check_matrix(torch::Tensor const& t, char const* what, Place const& place = {}) {
+  check_floating(t, what, place);
   TORCH_CHECK(t.dim() == 2, what, ": expected a 2-D tensor [rows, cols], got ", t.dim(),
               " dimensions");
 }
 
-/// Checks a 1-D floating tensor of `n` elements (n < 0: any length).
-inline void check_vector(torch::Tensor const& t, std::int64_t n, char const* what) {
-  check_floating(t, what);
+/// Checks a 1-D floating tensor of `n` elements (n < 0: any length) at `place`.
+template <class Place = cpu_place>
+void check_vector(torch::Tensor const& t, std::int64_t n, char const* what,
+                  Place const& place = {}) {
+  check_floating(t, what, place);
   TORCH_CHECK(t.dim() == 1, what, ": expected a 1-D tensor, got ", t.dim(), " dimensions");
   TORCH_CHECK(n < 0 || t.numel() == n, what, ": expected ", n, " elements, got ", t.numel());
 }
@@ -98,24 +110,19 @@ inline void check_same(torch::Tensor const& a, torch::Tensor const& b, char cons
               ")");
 }
 
-/// Checks that `buf` is a contiguous 1-D uint8 CPU tensor holding exactly the quantized buffer of
-/// `s` for [rows, cols].
-inline void check_buffer(torch::Tensor const& buf, agoq::spec const& s, std::int64_t rows,
-                         std::int64_t cols, char const* what) {
+/// Checks that `buf` is a contiguous 1-D uint8 tensor at `place` holding exactly the quantized
+/// buffer of `s` for [rows, cols].
+template <class Place = cpu_place>
+void check_buffer(torch::Tensor const& buf, agoq::spec const& s, std::int64_t rows,
+                  std::int64_t cols, char const* what, Place const& place = {}) {
   TORCH_CHECK(buf.defined(), what, ": expected a uint8 buffer, got None");
-  TORCH_CHECK(buf.device().is_cpu() && buf.is_contiguous() && buf.dim() == 1 &&
+  TORCH_CHECK(place.holds(buf) && buf.is_contiguous() && buf.dim() == 1 &&
                   buf.scalar_type() == torch::kByte,
-              what, ": expected a contiguous 1-D uint8 CPU tensor (a buffer from compress)");
+              what, ": expected ", place.expected(),
+              ": a contiguous 1-D uint8 buffer from compress");
   std::int64_t const bytes = agoq::make_layout(s, rows, cols).total_bytes;
   TORCH_CHECK(buf.numel() == bytes, what, ": a ", s.name(), " buffer of [", rows, ", ", cols,
               "] holds ", bytes, " bytes, got ", buf.numel());
-}
-
-/// A new zeroed uint8 buffer for the quantized copy of [rows, cols] with spec `s` (the alignment
-/// padding stays zero, so equal tensors give equal buffers byte for byte).
-inline torch::Tensor new_buffer(agoq::spec const& s, std::int64_t rows, std::int64_t cols) {
-  return torch::zeros({agoq::make_layout(s, rows, cols).total_bytes},
-                      torch::TensorOptions().dtype(torch::kByte));
 }
 
 /// A writable quantized view over a buffer.

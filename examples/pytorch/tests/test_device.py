@@ -1,0 +1,158 @@
+"""Tests of the agoq PyTorch extension's calls on GPU tensors (the device module, csrc/device.cu):
+every saved-tensor call and fused op against the CPU module, bit for bit (so the CPU tests' bounds
+and float64 references hold for it too), its non-finite counts and its argument checks. On a GPU they run on CUDA tensors; without one, under
+AGOQ_TORCH_DEVICE=emulated, on agoq's CUDA emulator (ctest pytorch_device_emulated), whose device
+tensors are CPU tensors over its memory; else they skip.
+Run: python3 -m unittest discover -s examples/pytorch/tests -p test_device.py"""
+
+import math
+import os
+import sys
+import unittest
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import agoq_torch as agoq  # noqa: E402
+
+INT4 = "int4_g128_sym_rne_f32"
+INT8 = "int8_g128_sym_rne_f32"
+# Every code family and grouping the CPU tests use: nearest and stochastic rounding, asymmetric,
+# FP8 with e8m0 scales, per row, per tensor, 2-bit codes.
+SPECS = (INT4, INT8, "int8_g128_sym_sr_f32", "int2_g64_asym_rne_f32", "fp8e4m3_g32_rne_e8m0",
+         "int8_row_sym_sr_bf16", "int4_tensor_sym_rne_f32", "int4_g128_asym_sr_f32")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def setUpModule():
+    global dev, on_device, host
+    if torch.cuda.is_available():
+        dev, on_device, host = (lambda t: t.cuda()), (lambda t: t.is_cuda), (lambda t: t.cpu())
+    elif os.environ.get("AGOQ_TORCH_DEVICE", "") == "emulated":
+        module = agoq.device_module()
+        # The emulator's device tensors are CPU tensors over its memory; clone() copies one out.
+        dev, on_device, host = module.to_device, module.holds, (lambda t: t.clone())
+    else:
+        raise unittest.SkipTest("no GPU: set AGOQ_TORCH_DEVICE=emulated to run these tests on "
+                                "agoq's CUDA emulator")
+
+
+class DeviceTest(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+        agoq.reset_nonfinite()
+
+    def same(self, device_result, cpu_result, what):
+        """Every tensor of a call's device result is on the device and equal, bit for bit, to the
+        CPU module's."""
+        if isinstance(cpu_result, torch.Tensor):
+            device_result, cpu_result = (device_result,), (cpu_result,)
+        self.assertEqual(len(device_result), len(cpu_result), what)
+        for i, (d, c) in enumerate(zip(device_result, cpu_result)):
+            self.assertTrue(on_device(d), f"{what}: output {i} is not on the device")
+            d = host(d)
+            self.assertEqual((d.dtype, d.shape), (c.dtype, c.shape), f"{what}: output {i}")
+            self.assertTrue(torch.equal(d.view(-1).view(torch.uint8),
+                                        c.view(-1).view(torch.uint8)),
+                            f"{what}: output {i} differs from the CPU module's")
+
+    def test_compress_decompress_fake_quantize_match_the_cpu(self):
+        for dtype in DTYPES:
+            x = (torch.randn(37, 384) * 3).to(dtype)
+            x[5, 7] = 40.0  # an outlier in one group
+            xd = dev(x)
+            for spec in SPECS:
+                what = f"{spec} {dtype}"
+                buf = agoq.compress(xd, spec, seed=5, offset=11)
+                self.same(buf, agoq.compress(x, spec, seed=5, offset=11), "compress " + what)
+                self.same(agoq.decompress(buf, spec, 37, 384, dtype),
+                          agoq.decompress(host(buf), spec, 37, 384, dtype), "decompress " + what)
+                self.same(agoq.fake_quantize(xd, spec, seed=5, offset=11),
+                          agoq.fake_quantize(x, spec, seed=5, offset=11), "fake_quantize " + what)
+
+    def test_fused_ops_match_the_cpu(self):
+        for dtype in DTYPES:
+            x = torch.randn(19, 256).to(dtype)
+            g, u = torch.randn(19, 256).to(dtype), torch.randn(19, 256).to(dtype)
+            w = (1 + 0.1 * torch.randn(256)).to(dtype)
+            dy = torch.randn(19, 256).to(dtype)
+            xd, gd, ud, wd, dyd = map(dev, (x, g, u, w, dy))
+            for spec in (INT8, INT4, "int8_g128_sym_sr_f32", "int4_row_sym_rne_f32"):
+                what = f"{spec} {dtype}"
+                fwd = agoq.rmsnorm_forward(xd, wd, 1e-6, spec, seed=3, offset=9)
+                self.same(fwd, agoq.rmsnorm_forward(x, w, 1e-6, spec, seed=3, offset=9),
+                          "rmsnorm_forward " + what)
+                self.same(agoq.rmsnorm_forward_plain(xd, wd, 1e-6), (host(fwd[0]), host(fwd[2])),
+                          "rmsnorm_forward_plain " + what)
+                self.same(agoq.rmsnorm_backward(dyd, fwd[1], spec, fwd[2], wd),
+                          agoq.rmsnorm_backward(dy, host(fwd[1]), spec, host(fwd[2]), w),
+                          "rmsnorm_backward " + what)
+
+                fwd = agoq.swiglu_forward(gd, ud, spec, INT4, seed=3, offset=9)
+                self.same(fwd, agoq.swiglu_forward(g, u, spec, INT4, seed=3, offset=9),
+                          "swiglu_forward " + what)
+                self.same(agoq.swiglu_forward_plain(gd, ud), host(fwd[0]),
+                          "swiglu_forward_plain " + what)
+                self.same(agoq.swiglu_backward(dyd, fwd[1], spec, fwd[2], INT4),
+                          agoq.swiglu_backward(dy, host(fwd[1]), spec, host(fwd[2]), INT4),
+                          "swiglu_backward " + what)
+
+                fwd = agoq.gelu_forward(xd, spec, seed=3, offset=9)
+                self.same(fwd, agoq.gelu_forward(x, spec, seed=3, offset=9), "gelu_forward " + what)
+                self.same(agoq.gelu_forward_plain(xd), host(fwd[0]), "gelu_forward_plain " + what)
+                self.same(agoq.gelu_backward(dyd, fwd[1], spec),
+                          agoq.gelu_backward(dy, host(fwd[1]), spec), "gelu_backward " + what)
+
+                self.same(agoq.residual_add(xd, gd, spec, seed=3, offset=9),
+                          agoq.residual_add(x, g, spec, seed=3, offset=9), "residual_add " + what)
+
+    def test_nonfinite_values_are_counted(self):
+        x = torch.randn(8, 256)
+        x[1, 3], x[2, 4], x[7, 255] = math.nan, math.inf, -math.inf
+        agoq.compress(dev(x), INT8)
+        self.assertEqual(agoq.nonfinite_seen(), 3)
+        agoq.gelu_forward(dev(x), INT4)
+        agoq.fake_quantize(x, INT4)  # the CPU module's count adds to the device's
+        self.assertEqual(agoq.nonfinite_seen(), 9)
+        agoq.reset_nonfinite()
+        self.assertEqual(agoq.nonfinite_seen(), 0)
+        agoq.compress(dev(torch.randn(8, 256)), INT8)
+        self.assertEqual(agoq.nonfinite_seen(), 0)
+
+    def test_empty_tensors(self):
+        x = dev(torch.randn(0, 256))
+        buf = agoq.compress(x, INT8)
+        self.assertTrue(on_device(buf))
+        self.assertEqual(buf.numel(), agoq.quantized_bytes(INT8, 0, 256))
+        self.assertEqual(tuple(agoq.decompress(buf, INT8, 0, 256).shape), (0, 256))
+        y, saved, rstd = agoq.rmsnorm_forward(x, dev(torch.ones(256)), 1e-6, INT8)
+        self.assertEqual((tuple(y.shape), tuple(rstd.shape)), ((0, 256), (0,)))
+
+    def test_bad_arguments(self):
+        x = torch.randn(4, 256)
+        xd = dev(x)
+        # A second tensor on the CPU.
+        with self.assertRaisesRegex(RuntimeError, r"rmsnorm_forward \(weight\): expected"):
+            agoq.rmsnorm_forward(xd, torch.ones(256), 1e-6, INT8)
+        with self.assertRaisesRegex(RuntimeError, r"swiglu_forward \(up\): expected"):
+            agoq.swiglu_forward(xd, x, INT4, INT4)
+        _, saved = agoq.gelu_forward(xd, INT4)
+        with self.assertRaisesRegex(RuntimeError, r"gelu_backward \(saved_x\): expected"):
+            agoq.gelu_backward(xd, host(saved), INT4)
+        # A buffer of another spec's size, an invalid spec, an unsupported dtype, a 1-D tensor.
+        with self.assertRaisesRegex(RuntimeError, r"decompress: a int4_g128_sym_rne_f32 buffer"):
+            agoq.decompress(agoq.compress(xd, INT8), INT4, 4, 256)
+        with self.assertRaises(ValueError):
+            agoq.compress(xd, "int9_g128_sym_rne_f32")
+        with self.assertRaisesRegex(RuntimeError, "expected float32, bfloat16 or float16"):
+            agoq.compress(dev(x.double()), INT8)
+        with self.assertRaisesRegex(RuntimeError, "expected a 2-D tensor"):
+            agoq.compress(dev(torch.randn(256)), INT8)
+        with self.assertRaisesRegex(RuntimeError, "shapes differ"):
+            agoq.residual_add(xd, dev(torch.randn(4, 128)), INT8)
+        with self.assertRaisesRegex(RuntimeError, r"decompress \(dtype\)"):
+            agoq.decompress(agoq.compress(xd, INT8), INT8, 4, 256, torch.float64)
+
+
+if __name__ == "__main__":
+    unittest.main()
