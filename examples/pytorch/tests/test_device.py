@@ -106,6 +106,36 @@ class DeviceTest(unittest.TestCase):
                 self.same(agoq.residual_add(xd, gd, spec, seed=3, offset=9),
                           agoq.residual_add(x, g, spec, seed=3, offset=9), "residual_add " + what)
 
+    def test_wide_rows_and_many_groups(self):
+        # Rows wider than the fused kernels' shared-memory row and a ragged last group.
+        x = torch.randn(67, 4100).to(torch.bfloat16)
+        w = (1 + 0.1 * torch.randn(4100)).to(torch.bfloat16)
+        dy = torch.randn(67, 4100).to(torch.bfloat16)
+        xd, wd = dev(x), dev(w)
+        for spec in (INT8, "int4_g128_sym_sr_f32"):
+            self.same(agoq.compress(xd, spec, seed=1), agoq.compress(x, spec, seed=1),
+                      "compress " + spec)
+            fwd = agoq.rmsnorm_forward(xd, wd, 1e-5, spec, seed=1)
+            self.same(fwd, agoq.rmsnorm_forward(x, w, 1e-5, spec, seed=1), "rmsnorm " + spec)
+            self.same(agoq.rmsnorm_backward(dev(dy), fwd[1], spec, fwd[2], wd),
+                      agoq.rmsnorm_backward(dy, host(fwd[1]), spec, host(fwd[2]), w),
+                      "rmsnorm_backward " + spec)
+
+    @unittest.skipUnless(torch.cuda.is_available(), "needs a GPU (streams)")
+    def test_runs_on_the_current_stream(self):
+        x = torch.randn(64, 1024)
+        expected = agoq.fake_quantize(x, INT4)
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            xd = x.cuda(non_blocking=True)
+            y = agoq.fake_quantize(xd, INT4)
+            y2 = agoq.rmsnorm_forward_plain(y, torch.ones(1024, device="cuda"), 1e-6)[0]
+        stream.synchronize()
+        self.assertTrue(torch.equal(y.cpu(), expected))
+        self.assertTrue(torch.equal(y2.cpu(), agoq.rmsnorm_forward_plain(expected,
+                                                                         torch.ones(1024),
+                                                                         1e-6)[0]))
+
     def test_nonfinite_values_are_counted(self):
         x = torch.randn(8, 256)
         x[1, 3], x[2, 4], x[7, 255] = math.nan, math.inf, -math.inf
@@ -146,6 +176,8 @@ class DeviceTest(unittest.TestCase):
             agoq.compress(xd, "int9_g128_sym_rne_f32")
         with self.assertRaisesRegex(RuntimeError, "expected float32, bfloat16 or float16"):
             agoq.compress(dev(x.double()), INT8)
+        with self.assertRaisesRegex(RuntimeError, "expected a contiguous tensor"):
+            agoq.fake_quantize(dev(torch.randn(256, 8)).t(), INT8)
         with self.assertRaisesRegex(RuntimeError, "expected a 2-D tensor"):
             agoq.compress(dev(torch.randn(256)), INT8)
         with self.assertRaisesRegex(RuntimeError, "shapes differ"):
