@@ -109,7 +109,7 @@ _DEVICE_CALLS = {
     "compress": "x", "decompress": "buffer", "fake_quantize": "x", "rmsnorm_forward": "x",
     "rmsnorm_forward_plain": "x", "rmsnorm_backward": "dy", "swiglu_forward": "gate",
     "swiglu_forward_plain": "gate", "swiglu_backward": "dout", "gelu_forward": "x",
-    "gelu_forward_plain": "x", "gelu_backward": "dy", "residual_add": "a",
+    "gelu_forward_plain": "x", "gelu_backward": "dy", "residual_add": "a", "measure": "x",
 }
 _device = None
 

@@ -1,5 +1,5 @@
 """Tests of the agoq PyTorch extension's calls on GPU tensors (the device module, csrc/device.cu):
-every saved-tensor call and fused op against the CPU module, bit for bit (so the CPU tests' bounds
+every saved-tensor call, fused op and measure() against the CPU module, bit for bit (so the CPU tests' bounds
 and float64 references hold for it too), its non-finite counts and its argument checks. On a GPU they run on CUDA tensors; without one, under
 AGOQ_TORCH_DEVICE=emulated, on agoq's CUDA emulator (ctest pytorch_device_emulated), whose device
 tensors are CPU tensors over its memory; else they skip.
@@ -135,6 +135,16 @@ class DeviceTest(unittest.TestCase):
         self.assertTrue(torch.equal(y2.cpu(), agoq.rmsnorm_forward_plain(expected,
                                                                          torch.ones(1024),
                                                                          1e-6)[0]))
+
+    def test_measure_matches_the_cpu(self):
+        # One pass (groups of 128 in a row) and two (per row, 1100 columns: the dead zones' pass
+        # under each row's absmax), with non-finite values left out.
+        for dtype in (torch.float32, torch.bfloat16):
+            x = (torch.randn(33, 1100) * 2).to(dtype)
+            x[4, 17], x[9, 1000] = 60.0, math.nan
+            for spec in (INT4, "int8_row_sym_rne_f32", "int2_g32_sym_rne_e8m0"):
+                self.assertEqual(agoq.measure(dev(x), spec), agoq.measure(x, spec),
+                                 f"measure {spec} {dtype}")
 
     def test_nonfinite_values_are_counted(self):
         x = torch.randn(8, 256)

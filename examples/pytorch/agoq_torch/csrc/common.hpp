@@ -6,6 +6,7 @@
 
 // agoq first: parsing the AVX-512 intrinsics headers (which agoq includes) after torch's headers
 // makes g++ 12 warn about the intrinsics' deliberately uninitialized values.
+#include <agoq/activation/error_model.hpp>
 #include <agoq/agoq.hpp>
 
 // torch's tensor API and its pybind11 casters, not <torch/extension.h>: that adds all of libtorch's
@@ -136,6 +137,25 @@ inline agoq::const_quantized_view const_view_of(agoq::spec const& s, std::int64_
                                                 std::int64_t cols, torch::Tensor const& buf) {
   return agoq::view_of_buffer(s, rows, cols,
                               static_cast<std::uint8_t const*>(buf.data_ptr<std::uint8_t>()));
+}
+
+/// The keys of a statistics dict, as agoq::activation::tensor_stats names its fields.
+inline pybind11::dict stats_dict(agoq::activation::tensor_stats const& st) {
+  namespace py = pybind11;
+  py::dict d;
+  d["tile"] = py::make_tuple(st.tile.rows, st.tile.cols);
+  d["elements"] = st.elements;
+  d["sum_squares"] = st.sum_squares;
+  d["sum_group_absmax_sq"] = st.sum_group_absmax_sq;
+  d["sum_group_range_sq"] = st.sum_group_range_sq;
+  if (st.has_dead_zones) {
+    d["dead_energy"] = py::make_tuple(st.dead_energy[0], st.dead_energy[1], st.dead_energy[2]);
+    d["live_absmax_sq"] =
+        py::make_tuple(st.live_absmax_sq[0], st.live_absmax_sq[1], st.live_absmax_sq[2]);
+    d["live_error_2bit"] =
+        py::make_tuple(st.live_error_2bit[0], st.live_error_2bit[1], st.live_error_2bit[2]);
+  }
+  return d;
 }
 
 /// Calls `f(T{})` with T the agoq element type of `st` (float, agoq::bfloat16, agoq::half).

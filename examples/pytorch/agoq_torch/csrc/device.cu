@@ -11,6 +11,7 @@
 /// memory (to_device), which is how examples/pytorch/tests/test_device.py tests this module on a
 /// machine without a GPU.
 #include <agoq/activation/fused.cuh>
+#include <agoq/activation/statistics.cuh>
 #include <agoq/quantize.cuh>
 
 #include "ops.hpp"
@@ -165,6 +166,10 @@ class cuda_backend {
   template <class... A>
   void residual_add(A&&... a) const {
     counted([&](std::int64_t* n) { act::residual_add_async(ex(), std::forward<A>(a)..., n); });
+  }
+  template <class... A>
+  act::tensor_stats measure(A&&... a) const {
+    return act::measure(ex(), std::forward<A>(a)...);
   }
 
  private:

@@ -1,6 +1,7 @@
 /// \file
-/// The extension's tensor calls (compress, decompress, fake_quantize and the fused
-/// producer/consumer ops of agoq/activation/fused.hpp and fused.cuh), written once for both
+/// The extension's tensor calls (compress, decompress, fake_quantize, the fused producer/consumer
+/// ops of agoq/activation/fused.hpp and fused.cuh, and the error model's measure), written once
+/// for both
 /// executors. `B` is the backend of one call, made from its first tensor:
 ///   - cpu_backend (tensors.cpp): CPU tensors, the CPU executor on torch's intra-op pool;
 ///   - cuda_backend (device.cu): tensors on the first tensor's GPU, the CUDA executor on torch's
@@ -279,6 +280,22 @@ std::tuple<torch::Tensor, torch::Tensor> residual_add(torch::Tensor const& a,
   return {sum, saved};
 }
 
+/// The error model's statistics of x under the groups of `spec` (agoq::activation::measure);
+/// unlike the other calls it returns host values, so on a GPU it synchronizes the stream.
+template <class B>
+pybind11::dict measure(torch::Tensor const& x, std::string const& spec) {
+  B const b(x);
+  check_matrix(x, "measure", b);
+  agoq::spec const s = parse_spec(spec);
+  act::tensor_stats st;
+  {
+    pybind11::gil_scoped_release release;
+    dispatch_element(x.scalar_type(),
+                     [&]<class T>(T) { st = b.measure(matrix_of<T const>(x), s); });
+  }
+  return stats_dict(st);
+}
+
 /// Registers the calls above on backend B in module m (the same names, arguments and documents
 /// for both executors; agoq_torch/__init__.py sends each call to the module of its first
 /// tensor's device).
@@ -325,6 +342,11 @@ void register_ops(pybind11::module_& m) {
   m.def("residual_add", &residual_add<B>, py::arg("a"), py::arg("b"), py::arg("spec"),
         py::arg("seed") = 0, py::arg("offset") = 0, nogil,
         "Fused residual add: (a + b, saved copy of the sum).");
+  m.def("measure", &measure<B>, py::arg("x"), py::arg("spec"),
+        "Statistics of a 2-D tensor for the error model under the groups of `spec`: {'tile', "
+        "'elements', 'sum_squares', 'sum_group_absmax_sq', 'sum_group_range_sq'} (finite "
+        "elements only), plus the groups' dead zones; pass them to make_plan(statistics=...). "
+        "The same values on the CPU and on a GPU (which it synchronizes).");
 }
 
 }  // namespace agoq_torch::ops

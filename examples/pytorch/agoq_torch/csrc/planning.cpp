@@ -211,24 +211,6 @@ std::int64_t layer_activation_bytes(py::dict const& model, std::int64_t micro_ba
   });
 }
 
-/// The keys of a statistics dict, as agoq::activation::tensor_stats names its fields.
-py::dict stats_dict(act::tensor_stats const& st) {
-  py::dict d;
-  d["tile"] = py::make_tuple(st.tile.rows, st.tile.cols);
-  d["elements"] = st.elements;
-  d["sum_squares"] = st.sum_squares;
-  d["sum_group_absmax_sq"] = st.sum_group_absmax_sq;
-  d["sum_group_range_sq"] = st.sum_group_range_sq;
-  if (st.has_dead_zones) {
-    d["dead_energy"] = py::make_tuple(st.dead_energy[0], st.dead_energy[1], st.dead_energy[2]);
-    d["live_absmax_sq"] =
-        py::make_tuple(st.live_absmax_sq[0], st.live_absmax_sq[1], st.live_absmax_sq[2]);
-    d["live_error_2bit"] =
-        py::make_tuple(st.live_error_2bit[0], st.live_error_2bit[1], st.live_error_2bit[2]);
-  }
-  return d;
-}
-
 /// A triple of a statistics dict: per bit width (2, 4, 8) or per scale format (f32, bf16, e8m0),
 /// as `what` says.
 std::array<double, 3> triple_of(py::handle const& v, char const* key, char const* what) {
@@ -263,18 +245,6 @@ act::tensor_stats stats_of(py::dict const& d) {
     st.live_error_2bit = triple_of(d["live_error_2bit"], "live_error_2bit", "f32, bf16, e8m0");
   }
   return st;
-}
-
-py::dict measure(torch::Tensor const& x, std::string const& spec) {
-  check_matrix(x, "measure");
-  agoq::spec const s = parse_spec(spec);
-  act::tensor_stats st;
-  {
-    py::gil_scoped_release release;
-    dispatch_element(x.scalar_type(),
-                     [&]<class T>(T) { st = act::measure(executor(), matrix_of<T const>(x), s); });
-  }
-  return stats_dict(st);
 }
 
 py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
@@ -378,10 +348,6 @@ void register_planning(py::module_& m) {
         "Megatron's interleaved schedule: Megatron-Core's ('core') in groups of vp_group "
         "micro-batches (0: pp), or older Megatron-LM's ('legacy'). Raises ValueError with the "
         "shortfall when nothing fits, and for a schedule Megatron refuses.");
-  m.def("measure", &measure, py::arg("x"), py::arg("spec"),
-        "Statistics of a 2-D tensor for the error model under the groups of `spec`: {'tile', "
-        "'elements', 'sum_squares', 'sum_group_absmax_sq', 'sum_group_range_sq'} (finite "
-        "elements only); pass them to make_plan(statistics=...).");
   m.def("estimate_memory", &estimate_memory, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("gradients") = "fp32", py::arg("optimizer") = "fp32",
         py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,

@@ -1,8 +1,10 @@
 /// \file
-/// The extension's tensor calls (ops.hpp: compress / decompress / fake_quantize of saved tensors
-/// and the fused producer/consumer ops of agoq/activation/fused.hpp) on CPU tensors, and the
-/// module's CPU-side helpers.
+/// The extension's tensor calls (ops.hpp: compress / decompress / fake_quantize of saved tensors,
+/// the fused producer/consumer ops of agoq/activation/fused.hpp and the error model's measure) on
+/// CPU tensors, and the module's CPU-side helpers.
 #include "ops.hpp"
+
+#include <agoq/activation/statistics.hpp>
 
 namespace agoq_torch {
 namespace {
@@ -73,6 +75,10 @@ struct cpu_backend : cpu_place {
   template <class... A>
   void residual_add(A&&... a) const {
     note_nonfinite(act::residual_add(executor(), std::forward<A>(a)...));
+  }
+  template <class... A>
+  act::tensor_stats measure(A&&... a) const {
+    return act::measure(executor(), std::forward<A>(a)...);
   }
 };
 
