@@ -124,14 +124,18 @@ class DeviceTest(unittest.TestCase):
     @unittest.skipUnless(torch.cuda.is_available(), "needs a GPU (streams)")
     def test_runs_on_the_current_stream(self):
         x = torch.randn(64, 1024)
+        x[3, 5] = math.nan
         expected = agoq.fake_quantize(x, INT4)
+        agoq.reset_nonfinite()
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
             xd = x.cuda(non_blocking=True)
             y = agoq.fake_quantize(xd, INT4)
             y2 = agoq.rmsnorm_forward_plain(y, torch.ones(1024, device="cuda"), 1e-6)[0]
+        agoq.compress(dev(x), INT8)  # on the default stream: a total of its own
+        self.assertEqual(agoq.nonfinite_seen(), 2)  # synchronizes both streams' work
         stream.synchronize()
-        self.assertTrue(torch.equal(y.cpu(), expected))
+        self.assertTrue(torch.equal(y.cpu(), expected))  # NaN's codes are those of zero
         self.assertTrue(torch.equal(y2.cpu(), agoq.rmsnorm_forward_plain(expected,
                                                                          torch.ones(1024),
                                                                          1e-6)[0]))

@@ -23,6 +23,7 @@
 
 #include <map>
 #include <mutex>
+#include <utility>
 
 namespace agoq_torch {
 namespace {
@@ -30,11 +31,12 @@ namespace {
 namespace act = agoq::activation;
 namespace py = pybind11;
 
-/// The per-device totals of the non-finite counts of this module's calls: int64 [1] tensors on
-/// each device, added to in stream order (nonfinite_seen reads them, which synchronizes).
+/// The totals of the non-finite counts of this module's calls: an int64 [1] tensor per device
+/// and stream, each added to in its stream's order, so that calls on different streams never
+/// race on one. Reading or resetting them synchronizes their devices.
 struct nonfinite_totals {
   std::mutex mutex;
-  std::map<int, torch::Tensor> per_device;
+  std::map<std::pair<int, cudaStream_t>, torch::Tensor> per_stream;
 };
 
 /// Never destroyed: its tensors would otherwise be freed during the process's exit, after the
@@ -183,9 +185,9 @@ class cuda_backend {
     call(n.data_ptr<std::int64_t>());
     nonfinite_totals& t = totals();
     std::lock_guard lock(t.mutex);
-    auto [it, fresh] = t.per_device.try_emplace(device_.index());
+    auto [it, fresh] = t.per_stream.try_emplace({device_.index(), stream_});
     if (fresh) it->second = zeros({1}, torch::kLong);
-    it->second.add_(n);
+    it->second.add_(n);  // on torch's current stream of the device: stream_
   }
 
   torch::Device device_;
@@ -195,19 +197,38 @@ class cuda_backend {
 #endif
 };
 
-/// The sum of the devices' totals (reading them synchronizes with their streams).
-std::int64_t nonfinite_seen_on_devices() {
+/// Calls f(total) for each total once its device has finished all its work, that device current
+/// (the whole device is synchronized: a total's stream may be gone by now).
+template <class F>
+void for_each_total_synchronized(F const& f) {
   nonfinite_totals& t = totals();
   std::lock_guard lock(t.mutex);
+  for (auto& [key, total] : t.per_stream) {
+#if !defined(AGOQ_DEVICE_EMULATION)
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(key.first));
+#endif
+    AGOQ_CUDA_TRY(cudaDeviceSynchronize());
+    f(total);
+  }
+}
+
+/// The sum of the totals.
+std::int64_t nonfinite_seen_on_devices() {
   std::int64_t sum = 0;
-  for (auto const& [device, total] : t.per_device) sum += total.item<std::int64_t>();
+  for_each_total_synchronized([&](torch::Tensor const& total) {
+    std::int64_t n = 0;
+    AGOQ_CUDA_TRY(cudaMemcpy(&n, total.data_ptr(), sizeof(n), cudaMemcpyDeviceToHost));
+    sum += n;
+  });
   return sum;
 }
 
 void reset_nonfinite_on_devices() {
-  nonfinite_totals& t = totals();
-  std::lock_guard lock(t.mutex);
-  for (auto& [device, total] : t.per_device) total.zero_();
+  for_each_total_synchronized([](torch::Tensor const& total) {
+    // On the legacy default stream, which the non-blocking streams of torch do not wait for.
+    AGOQ_CUDA_TRY(cudaMemset(total.data_ptr(), 0, sizeof(std::int64_t)));
+    AGOQ_CUDA_TRY(cudaDeviceSynchronize());
+  });
 }
 
 }  // namespace
@@ -220,9 +241,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("emulated") = agoq_torch::emulated;
   m.def("nonfinite_seen", &agoq_torch::nonfinite_seen_on_devices,
         "NaN/Inf values this module's calls have met since the last reset, over every device "
-        "(synchronizes with the streams the calls ran on).");
+        "(synchronizes the devices the calls ran on).");
   m.def("reset_nonfinite", &agoq_torch::reset_nonfinite_on_devices,
-        "Sets every device's total to 0 (in stream order).");
+        "Sets every device's total to 0 (after synchronizing the devices).");
 #if defined(AGOQ_DEVICE_EMULATION)
   m.def(
       "holds",
