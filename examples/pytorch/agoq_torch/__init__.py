@@ -103,7 +103,7 @@ def _load():
 _C = _load()
 
 # The tensor calls that also take GPU tensors, each with the name of its first argument: a call
-# whose first tensor is on a GPU goes to the device module (csrc/device.cu, the CUDA executor on
+# whose first tensor is on a GPU goes to the device module (csrc/device.cuh, the CUDA executor on
 # torch's current stream), any other to the CPU module.
 _DEVICE_CALLS = {
     "compress": "x", "decompress": "buffer", "fake_quantize": "x", "rmsnorm_forward": "x",
@@ -111,6 +111,7 @@ _DEVICE_CALLS = {
     "swiglu_forward_plain": "gate", "swiglu_backward": "dout", "gelu_forward": "x",
     "gelu_forward_plain": "x", "gelu_backward": "dy", "residual_add": "a", "measure": "x",
 }
+_DEVICE_UNITS = ("device.cu", "device_forward.cu", "device_backward.cu")
 _device = None
 
 
@@ -140,16 +141,21 @@ def device_module():
         print("agoq_torch: building the device module if needed (a few minutes the first time)",
               file=_sys.stderr, flush=True)
     includes = [str(_REPO / "include")] + _cuda_include_dirs()
+    # Three translation units (csrc/device.cuh), which ninja compiles in parallel.
+    sources = [_HERE / "csrc" / name for name in _DEVICE_UNITS]
     if emulated:
         emulator = _REPO / "tests" / "emulator"
-        unit = build / "device_emulated.cpp"
+        units = []
         # As CMake's agoq_add_emulated_test: the emulator first, then the device source, at -O1
         # without contraction (docs/testing.md, "The emulated device tier").
-        _write_if_changed(unit, f'#include "{emulator / "cuda_emulator.hpp"}"\n'
-                                f'#include "{_HERE / "csrc" / "device.cu"}"\n')
+        for source in sources:
+            unit = build / f"{source.stem}_emulated.cpp"
+            _write_if_changed(unit, f'#include "{emulator / "cuda_emulator.hpp"}"\n'
+                                    f'#include "{source}"\n')
+            units.append(str(unit))
         _device = cpp_extension.load(
             name="agoq_torch_device",
-            sources=[str(unit), str(emulator / "cuda_emulator.cpp")],
+            sources=units + [str(emulator / "cuda_emulator.cpp")],
             extra_cflags=["-std=c++20", "-O1", "-ffp-contract=off", "-Wall", "-Wextra",
                           "-Wno-unknown-pragmas"],
             extra_ldflags=["-lboost_context"],
@@ -160,7 +166,7 @@ def device_module():
         # off; agoq's headers use them, as any CUDA C++ does by default.
         _device = cpp_extension.load(
             name="agoq_torch_device",
-            sources=[str(_HERE / "csrc" / "device.cu")],
+            sources=[str(source) for source in sources],
             extra_cflags=["-std=c++20", "-O3"],
             extra_cuda_cflags=["-std=c++20", "-O3", "-U__CUDA_NO_HALF_OPERATORS__",
                                "-U__CUDA_NO_HALF_CONVERSIONS__",

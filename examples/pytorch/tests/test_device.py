@@ -1,6 +1,7 @@
-"""Tests of the agoq PyTorch extension's calls on GPU tensors (the device module, csrc/device.cu):
-every saved-tensor call, fused op and measure() against the CPU module, bit for bit (so the CPU tests' bounds
-and float64 references hold for it too), its non-finite counts and its argument checks. On a GPU they run on CUDA tensors; without one, under
+"""Tests of the agoq PyTorch extension's calls on GPU tensors (the device module,
+csrc/device.cuh): every saved-tensor call, fused op and measure() against the CPU module, bit for
+bit (so the CPU tests' bounds and float64 references hold for it too), its non-finite counts and
+its argument checks. On a GPU they run on CUDA tensors; without one, under
 AGOQ_TORCH_DEVICE=emulated, on agoq's CUDA emulator (ctest pytorch_device_emulated), whose device
 tensors are CPU tensors over its memory; else they skip.
 Run: python3 -m unittest discover -s examples/pytorch/tests -p test_device.py"""

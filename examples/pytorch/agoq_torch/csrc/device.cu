@@ -1,201 +1,10 @@
 /// \file
-/// The extension's device module (agoq_torch_cuda): ops.hpp's tensor calls on GPU tensors, through
-/// agoq's CUDA executor on torch's current stream of the first tensor's device, compiled by nvcc
-/// where torch has CUDA (agoq_torch/__init__.py builds it on the first call given a CUDA tensor).
-/// Every call is stream-ordered and returns without synchronizing, as torch's own ops do; its
-/// outputs are bit for bit the CPU module's for the same inputs.
-///
-/// Built for agoq's emulated device tier instead (AGOQ_DEVICE_EMULATION: the host compiler, with
-/// tests/emulator/cuda_emulator.hpp included first and cuda_emulator.cpp linked), the same calls
-/// run every kernel on the CPU: its "device tensors" are CPU tensors over the emulator's device
-/// memory (to_device), which is how examples/pytorch/tests/test_device.py tests this module on a
-/// machine without a GPU.
-#include <agoq/activation/fused.cuh>
-#include <agoq/activation/statistics.cuh>
-#include <agoq/quantize.cuh>
+/// The device module (device.cuh): its definition, compress / decompress / fake_quantize / measure
+/// on GPU tensors, and the non-finite totals' reading and reset.
+#include "device.cuh"
 
-#include "ops.hpp"
-
-#if !defined(AGOQ_DEVICE_EMULATION)
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
-#endif
-
-#include <map>
-#include <mutex>
-#include <utility>
-
-namespace agoq_torch {
+namespace agoq_torch::device {
 namespace {
-
-namespace act = agoq::activation;
-namespace py = pybind11;
-
-/// The totals of the non-finite counts of this module's calls: an int64 [1] tensor per device
-/// and stream, each added to in its stream's order, so that calls on different streams never
-/// race on one. Reading or resetting them synchronizes their devices.
-struct nonfinite_totals {
-  std::mutex mutex;
-  std::map<std::pair<int, cudaStream_t>, torch::Tensor> per_stream;
-};
-
-/// Never destroyed: its tensors would otherwise be freed during the process's exit, after the
-/// CUDA runtime (or the emulator's memory table) they belong to.
-nonfinite_totals& totals() {
-  static nonfinite_totals* t = new nonfinite_totals;
-  return *t;
-}
-
-#if defined(AGOQ_DEVICE_EMULATION)
-constexpr bool emulated = true;
-
-/// Whether t's data lies in the emulator's device memory. An empty CPU tensor counts as a device
-/// tensor: torch gives it no data pointer, so nothing tells where it was made.
-bool in_device_memory(torch::Tensor const& t) {
-  if (!t.device().is_cpu()) return false;
-  if (t.numel() == 0) return true;
-  cudaPointerAttributes a{};
-  return cudaPointerGetAttributes(&a, t.data_ptr()) == cudaSuccess &&
-         a.type == cudaMemoryTypeDevice;
-}
-
-/// A CPU tensor over a new allocation of the emulator's device memory (at least one byte, so that
-/// an empty tensor is a device tensor too).
-torch::Tensor device_empty(at::IntArrayRef sizes, torch::ScalarType st) {
-  std::int64_t n = 1;
-  for (std::int64_t e : sizes) n *= e;
-  std::size_t const bytes = static_cast<std::size_t>(n) * c10::elementSize(st);
-  void* p = nullptr;
-  AGOQ_CUDA_TRY(cudaMalloc(&p, bytes > 0 ? bytes : 1));
-  return torch::from_blob(
-      p, sizes, [](void* q) { cudaFree(q); }, torch::TensorOptions().dtype(st));
-}
-#else
-constexpr bool emulated = false;
-#endif
-
-/// ops.hpp's backend for device tensors: tensors on the first tensor's GPU, the CUDA executor on
-/// torch's current stream of that GPU (made current for the call), outputs allocated by torch's
-/// caching allocator there, non-finite counts added to the device's total in stream order.
-class cuda_backend {
- public:
-  explicit cuda_backend(torch::Tensor const& first) : device_(first.device()) {
-#if !defined(AGOQ_DEVICE_EMULATION)
-    if (device_.is_cuda()) {
-      guard_.set_device(device_);
-      stream_ = at::cuda::getCurrentCUDAStream(device_.index()).stream();
-    }
-#endif
-  }
-
-  bool holds(torch::Tensor const& t) const {
-#if defined(AGOQ_DEVICE_EMULATION)
-    return in_device_memory(t);
-#else
-    return t.is_cuda() && t.device() == device_;
-#endif
-  }
-
-  std::string expected() const {
-    if (emulated) return "a tensor in the emulated device's memory";
-    if (!device_.is_cuda()) return "a CUDA tensor";
-    return "a tensor on " + device_.str() + " (the first tensor's device)";
-  }
-
-  torch::Tensor empty(at::IntArrayRef sizes, torch::ScalarType st) const {
-#if defined(AGOQ_DEVICE_EMULATION)
-    return device_empty(sizes, st);
-#else
-    return torch::empty(sizes, torch::TensorOptions().dtype(st).device(device_));
-#endif
-  }
-
-  /// empty, then zeroed on the call's stream.
-  torch::Tensor zeros(at::IntArrayRef sizes, torch::ScalarType st) const {
-    torch::Tensor t = empty(sizes, st);
-    AGOQ_CUDA_TRY(cudaMemsetAsync(t.data_ptr(), 0, t.nbytes(), stream_));
-    return t;
-  }
-
-  template <class... A>
-  void quantize(A&&... a) const {
-    counted([&](std::int64_t* n) { agoq::quantize_async(ex(), std::forward<A>(a)..., n); });
-  }
-  template <class... A>
-  void dequantize(A&&... a) const {
-    agoq::dequantize_async(ex(), std::forward<A>(a)...);
-  }
-  template <class... A>
-  void fake_quantize(A&&... a) const {
-    counted([&](std::int64_t* n) { agoq::fake_quantize_async(ex(), std::forward<A>(a)..., n); });
-  }
-  template <class... A>
-  void rmsnorm_forward(A&&... a) const {
-    counted([&](std::int64_t* n) { act::rmsnorm_forward_async(ex(), std::forward<A>(a)..., n); });
-  }
-  template <class... A>
-  void rmsnorm_forward_plain(A&&... a) const {
-    act::rmsnorm_forward_async(ex(), std::forward<A>(a)...);
-  }
-  template <class... A>
-  void rmsnorm_backward(A&&... a) const {
-    counted([&](std::int64_t* n) { act::rmsnorm_backward_async(ex(), std::forward<A>(a)..., n); });
-  }
-  template <class... A>
-  void swiglu_forward(A&&... a) const {
-    counted([&](std::int64_t* n) { act::swiglu_forward_async(ex(), std::forward<A>(a)..., n); });
-  }
-  template <class... A>
-  void swiglu_forward_plain(A&&... a) const {
-    act::swiglu_forward_async(ex(), std::forward<A>(a)...);
-  }
-  template <class... A>
-  void swiglu_backward(A&&... a) const {
-    counted([&](std::int64_t* n) { act::swiglu_backward_async(ex(), std::forward<A>(a)..., n); });
-  }
-  template <class... A>
-  void gelu_forward(A&&... a) const {
-    counted([&](std::int64_t* n) { act::gelu_forward_async(ex(), std::forward<A>(a)..., n); });
-  }
-  template <class... A>
-  void gelu_forward_plain(A&&... a) const {
-    act::gelu_forward_async(ex(), std::forward<A>(a)...);
-  }
-  template <class... A>
-  void gelu_backward(A&&... a) const {
-    counted([&](std::int64_t* n) { act::gelu_backward_async(ex(), std::forward<A>(a)..., n); });
-  }
-  template <class... A>
-  void residual_add(A&&... a) const {
-    counted([&](std::int64_t* n) { act::residual_add_async(ex(), std::forward<A>(a)..., n); });
-  }
-  template <class... A>
-  act::tensor_stats measure(A&&... a) const {
-    return act::measure(ex(), std::forward<A>(a)...);
-  }
-
- private:
-  agoq::cuda_executor ex() const { return agoq::cuda_executor{stream_}; }
-
-  /// Runs call(count) with a fresh device count, then adds the count to the device's total (both
-  /// on the call's stream).
-  template <class F>
-  void counted(F const& call) const {
-    torch::Tensor n = empty({1}, torch::kLong);
-    call(n.data_ptr<std::int64_t>());
-    nonfinite_totals& t = totals();
-    std::lock_guard lock(t.mutex);
-    auto [it, fresh] = t.per_stream.try_emplace({device_.index(), stream_});
-    if (fresh) it->second = zeros({1}, torch::kLong);
-    it->second.add_(n);  // on torch's current stream of the device: stream_
-  }
-
-  torch::Device device_;
-  cudaStream_t stream_{};
-#if !defined(AGOQ_DEVICE_EMULATION)
-  c10::cuda::OptionalCUDAGuard guard_;
-#endif
-};
 
 /// Calls f(total) for each total once its device has finished all its work, that device current
 /// (the whole device is synchronized: a total's stream may be gone by now).
@@ -232,28 +41,30 @@ void reset_nonfinite_on_devices() {
 }
 
 }  // namespace
-}  // namespace agoq_torch
+}  // namespace agoq_torch::device
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.doc() = "agoq: the tensor calls of agoq_torch on GPU tensors (CUDA executor)";
-  agoq_torch::ops::register_ops<agoq_torch::cuda_backend>(m);
-  m.attr("emulated") = agoq_torch::emulated;
-  m.def("nonfinite_seen", &agoq_torch::nonfinite_seen_on_devices,
+  namespace device = agoq_torch::device;
+  agoq_torch::ops::register_tensor_ops<device::cuda_backend>(m);
+  device::register_forward(m);
+  device::register_backward(m);
+  m.attr("emulated") = device::emulated;
+  m.def("nonfinite_seen", &device::nonfinite_seen_on_devices,
         "NaN/Inf values this module's calls have met since the last reset, over every device "
         "(synchronizes the devices the calls ran on).");
-  m.def("reset_nonfinite", &agoq_torch::reset_nonfinite_on_devices,
+  m.def("reset_nonfinite", &device::reset_nonfinite_on_devices,
         "Sets every device's total to 0 (after synchronizing the devices).");
 #if defined(AGOQ_DEVICE_EMULATION)
   m.def(
-      "holds",
-      [](torch::Tensor const& t) { return t.defined() && agoq_torch::in_device_memory(t); },
+      "holds", [](torch::Tensor const& t) { return t.defined() && device::in_device_memory(t); },
       py::arg("t"), "Whether t lies in the emulated device's memory.");
   m.def(
       "to_device",
       [](torch::Tensor const& t) {
         torch::Tensor c = t.contiguous();
-        torch::Tensor d = agoq_torch::device_empty(c.sizes(), c.scalar_type());
+        torch::Tensor d = device::device_empty(c.sizes(), c.scalar_type());
         AGOQ_CUDA_TRY(cudaMemcpy(d.data_ptr(), c.data_ptr(), c.nbytes(), cudaMemcpyHostToDevice));
         return d;
       },

@@ -296,11 +296,14 @@ pybind11::dict measure(torch::Tensor const& x, std::string const& spec) {
   return stats_dict(st);
 }
 
-/// Registers the calls above on backend B in module m (the same names, arguments and documents
-/// for both executors; agoq_torch/__init__.py sends each call to the module of its first
-/// tensor's device).
+/// Register the calls above on backend B in module m, in three sets that a module may compile in
+/// separate translation units (device.cu does, so that its kernels build in parallel):
+/// register_tensor_ops (compress, decompress, fake_quantize, measure), register_forward_ops (the
+/// fused ops' forward calls, with and without a saved copy) and register_backward_ops. The same
+/// names, arguments and documents for both executors; agoq_torch/__init__.py sends each call to
+/// the module of its first tensor's device.
 template <class B>
-void register_ops(pybind11::module_& m) {
+void register_tensor_ops(pybind11::module_& m) {
   namespace py = pybind11;
   auto const nogil = py::call_guard<py::gil_scoped_release>();
   m.def("compress", &compress<B>, py::arg("x"), py::arg("spec"), py::arg("seed") = 0,
@@ -316,37 +319,49 @@ void register_ops(pybind11::module_& m) {
         py::arg("offset") = 0, nogil,
         "Quantizes and dequantizes a 2-D tensor (same shape and dtype), as compress then "
         "decompress.");
+  m.def("measure", &measure<B>, py::arg("x"), py::arg("spec"),
+        "Statistics of a 2-D tensor for the error model under the groups of `spec`: {'tile', "
+        "'elements', 'sum_squares', 'sum_group_absmax_sq', 'sum_group_range_sq'} (finite "
+        "elements only), plus the groups' dead zones; pass them to make_plan(statistics=...). "
+        "The same values on the CPU and on a GPU (which it synchronizes).");
+}
+
+template <class B>
+void register_forward_ops(pybind11::module_& m) {
+  namespace py = pybind11;
+  auto const nogil = py::call_guard<py::gil_scoped_release>();
   m.def("rmsnorm_forward", &rmsnorm_forward<B>, py::arg("x"), py::arg("weight"), py::arg("eps"),
         py::arg("spec"), py::arg("seed") = 0, py::arg("offset") = 0, nogil,
         "Fused RMSNorm forward: (y, saved_x buffer, rstd float32 [tokens]).");
   m.def("rmsnorm_forward_plain", &rmsnorm_forward_plain<B>, py::arg("x"), py::arg("weight"),
         py::arg("eps"), nogil, "RMSNorm forward without saving: (y, rstd); the same bits of y.");
-  m.def("rmsnorm_backward", &rmsnorm_backward<B>, py::arg("dy"), py::arg("saved_x"),
-        py::arg("spec"), py::arg("rstd"), py::arg("weight"), nogil,
-        "RMSNorm backward from the quantized input: (dx, dweight float32).");
   m.def("swiglu_forward", &swiglu_forward<B>, py::arg("gate"), py::arg("up"), py::arg("spec_gate"),
         py::arg("spec_up"), py::arg("seed") = 0, py::arg("offset") = 0, nogil,
         "Fused SwiGLU forward silu(gate) * up: (out, saved_gate, saved_up); up draws stream "
         "positions after gate's.");
   m.def("swiglu_forward_plain", &swiglu_forward_plain<B>, py::arg("gate"), py::arg("up"), nogil,
         "SwiGLU forward without saving; the same bits of out.");
-  m.def("swiglu_backward", &swiglu_backward<B>, py::arg("dout"), py::arg("saved_gate"),
-        py::arg("spec_gate"), py::arg("saved_up"), py::arg("spec_up"), nogil,
-        "SwiGLU backward from the quantized inputs: (dgate, dup).");
   m.def("gelu_forward", &gelu_forward<B>, py::arg("x"), py::arg("spec"), py::arg("seed") = 0,
         py::arg("offset") = 0, nogil, "Fused GeLU (tanh approximation) forward: (y, saved_x).");
   m.def("gelu_forward_plain", &gelu_forward_plain<B>, py::arg("x"), nogil,
         "GeLU forward without saving; the same bits of y.");
-  m.def("gelu_backward", &gelu_backward<B>, py::arg("dy"), py::arg("saved_x"), py::arg("spec"),
-        nogil, "GeLU backward from the quantized input: dx.");
   m.def("residual_add", &residual_add<B>, py::arg("a"), py::arg("b"), py::arg("spec"),
         py::arg("seed") = 0, py::arg("offset") = 0, nogil,
         "Fused residual add: (a + b, saved copy of the sum).");
-  m.def("measure", &measure<B>, py::arg("x"), py::arg("spec"),
-        "Statistics of a 2-D tensor for the error model under the groups of `spec`: {'tile', "
-        "'elements', 'sum_squares', 'sum_group_absmax_sq', 'sum_group_range_sq'} (finite "
-        "elements only), plus the groups' dead zones; pass them to make_plan(statistics=...). "
-        "The same values on the CPU and on a GPU (which it synchronizes).");
+}
+
+template <class B>
+void register_backward_ops(pybind11::module_& m) {
+  namespace py = pybind11;
+  auto const nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("rmsnorm_backward", &rmsnorm_backward<B>, py::arg("dy"), py::arg("saved_x"),
+        py::arg("spec"), py::arg("rstd"), py::arg("weight"), nogil,
+        "RMSNorm backward from the quantized input: (dx, dweight float32).");
+  m.def("swiglu_backward", &swiglu_backward<B>, py::arg("dout"), py::arg("saved_gate"),
+        py::arg("spec_gate"), py::arg("saved_up"), py::arg("spec_up"), nogil,
+        "SwiGLU backward from the quantized inputs: (dgate, dup).");
+  m.def("gelu_backward", &gelu_backward<B>, py::arg("dy"), py::arg("saved_x"), py::arg("spec"),
+        nogil, "GeLU backward from the quantized input: dx.");
 }
 
 }  // namespace agoq_torch::ops

@@ -90,7 +90,9 @@ std::int64_t quantized_bytes(std::string const& spec, std::int64_t rows, std::in
 }  // namespace
 
 void register_tensors(py::module_& m) {
-  ops::register_ops<cpu_backend>(m);
+  ops::register_tensor_ops<cpu_backend>(m);
+  ops::register_forward_ops<cpu_backend>(m);
+  ops::register_backward_ops<cpu_backend>(m);
   m.def("quantized_bytes", &quantized_bytes, py::arg("spec"), py::arg("rows"), py::arg("cols"),
         "Bytes of the quantized buffer (codes, scales, zero points) of a [rows, cols] tensor.");
   m.def(
