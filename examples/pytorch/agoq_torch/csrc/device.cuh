@@ -63,14 +63,12 @@ inline bool in_device_memory(torch::Tensor const& t) {
          a.type == cudaMemoryTypeDevice;
 }
 
-/// A CPU tensor over a new allocation of the emulator's device memory (at least one byte, so that
-/// an empty tensor is a device tensor too).
+/// A CPU tensor over a new allocation of the emulator's device memory.
 inline torch::Tensor device_empty(at::IntArrayRef sizes, torch::ScalarType st) {
   std::int64_t n = 1;
   for (std::int64_t e : sizes) n *= e;
-  std::size_t const bytes = static_cast<std::size_t>(n) * c10::elementSize(st);
   void* p = nullptr;
-  AGOQ_CUDA_TRY(cudaMalloc(&p, bytes > 0 ? bytes : 1));
+  AGOQ_CUDA_TRY(cudaMalloc(&p, static_cast<std::size_t>(n) * c10::elementSize(st)));
   return torch::from_blob(
       p, sizes, [](void* q) { cudaFree(q); }, torch::TensorOptions().dtype(st));
 }
@@ -80,7 +78,8 @@ constexpr bool emulated = false;
 
 /// ops.hpp's backend for device tensors: tensors on the first tensor's GPU, the CUDA executor on
 /// torch's current stream of that GPU (made current for the call), outputs allocated by torch's
-/// caching allocator there, non-finite counts added to the device's total in stream order.
+/// caching allocator there, non-finite counts added in stream order to the total of the device
+/// and stream.
 class cuda_backend {
  public:
   explicit cuda_backend(torch::Tensor const& first) : device_(first.device()) {
@@ -181,8 +180,8 @@ class cuda_backend {
  private:
   agoq::cuda_executor ex() const { return agoq::cuda_executor{stream_}; }
 
-  /// Runs call(count) with a fresh device count, then adds the count to the device's total (both
-  /// on the call's stream).
+  /// Runs call(count) with a fresh device count, then adds the count to the total of the device
+  /// and stream (both on the call's stream).
   template <class F>
   void counted(F const& call) const {
     torch::Tensor n = empty({1}, torch::kLong);
