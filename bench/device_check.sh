@@ -119,8 +119,9 @@ python3 bench/summarize_device.py "$out" "$tests_rc" "$example_rc" "$bench_rc" >
 # The PyTorch extension's calls on CUDA tensors (examples/pytorch/tests/test_device.py: every
 # result against the CPU module's, bit for bit), where python3's torch sees a GPU and
 # AGOQ_CHECK_TORCH is not 0. It builds the extension's CPU and device modules first (into
-# build-torch/; the device module is one nvcc translation unit of a few minutes), so it runs after
-# everything else: a lease that ends during it keeps the rest of the summary.
+# build-torch/; the device module is three nvcc translation units of 2-3 minutes each, built in
+# parallel), so it runs after everything else: a lease that ends during it keeps the rest of the
+# summary.
 torch_rc=0
 if [ "${AGOQ_CHECK_TORCH:-1}" != 0 ] &&
     python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
