@@ -4,8 +4,6 @@
 /// agoq's tensor-kind names.
 #include "common.hpp"
 
-#include <agoq/activation/statistics.hpp>
-
 #include <array>
 #include <string>
 #include <vector>
