@@ -99,6 +99,13 @@ class TensorTest(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "torch.dtype"):
             agoq.decompress(buf, INT4, 4, 128, "float32")
 
+    @unittest.skipIf(torch.version.cuda is not None or os.environ.get("AGOQ_TORCH_DEVICE"),
+                     "this torch has CUDA, or the device module is built for the emulator")
+    def test_no_device_module_without_cuda(self):
+        # A CUDA-less torch cannot hold GPU tensors, and the device module says why it is absent.
+        with self.assertRaisesRegex(RuntimeError, "this torch has no CUDA"):
+            agoq.device_module()
+
 
 class FusedTest(unittest.TestCase):
     """The fused ops: forward outputs equal the plain ops bit for bit and their float64
