@@ -1,6 +1,6 @@
 """agoq for PyTorch: quantized saved activations, fused ops, 8-bit gradients and all-reduce,
 8-bit AdamW, and the activation planner, on the CPU executor of the agoq headers; the saved-tensor
-calls and fused ops also on GPU tensors, through agoq's CUDA executor.
+calls, the fused ops and measure also on GPU tensors, through agoq's CUDA executor.
 
 The C++ part (csrc/) is compiled on first import with torch.utils.cpp_extension.load into
 $AGOQ_TORCH_BUILD_DIR (default: <repo>/build/pytorch) and reused while its sources and the agoq
@@ -167,7 +167,6 @@ def device_module():
         _device = cpp_extension.load(
             name="agoq_torch_device",
             sources=[str(source) for source in sources],
-            extra_cflags=["-std=c++20", "-O3"],
             extra_cuda_cflags=["-std=c++20", "-O3", "-U__CUDA_NO_HALF_OPERATORS__",
                                "-U__CUDA_NO_HALF_CONVERSIONS__",
                                "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
