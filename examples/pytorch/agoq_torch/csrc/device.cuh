@@ -113,10 +113,10 @@ class cuda_backend {
 #endif
   }
 
-  /// empty, then zeroed on the call's stream.
+  /// empty, then zeroed on the call's stream (an empty tensor has no data pointer to zero).
   torch::Tensor zeros(at::IntArrayRef sizes, torch::ScalarType st) const {
     torch::Tensor t = empty(sizes, st);
-    AGOQ_CUDA_TRY(cudaMemsetAsync(t.data_ptr(), 0, t.nbytes(), stream_));
+    if (t.nbytes() > 0) AGOQ_CUDA_TRY(cudaMemsetAsync(t.data_ptr(), 0, t.nbytes(), stream_));
     return t;
   }
 
