@@ -115,11 +115,10 @@ _DEVICE_UNITS = ("device.cu", "device_forward.cu", "device_backward.cu")
 _device = None
 
 
-def _emulating():
-    """AGOQ_TORCH_DEVICE=emulated: the device module is built for agoq's CUDA emulator
-    (tests/emulator), whose device tensors are CPU tensors over its memory (device_module().
-    to_device); how tests/test_device.py runs on a machine without a GPU."""
-    return _os.environ.get("AGOQ_TORCH_DEVICE", "") == "emulated"
+# AGOQ_TORCH_DEVICE=emulated (read at import): the device module is built for agoq's CUDA
+# emulator (tests/emulator), whose device tensors are CPU tensors over its memory
+# (device_module().to_device); how tests/test_device.py runs on a machine without a GPU.
+_EMULATED = _os.environ.get("AGOQ_TORCH_DEVICE", "") == "emulated"
 
 
 def device_module():
@@ -130,7 +129,7 @@ def device_module():
     if _device is not None:
         return _device
     from torch.utils import cpp_extension
-    emulated = _emulating()
+    emulated = _EMULATED
     if not emulated and _torch.version.cuda is None:
         raise RuntimeError("agoq_torch: this torch has no CUDA, so GPU tensors cannot be given "
                            f"(torch {_torch.__version__})")
@@ -179,7 +178,7 @@ def device_module():
 def _module_of(t):
     """The module that runs a call whose first tensor is t."""
     if isinstance(t, _torch.Tensor):
-        if t.is_cuda or (_emulating() and device_module().holds(t)):
+        if t.is_cuda or (_EMULATED and device_module().holds(t)):
             return device_module()
     return _C
 

@@ -115,9 +115,8 @@ grad::gradient_buffer make_buffer(std::int64_t n, int group_size, bool stochasti
 
 std::int64_t accumulate(grad::gradient_buffer& b, torch::Tensor const& g) {
   check_vector(g, b.size(), "GradientBuffer.accumulate");
-  return dispatch_element(g.scalar_type(), [&]<class T>(T) {
-    return b.accumulate(executor(), std::span<T const>(data_as<T const>(g), b.size()));
-  });
+  return dispatch_element(
+      g.scalar_type(), [&]<class T>(T) { return b.accumulate(executor(), span_of<T const>(g)); });
 }
 
 torch::Tensor buffer_values(grad::gradient_buffer const& b) {
@@ -152,17 +151,13 @@ void with_source(py::object const& input, char const* what, F&& f) {
   auto const in = input.cast<torch::Tensor>();
   check_vector(in, -1, what);
   py::gil_scoped_release nogil;
-  dispatch_element(in.scalar_type(), [&]<class I>(I) {
-    f(std::span<I const>(data_as<I const>(in), static_cast<std::size_t>(in.numel())));
-  });
+  dispatch_element(in.scalar_type(), [&]<class I>(I) { f(span_of<I const>(in)); });
 }
 
 /// Calls f(span) with the 1-D tensor `out` as a span of its element type.
 template <class F>
 void with_output(torch::Tensor const& out, F&& f) {
-  dispatch_element(out.scalar_type(), [&]<class O>(O) {
-    f(std::span<O>(data_as<O>(out), static_cast<std::size_t>(out.numel())));
-  });
+  dispatch_element(out.scalar_type(), [&]<class O>(O) { f(span_of<O>(out)); });
 }
 
 /// all_reduce_8bit from a tensor or a GradientBuffer into a 1-D tensor.
@@ -238,7 +233,7 @@ std::int64_t adamw_step(optim::adamw_state& s, torch::Tensor const& params, py::
   optim::adamw_hyper const h{static_cast<float>(lr), static_cast<float>(beta1),
                              static_cast<float>(beta2), static_cast<float>(eps),
                              static_cast<float>(weight_decay)};
-  std::span<float> p(params.data_ptr<float>(), static_cast<std::size_t>(s.size()));
+  std::span<float> const p = span_of<float>(params);
   if (py::isinstance<grad::gradient_buffer>(grad)) {
     auto const& b = grad.cast<grad::gradient_buffer const&>();
     py::gil_scoped_release nogil;
@@ -248,8 +243,7 @@ std::int64_t adamw_step(optim::adamw_state& s, torch::Tensor const& params, py::
   check_vector(g, s.size(), "AdamW8bit.step (grad)");
   py::gil_scoped_release nogil;
   return dispatch_element(g.scalar_type(), [&]<class T>(T) {
-    return optim::adamw_step(executor(), s, h, p,
-                             std::span<T const>(data_as<T const>(g), s.size()));
+    return optim::adamw_step(executor(), s, h, p, span_of<T const>(g));
   });
 }
 

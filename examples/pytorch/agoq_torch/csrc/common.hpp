@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <span>
 #include <string>
 
 namespace agoq_torch {
@@ -75,15 +76,19 @@ struct cpu_place {
   static std::string expected() { return "a CPU tensor"; }
 };
 
+/// Checks that `st` is float32, bfloat16 or float16 (the element types agoq takes).
+inline void check_floating_type(torch::ScalarType st, char const* what) {
+  TORCH_CHECK(st == torch::kFloat || st == torch::kBFloat16 || st == torch::kHalf, what,
+              ": expected float32, bfloat16 or float16, got ", st);
+}
+
 /// Checks that `t` is a contiguous tensor of float32, bfloat16 or float16 at `place`.
 template <class Place = cpu_place>
 void check_floating(torch::Tensor const& t, char const* what, Place const& place = {}) {
   TORCH_CHECK(t.defined(), what, ": expected a tensor, got None");
   TORCH_CHECK(place.holds(t), what, ": expected ", place.expected(), ", got one on ", t.device());
   TORCH_CHECK(t.is_contiguous(), what, ": expected a contiguous tensor");
-  auto const st = t.scalar_type();
-  TORCH_CHECK(st == torch::kFloat || st == torch::kBFloat16 || st == torch::kHalf, what,
-              ": expected float32, bfloat16 or float16, got ", st);
+  check_floating_type(t.scalar_type(), what);
 }
 
 /// Checks a 2-D floating tensor [rows, cols] at `place`.
@@ -178,6 +183,12 @@ decltype(auto) dispatch_element(torch::ScalarType st, F&& f) {
 template <class T>
 T* data_as(torch::Tensor const& t) {
   return static_cast<T*>(t.data_ptr());
+}
+
+/// A tensor's elements as a span of E (E may be const).
+template <class E>
+std::span<E> span_of(torch::Tensor const& t) {
+  return std::span<E>(data_as<E>(t), static_cast<std::size_t>(t.numel()));
 }
 
 /// A 2-D tensor as an agoq matrix view.

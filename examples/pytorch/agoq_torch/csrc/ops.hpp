@@ -15,7 +15,6 @@
 
 #include "common.hpp"
 
-#include <span>
 #include <tuple>
 
 namespace agoq_torch::ops {
@@ -61,8 +60,7 @@ torch::Tensor decompress(torch::Tensor const& buf, std::string const& spec, std:
   TORCH_CHECK(rows >= 0 && cols >= 0, "decompress: negative extents [", rows, ", ", cols, "]");
   check_buffer(buf, s, rows, cols, "decompress", b);
   auto const st = dtype_or_float(dtype);
-  TORCH_CHECK(st == torch::kFloat || st == torch::kBFloat16 || st == torch::kHalf,
-              "decompress (dtype): expected float32, bfloat16 or float16, got ", st);
+  check_floating_type(st, "decompress (dtype)");
   torch::Tensor out = b.empty({rows, cols}, st);
   dispatch_element(
       st, [&]<class T>(T) { b.dequantize(const_view_of(s, rows, cols, buf), matrix_of<T>(out)); });
@@ -90,18 +88,6 @@ void check_weight(B const& b, torch::Tensor const& w, torch::Tensor const& x, ch
               " differs from the input's ", x.scalar_type());
 }
 
-/// The weight of a [tokens, features] op as an agoq span.
-template <class T>
-std::span<T const> weight_of(torch::Tensor const& w) {
-  return std::span<T const>(data_as<T const>(w), static_cast<std::size_t>(w.numel()));
-}
-
-/// A float32 [n] tensor as an agoq span.
-template <class F>
-std::span<F> floats_of(torch::Tensor const& t) {
-  return std::span<F>(data_as<F>(t), static_cast<std::size_t>(t.numel()));
-}
-
 template <class B>
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> rmsnorm_forward(
     torch::Tensor const& x, torch::Tensor const& w, double eps, std::string const& spec,
@@ -114,9 +100,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> rmsnorm_forward(
   torch::Tensor saved = new_buffer(b, s, x.size(0), x.size(1));
   torch::Tensor rstd = b.empty({x.size(0)}, torch::kFloat);
   dispatch_element(x.scalar_type(), [&]<class T>(T) {
-    b.rmsnorm_forward(matrix_of<T const>(x), weight_of<T>(w), static_cast<float>(eps),
+    b.rmsnorm_forward(matrix_of<T const>(x), span_of<T const>(w), static_cast<float>(eps),
                       matrix_of<T>(y), view_of(s, x.size(0), x.size(1), saved),
-                      floats_of<float>(rstd), options(seed, offset));
+                      span_of<float>(rstd), options(seed, offset));
   });
   return {y, saved, rstd};
 }
@@ -130,8 +116,8 @@ std::tuple<torch::Tensor, torch::Tensor> rmsnorm_forward_plain(torch::Tensor con
   torch::Tensor y = new_like(b, x);
   torch::Tensor rstd = b.empty({x.size(0)}, torch::kFloat);
   dispatch_element(x.scalar_type(), [&]<class T>(T) {
-    b.rmsnorm_forward_plain(matrix_of<T const>(x), weight_of<T>(w), static_cast<float>(eps),
-                            matrix_of<T>(y), floats_of<float>(rstd));
+    b.rmsnorm_forward_plain(matrix_of<T const>(x), span_of<T const>(w), static_cast<float>(eps),
+                            matrix_of<T>(y), span_of<float>(rstd));
   });
   return {y, rstd};
 }
@@ -155,8 +141,8 @@ std::tuple<torch::Tensor, torch::Tensor> rmsnorm_backward(torch::Tensor const& d
   torch::Tensor dw = b.zeros({dy.size(1)}, torch::kFloat);
   dispatch_element(dy.scalar_type(), [&]<class T>(T) {
     b.rmsnorm_backward(matrix_of<T const>(dy), const_view_of(s, dy.size(0), dy.size(1), saved),
-                       floats_of<float const>(rstd), weight_of<T>(w), matrix_of<T>(dx),
-                       floats_of<float>(dw));
+                       span_of<float const>(rstd), span_of<T const>(w), matrix_of<T>(dx),
+                       span_of<float>(dw));
   });
   return {dx, dw};
 }
