@@ -189,34 +189,55 @@ inline bool row_groups(quantized_layout const& l) noexcept {
 
 #if defined(AGOQ_HOST_ROW_SIMD)
 
+/// Bytes of input the row path takes its statistics of before encoding them (at most 16 groups):
+/// small enough to stay in the L1 cache between the two passes.
+inline constexpr std::int64_t row_batch_bytes = 1024;
+
 /// quantize along rows of groups (row_groups, 8- or 4-bit codes), the groups [k0, k1) of the
 /// group grid in row-major order (so that a call of one row, a flat tensor, splits among threads
-/// too): each group's statistics, then its codes while the group is still in the L1 cache.
+/// too). It works in batches of groups that fit in the L1 cache: the statistics and parameters of
+/// a batch's groups, then their codes. A group's codes depend on its parameters, which depend on
+/// a reduction over the whole group, so encoding each group right after its own statistics makes
+/// one long chain of latencies per group; a batch gives the processor a batch's independent
+/// groups to overlap (MXFP8's 32-element groups gained 15-25%).
 template <code_format Code, rounding_mode Rounding, class T>
 std::int64_t quantize_groups_simd(T const* x, quantized_view const& out, quantized_layout const& l,
                                   std::uint64_t seed, std::uint64_t offset, std::int64_t k0,
                                   std::int64_t k1) {
+  constexpr std::int64_t max_batch = 16;
   std::int64_t const g = l.tile.cols;
+  std::int64_t const batch = std::clamp<std::int64_t>(
+      row_batch_bytes / (g * static_cast<std::int64_t>(sizeof(T))), 1, max_batch);
   std::vector<float> draws;
   if constexpr (Rounding::kind == rounding_kind::stochastic) {
     draws.resize(static_cast<std::size_t>(std::min(g, l.cols)));
   }
+  group_params params[max_batch];
   std::int64_t nonfinite = 0;
-  for (std::int64_t k = k0; k < k1; ++k) {
-    std::int64_t const r = k / l.group_grid_cols;
-    std::int64_t const b = (k - r * l.group_grid_cols) * g;
-    std::int64_t const n = std::min(g, l.cols - b);
-    T const* group = x + r * l.cols + b;
-    prefetch_ahead(group, n * static_cast<std::int64_t>(sizeof(T)));
-    segment_stats const st = stats_segment_simd<Code>(group, n);
-    nonfinite += st.nonfinite;
-    group_params const p = make_group_params<Code>(out.spec.scale, st.stats);
-    store_group_params(out, k, p);
-    if constexpr (Rounding::kind == rounding_kind::stochastic) {
-      uniforms_simd(seed, offset + static_cast<std::uint64_t>(r * l.cols + b), n, draws.data());
+  for (std::int64_t kb = k0; kb < k1; kb += batch) {
+    std::int64_t const ke = std::min(k1, kb + batch);
+    for (std::int64_t k = kb; k < ke; ++k) {
+      std::int64_t const r = k / l.group_grid_cols;
+      std::int64_t const b = (k - r * l.group_grid_cols) * g;
+      std::int64_t const n = std::min(g, l.cols - b);
+      T const* group = x + r * l.cols + b;
+      prefetch_ahead(group, n * static_cast<std::int64_t>(sizeof(T)));
+      segment_stats const st = stats_segment_simd<Code>(group, n);
+      nonfinite += st.nonfinite;
+      params[k - kb] = make_group_params<Code>(out.spec.scale, st.stats);
+      store_group_params(out, k, params[k - kb]);
     }
-    encode_simd<Code, Rounding::kind, Code::bits>(
-        group, n, p, draws.data(), out.codes + r * l.code_row_bytes + b * Code::bits / 8);
+    for (std::int64_t k = kb; k < ke; ++k) {
+      std::int64_t const r = k / l.group_grid_cols;
+      std::int64_t const b = (k - r * l.group_grid_cols) * g;
+      std::int64_t const n = std::min(g, l.cols - b);
+      if constexpr (Rounding::kind == rounding_kind::stochastic) {
+        uniforms_simd(seed, offset + static_cast<std::uint64_t>(r * l.cols + b), n, draws.data());
+      }
+      encode_simd<Code, Rounding::kind, Code::bits>(
+          x + r * l.cols + b, n, params[k - kb], draws.data(),
+          out.codes + r * l.code_row_bytes + b * Code::bits / 8);
+    }
   }
   return nonfinite;
 }
