@@ -89,19 +89,13 @@ std::int64_t quantize_row(T const* row, std::int64_t r, std::int64_t c0, std::in
   }
 #if defined(AGOQ_HOST_ROW_SIMD)
   if constexpr (h::row_simd<Code>) {
-    if (simd && h::row_groups(l)) {  // packed codes straight from registers, group by group
-      for (std::int64_t b = c0, k = k0; b < c1; b += g, ++k) {
-        std::int64_t const n = std::min(g, c1 - b);
-        h::prefetch_ahead(row + b, n * static_cast<std::int64_t>(sizeof(T)));
-        h::segment_stats const st = h::stats_segment_simd<Code>(row + b, n);
-        nonfinite += st.nonfinite;
-        group_params const p = make_group_params<Code>(out.spec.scale, st.stats);
-        store_group_params(out, k, p);
-        float const* u = stochastic ? s.draws.data() + (b - c0) : nullptr;
-        h::encode_simd<Code, Rounding::kind, Code::bits>(row + b, n, p, u,
-                                                         codes + (b - c0) * Code::bits / 8);
-      }
-      return nonfinite;
+    if (simd && h::row_groups(l)) {  // packed codes straight from registers
+      return h::quantize_batches_simd<Code, Rounding, T>(
+          out, l, k0, k0 + (n_range + g - 1) / g,
+          [&](std::int64_t, std::int64_t b) { return row + b; },
+          [&](std::int64_t, std::int64_t b, std::int64_t) {
+            return static_cast<float const*>(s.draws.data() + (b - c0));
+          });
     }
   }
 #endif

@@ -193,25 +193,21 @@ inline bool row_groups(quantized_layout const& l) noexcept {
 /// small enough to stay in the L1 cache between the two passes.
 inline constexpr std::int64_t row_batch_bytes = 1024;
 
-/// quantize along rows of groups (row_groups, 8- or 4-bit codes), the groups [k0, k1) of the
-/// group grid in row-major order (so that a call of one row, a flat tensor, splits among threads
-/// too). It works in batches of groups that fit in the L1 cache: the statistics and parameters of
-/// a batch's groups, then their codes. A group's codes depend on its parameters, which depend on
-/// a reduction over the whole group, so encoding each group right after its own statistics makes
+/// Quantizes the groups [k0, k1) of a row-groups layout (row_groups, 8- or 4-bit codes; the
+/// group grid in row-major order), group k of row r starting at column b being the n elements at
+/// input(r, b), its stochastic draws (stochastic rounding) at draws(r, b, n). It works in batches
+/// of groups that fit in the L1 cache: the statistics and parameters of a batch's groups, then
+/// their codes, packed in registers. A group's codes depend on its parameters, which depend on a
+/// reduction over the whole group, so encoding each group right after its own statistics makes
 /// one long chain of latencies per group; a batch gives the processor a batch's independent
-/// groups to overlap (MXFP8's 32-element groups gained 15-25%).
-template <code_format Code, rounding_mode Rounding, class T>
-std::int64_t quantize_groups_simd(T const* x, quantized_view const& out, quantized_layout const& l,
-                                  std::uint64_t seed, std::uint64_t offset, std::int64_t k0,
-                                  std::int64_t k1) {
+/// groups to overlap (MXFP8's 32-element groups gained 15-25%). Returns the non-finite count.
+template <code_format Code, rounding_mode Rounding, class T, class Input, class Draws>
+std::int64_t quantize_batches_simd(quantized_view const& out, quantized_layout const& l,
+                                   std::int64_t k0, std::int64_t k1, Input&& input, Draws&& draws) {
   constexpr std::int64_t max_batch = 16;
   std::int64_t const g = l.tile.cols;
   std::int64_t const batch = std::clamp<std::int64_t>(
       row_batch_bytes / (g * static_cast<std::int64_t>(sizeof(T))), 1, max_batch);
-  std::vector<float> draws;
-  if constexpr (Rounding::kind == rounding_kind::stochastic) {
-    draws.resize(static_cast<std::size_t>(std::min(g, l.cols)));
-  }
   group_params params[max_batch];
   std::int64_t nonfinite = 0;
   for (std::int64_t kb = k0; kb < k1; kb += batch) {
@@ -220,7 +216,7 @@ std::int64_t quantize_groups_simd(T const* x, quantized_view const& out, quantiz
       std::int64_t const r = k / l.group_grid_cols;
       std::int64_t const b = (k - r * l.group_grid_cols) * g;
       std::int64_t const n = std::min(g, l.cols - b);
-      T const* group = x + r * l.cols + b;
+      T const* group = input(r, b);
       prefetch_ahead(group, n * static_cast<std::int64_t>(sizeof(T)));
       segment_stats const st = stats_segment_simd<Code>(group, n);
       nonfinite += st.nonfinite;
@@ -231,15 +227,32 @@ std::int64_t quantize_groups_simd(T const* x, quantized_view const& out, quantiz
       std::int64_t const r = k / l.group_grid_cols;
       std::int64_t const b = (k - r * l.group_grid_cols) * g;
       std::int64_t const n = std::min(g, l.cols - b);
-      if constexpr (Rounding::kind == rounding_kind::stochastic) {
-        uniforms_simd(seed, offset + static_cast<std::uint64_t>(r * l.cols + b), n, draws.data());
-      }
+      float const* u = nullptr;
+      if constexpr (Rounding::kind == rounding_kind::stochastic) u = draws(r, b, n);
       encode_simd<Code, Rounding::kind, Code::bits>(
-          x + r * l.cols + b, n, params[k - kb], draws.data(),
-          out.codes + r * l.code_row_bytes + b * Code::bits / 8);
+          input(r, b), n, params[k - kb], u, out.codes + r * l.code_row_bytes + b * Code::bits / 8);
     }
   }
   return nonfinite;
+}
+
+/// quantize along rows of groups (row_groups, 8- or 4-bit codes), the groups [k0, k1) of the
+/// group grid in row-major order (so that a call of one row, a flat tensor, splits among threads
+/// too).
+template <code_format Code, rounding_mode Rounding, class T>
+std::int64_t quantize_groups_simd(T const* x, quantized_view const& out, quantized_layout const& l,
+                                  std::uint64_t seed, std::uint64_t offset, std::int64_t k0,
+                                  std::int64_t k1) {
+  std::vector<float> draws;
+  if constexpr (Rounding::kind == rounding_kind::stochastic) {
+    draws.resize(static_cast<std::size_t>(std::min(l.tile.cols, l.cols)));
+  }
+  return quantize_batches_simd<Code, Rounding, T>(
+      out, l, k0, k1, [&](std::int64_t r, std::int64_t b) { return x + r * l.cols + b; },
+      [&](std::int64_t r, std::int64_t b, std::int64_t n) {
+        uniforms_simd(seed, offset + static_cast<std::uint64_t>(r * l.cols + b), n, draws.data());
+        return static_cast<float const*>(draws.data());
+      });
 }
 
 /// dequantize along rows of groups (row_groups, 8- or 4-bit codes), the groups [k0, k1) of the
