@@ -1,6 +1,7 @@
 """agoq for PyTorch: quantized saved activations, fused ops, 8-bit gradients and all-reduce,
 8-bit AdamW, and the activation planner, on the CPU executor of the agoq headers; the saved-tensor
-calls, the fused ops and measure also on GPU tensors, through agoq's CUDA executor.
+calls, the fused ops and measure also on GPU tensors, and the gradient buffer and AdamW in GPU
+memory (device_module().GradientBuffer, .AdamW8bit), through agoq's CUDA executor.
 
 The C++ part (csrc/) is compiled on first import with torch.utils.cpp_extension.load into
 $AGOQ_TORCH_BUILD_DIR (default: <repo>/build/pytorch) and reused while its sources and the agoq
@@ -111,7 +112,7 @@ _DEVICE_CALLS = {
     "swiglu_forward_plain": "gate", "swiglu_backward": "dout", "gelu_forward": "x",
     "gelu_forward_plain": "x", "gelu_backward": "dy", "residual_add": "a", "measure": "x",
 }
-_DEVICE_UNITS = ("device.cu", "device_forward.cu", "device_backward.cu")
+_DEVICE_UNITS = ("device.cu", "device_forward.cu", "device_backward.cu", "device_optim.cu")
 _device = None
 
 
@@ -140,7 +141,7 @@ def device_module():
         print("agoq_torch: building the device module if needed (a few minutes the first time)",
               file=_sys.stderr, flush=True)
     includes = [str(_REPO / "include")] + _cuda_include_dirs()
-    # Three translation units (csrc/device.cuh), which ninja compiles in parallel.
+    # Four translation units (csrc/device.cuh), which ninja compiles in parallel.
     sources = [_HERE / "csrc" / name for name in _DEVICE_UNITS]
     if emulated:
         emulator = _REPO / "tests" / "emulator"

@@ -1,7 +1,7 @@
 """Tests of the agoq PyTorch extension's calls on GPU tensors (the device module,
-csrc/device.cuh): every saved-tensor call, fused op and measure() against the CPU module, bit for
-bit (so the CPU tests' bounds and float64 references hold for it too), its non-finite counts and
-its argument checks. On a GPU they run on CUDA tensors; without one, under
+csrc/device.cuh): every saved-tensor call, fused op and measure(), and the GradientBuffer and
+AdamW8bit classes, against the CPU module, bit for bit (so the CPU tests' bounds and float64
+references hold for it too), its non-finite counts and its argument checks. On a GPU they run on CUDA tensors; without one, under
 AGOQ_TORCH_DEVICE=emulated, on agoq's CUDA emulator (ctest pytorch_device_emulated), whose device
 tensors are CPU tensors over its memory; else they skip.
 Run: python3 -m unittest discover -s examples/pytorch/tests -p test_device.py"""
@@ -199,6 +199,113 @@ class DeviceTest(unittest.TestCase):
             agoq.residual_add(xd, dev(torch.randn(4, 128)), INT8)
         with self.assertRaisesRegex(RuntimeError, r"decompress \(dtype\)"):
             agoq.decompress(agoq.compress(xd, INT8), INT8, 4, 256, torch.float64)
+
+
+class DeviceOptimTest(unittest.TestCase):
+    """The device module's GradientBuffer and AdamW8bit against the CPU module's classes, bit for
+    bit: codes and scales (through to_tensor), counts, parameters and state records."""
+
+    def setUp(self):
+        torch.manual_seed(1)
+        self.dm = agoq.device_module()
+
+    def same_values(self, device_tensor, cpu_tensor, what):
+        self.assertTrue(on_device(device_tensor), f"{what}: not on the device")
+        self.assertTrue(torch.equal(host(device_tensor).view(torch.uint8),
+                                    cpu_tensor.view(torch.uint8)), what)
+
+    def test_gradient_buffer_matches_the_cpu(self):
+        n = 1000  # a ragged last group at every group size
+        for group_size, stochastic in ((128, True), (32, False), (256, True)):
+            what = f"g{group_size} {'sr' if stochastic else 'rne'}"
+            cpu = agoq.GradientBuffer(n, group_size, stochastic, seed=7)
+            gpu = self.dm.GradientBuffer(n, group_size, stochastic, seed=7)
+            self.assertEqual((gpu.size, gpu.group_size, gpu.bytes, gpu.spec),
+                             (cpu.size, cpu.group_size, cpu.bytes, cpu.spec), what)
+            for round_ in range(2):  # before and after zero()
+                for k, dtype in enumerate(DTYPES):
+                    g = (torch.randn(n) * (k + 1)).to(dtype)
+                    if k == 1:
+                        g[10], g[999] = math.nan, -math.inf
+                    count = gpu.accumulate(dev(g))
+                    self.assertTrue(on_device(count), what)
+                    self.assertEqual(int(host(count)), cpu.accumulate(g), what)
+                    self.same_values(gpu.to_tensor(), cpu.to_tensor(),
+                                     f"{what}, accumulate {k} of round {round_}")
+                self.assertEqual(gpu.nonfinite_count, cpu.nonfinite_count, what)
+                gpu.zero()
+                cpu.zero()
+                self.same_values(gpu.to_tensor(), cpu.to_tensor(), f"{what}: zero()")
+
+    def test_adamw_matches_the_cpu_and_resumes_from_its_records(self):
+        n = 700
+        for m_format, v_format, block in (("int8_linear", "e4m3_sqrt", 128),
+                                          ("f32", "f32", 128), ("bf16", "uint8_sqrt", 64)):
+            what = f"{m_format}/{v_format} block {block}"
+            cpu = agoq.AdamW8bit(n, block, seed=3, m_format=m_format, v_format=v_format)
+            gpu = self.dm.AdamW8bit(n, block, seed=3, m_format=m_format, v_format=v_format)
+            self.assertEqual((gpu.size, gpu.bytes, gpu.bytes_per_parameter),
+                             (cpu.size, cpu.bytes, cpu.bytes_per_parameter), what)
+            p = torch.randn(n)
+            pd = dev(p)
+            for k, dtype in enumerate(DTYPES):
+                g = (torch.randn(n) * 0.1).to(dtype)
+                if k == 2:
+                    g[5] = math.nan
+                skipped = gpu.step(pd, dev(g), lr=1e-2, weight_decay=0.01)
+                self.assertEqual(int(host(skipped)), cpu.step(p, g, lr=1e-2, weight_decay=0.01))
+                self.same_values(pd, p, f"{what}: step {k}")
+            self.assertEqual(gpu.step_count, 3)
+            self.assertEqual(gpu.state_bytes(), cpu.state_bytes(), what)
+            # A GradientBuffer as the gradient.
+            buf, dbuf = agoq.GradientBuffer(n, 128, seed=1), self.dm.GradientBuffer(n, 128, seed=1)
+            g = torch.randn(n)
+            buf.accumulate(g)
+            dbuf.accumulate(dev(g))
+            gpu.step(pd, dbuf, lr=1e-2)
+            cpu.step(p, buf, lr=1e-2)
+            self.same_values(pd, p, f"{what}: a GradientBuffer's step")
+            # A device state made from the CPU state's record continues it bit for bit.
+            resumed = self.dm.AdamW8bit.from_state_bytes(cpu.state_bytes())
+            self.assertEqual(resumed.step_count, 4)
+            pr = dev(p)
+            g = torch.randn(n)
+            resumed.step(pr, dev(g), lr=1e-2)
+            cpu.step(p, g, lr=1e-2)
+            self.same_values(pr, p, f"{what}: the resumed state's step")
+            self.assertEqual(resumed.state_bytes(), cpu.state_bytes(), what)
+
+    def test_empty_buffer_and_state(self):
+        buf = self.dm.GradientBuffer(0)
+        self.assertEqual(int(host(buf.accumulate(dev(torch.randn(0))))), 0)
+        self.assertEqual(tuple(buf.to_tensor().shape), (0,))
+        adamw = self.dm.AdamW8bit(0)
+        self.assertEqual(int(host(adamw.step(dev(torch.randn(0)), dev(torch.randn(0)), 1e-3))),
+                         0)
+        cpu = agoq.AdamW8bit(0)
+        cpu.step(torch.randn(0), torch.randn(0), 1e-3)
+        self.assertEqual(adamw.state_bytes(), cpu.state_bytes())
+
+    def test_bad_arguments(self):
+        buf = self.dm.GradientBuffer(256)
+        adamw = self.dm.AdamW8bit(256)
+        with self.assertRaisesRegex(RuntimeError, r"GradientBuffer.accumulate: expected 256"):
+            buf.accumulate(dev(torch.randn(255)))
+        with self.assertRaisesRegex(RuntimeError, r"GradientBuffer.accumulate: expected a"):
+            buf.accumulate(torch.randn(256))  # host memory
+        with self.assertRaisesRegex(RuntimeError, "must be float32"):
+            adamw.step(dev(torch.randn(256).half()), dev(torch.randn(256)), 1e-3)
+        with self.assertRaisesRegex(RuntimeError, r"AdamW8bit.step \(grad\): expected 256"):
+            adamw.step(dev(torch.randn(256)), dev(torch.randn(128)), 1e-3)
+        with self.assertRaisesRegex(RuntimeError, "a GradientBuffer of this module"):
+            adamw.step(dev(torch.randn(256)), agoq.GradientBuffer(256), 1e-3)
+        with self.assertRaises(ValueError):
+            self.dm.GradientBuffer(256, group_size=16)
+        with self.assertRaises(ValueError):
+            self.dm.AdamW8bit(256, m_format="e4m3")
+        with self.assertRaisesRegex(ValueError, "block"):  # the device step's blocks: 32 to 256
+            self.dm.AdamW8bit(256, block=100).step(dev(torch.randn(256)), dev(torch.randn(256)),
+                                                   1e-3)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <exception>
 #include <span>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -108,9 +107,7 @@ class counted_communicator {
 
 grad::gradient_buffer make_buffer(std::int64_t n, int group_size, bool stochastic,
                                   std::uint64_t seed) {
-  return grad::gradient_buffer(
-      n, {group_size, stochastic ? agoq::rounding_kind::stochastic : agoq::rounding_kind::nearest,
-          seed});
+  return grad::gradient_buffer(n, buffer_options(group_size, stochastic, seed));
 }
 
 std::int64_t accumulate(grad::gradient_buffer& b, torch::Tensor const& g) {
@@ -192,39 +189,12 @@ py::dict reduce_scatter(counted_communicator& c, py::object const& input,
   return d;
 }
 
-optim::moment_format moment_format_of(std::string const& name, char const* what) {
-  for (auto const f : {optim::moment_format::f32, optim::moment_format::bf16,
-                       optim::moment_format::int8_linear, optim::moment_format::uint8_sqrt,
-                       optim::moment_format::e4m3_sqrt, optim::moment_format::e4m3})
-    if (name == optim::format_name(f)) return f;
-  throw agoq::invalid_argument(std::string("AdamW8bit: unknown ") + what + " format '" + name +
-                               "' (f32, bf16, int8_linear, uint8_sqrt, e4m3_sqrt, e4m3)");
-}
-
 optim::adamw_state make_adamw(std::int64_t n, std::int64_t block, std::uint64_t seed,
                               std::string const& m_format, std::string const& v_format) {
-  optim::adamw_state_options o;
-  o.m = moment_format_of(m_format, "first-moment");
-  o.v = moment_format_of(v_format, "second-moment");
-  o.block = block;
-  o.seed = seed;
-  return optim::adamw_state(n, o);
+  return optim::adamw_state(n, adamw_options(block, seed, m_format, v_format));
 }
 
 /// One AdamW step on fp32 parameters (updated in place) with a tensor or GradientBuffer gradient.
-/// The state as an agoq AdamW state record (optim/checkpoint.hpp).
-py::bytes adamw_state_bytes(optim::adamw_state const& s) {
-  std::ostringstream out;
-  optim::write_adamw_state(out, s);
-  return py::bytes(out.str());
-}
-
-/// The state of an AdamW state record.
-optim::adamw_state adamw_from_bytes(py::bytes const& data) {
-  std::istringstream in(static_cast<std::string>(data));
-  return optim::read_adamw_state(in);
-}
-
 std::int64_t adamw_step(optim::adamw_state& s, torch::Tensor const& params, py::object const& grad,
                         double lr, double beta1, double beta2, double eps, double weight_decay) {
   check_vector(params, s.size(), "AdamW8bit.step (params)");
@@ -318,12 +288,12 @@ void register_collectives(py::module_& m) {
       .def_property_readonly("bytes", &optim::adamw_state::bytes)
       .def_property_readonly("bytes_per_parameter", &optim::adamw_state::bytes_per_parameter)
       .def_property_readonly("step_count", &optim::adamw_state::step)
-      .def("state_bytes", &adamw_state_bytes,
+      .def("state_bytes", &adamw_record,
            "The whole state (options, step count, both moments) as an agoq AdamW state record "
            "(docs/formats.md section 12), for a checkpoint.")
-      .def_static("from_state_bytes", &adamw_from_bytes, py::arg("data"),
+      .def_static("from_state_bytes", &adamw_of_record, py::arg("data"),
                   "The state of a record from state_bytes(): it continues the run bit for bit.")
-      .def(py::pickle(&adamw_state_bytes, &adamw_from_bytes));
+      .def(py::pickle(&adamw_record, &adamw_of_record));
 }
 
 }  // namespace agoq_torch

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 #include <span>
+#include <sstream>
 #include <string>
 
 namespace agoq_torch {
@@ -195,6 +196,49 @@ std::span<E> span_of(torch::Tensor const& t) {
 template <class T>
 agoq::matrix_view<T> matrix_of(torch::Tensor const& t) {
   return agoq::matrix_view<T>(data_as<T>(t), t.size(0), t.size(1));
+}
+
+/// The options of a GradientBuffer (CPU or device).
+inline agoq::gradient::buffer_options buffer_options(int group_size, bool stochastic,
+                                                     std::uint64_t seed) {
+  return {group_size, stochastic ? agoq::rounding_kind::stochastic : agoq::rounding_kind::nearest,
+          seed};
+}
+
+/// The moment format named `name` (agoq::optim::format_name); agoq::invalid_argument otherwise.
+inline agoq::optim::moment_format moment_format_of(std::string const& name, char const* what) {
+  namespace optim = agoq::optim;
+  for (auto const f : {optim::moment_format::f32, optim::moment_format::bf16,
+                       optim::moment_format::int8_linear, optim::moment_format::uint8_sqrt,
+                       optim::moment_format::e4m3_sqrt, optim::moment_format::e4m3})
+    if (name == optim::format_name(f)) return f;
+  throw agoq::invalid_argument(std::string("AdamW8bit: unknown ") + what + " format '" + name +
+                               "' (f32, bf16, int8_linear, uint8_sqrt, e4m3_sqrt, e4m3)");
+}
+
+/// The options of an AdamW8bit (CPU or device).
+inline agoq::optim::adamw_state_options adamw_options(std::int64_t block, std::uint64_t seed,
+                                                      std::string const& m_format,
+                                                      std::string const& v_format) {
+  agoq::optim::adamw_state_options o;
+  o.m = moment_format_of(m_format, "first-moment");
+  o.v = moment_format_of(v_format, "second-moment");
+  o.block = block;
+  o.seed = seed;
+  return o;
+}
+
+/// A host AdamW state as an agoq AdamW state record (optim/checkpoint.hpp).
+inline pybind11::bytes adamw_record(agoq::optim::adamw_state const& s) {
+  std::ostringstream out;
+  agoq::optim::write_adamw_state(out, s);
+  return pybind11::bytes(out.str());
+}
+
+/// The host AdamW state of a record.
+inline agoq::optim::adamw_state adamw_of_record(pybind11::bytes const& data) {
+  std::istringstream in(static_cast<std::string>(data));
+  return agoq::optim::read_adamw_state(in);
 }
 
 }  // namespace agoq_torch

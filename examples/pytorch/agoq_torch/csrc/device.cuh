@@ -11,9 +11,10 @@
 /// memory (to_device), which is how examples/pytorch/tests/test_device.py tests this module on a
 /// machine without a GPU.
 ///
-/// This header holds the module's backend (cuda_backend) for its three translation units, which
+/// This header holds the module's backend (cuda_backend) for its four translation units, which
 /// nvcc compiles in parallel: device.cu (the module, compress / decompress / fake_quantize /
-/// measure and the non-finite totals), device_forward.cu and device_backward.cu (the fused ops).
+/// measure and the non-finite totals), device_forward.cu and device_backward.cu (the fused ops),
+/// device_optim.cu (the 8-bit gradient buffer and AdamW).
 #pragma once
 
 #include <agoq/activation/fused.cuh>
@@ -24,6 +25,7 @@
 
 #if !defined(AGOQ_DEVICE_EMULATION)
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #endif
 
@@ -82,14 +84,24 @@ constexpr bool emulated = false;
 /// and stream.
 class cuda_backend {
  public:
-  explicit cuda_backend(torch::Tensor const& first) : device_(first.device()) {
+  explicit cuda_backend(torch::Tensor const& first) : cuda_backend(first.device()) {}
+
+  /// The backend of `device` (a GPU without an index: the current one).
+  explicit cuda_backend(torch::Device device) : device_(device) {
 #if !defined(AGOQ_DEVICE_EMULATION)
     if (device_.is_cuda()) {
+      if (!device_.has_index()) device_.set_index(c10::cuda::current_device());
       guard_.set_device(device_);
       stream_ = at::cuda::getCurrentCUDAStream(device_.index()).stream();
     }
 #endif
   }
+
+  /// The device of the call's tensors.
+  torch::Device device() const { return device_; }
+
+  /// The CUDA executor on the call's stream.
+  agoq::cuda_executor executor() const { return agoq::cuda_executor{stream_}; }
 
   bool holds(torch::Tensor const& t) const {
 #if defined(AGOQ_DEVICE_EMULATION)
@@ -122,64 +134,71 @@ class cuda_backend {
 
   template <class... A>
   void quantize(A&&... a) const {
-    counted([&](std::int64_t* n) { agoq::quantize_async(ex(), std::forward<A>(a)..., n); });
+    counted([&](std::int64_t* n) { agoq::quantize_async(executor(), std::forward<A>(a)..., n); });
   }
   template <class... A>
   void dequantize(A&&... a) const {
-    agoq::dequantize_async(ex(), std::forward<A>(a)...);
+    agoq::dequantize_async(executor(), std::forward<A>(a)...);
   }
   template <class... A>
   void fake_quantize(A&&... a) const {
-    counted([&](std::int64_t* n) { agoq::fake_quantize_async(ex(), std::forward<A>(a)..., n); });
+    counted(
+        [&](std::int64_t* n) { agoq::fake_quantize_async(executor(), std::forward<A>(a)..., n); });
   }
   template <class... A>
   void rmsnorm_forward(A&&... a) const {
-    counted([&](std::int64_t* n) { act::rmsnorm_forward_async(ex(), std::forward<A>(a)..., n); });
+    counted(
+        [&](std::int64_t* n) { act::rmsnorm_forward_async(executor(), std::forward<A>(a)..., n); });
   }
   template <class... A>
   void rmsnorm_forward_plain(A&&... a) const {
-    act::rmsnorm_forward_async(ex(), std::forward<A>(a)...);
+    act::rmsnorm_forward_async(executor(), std::forward<A>(a)...);
   }
   template <class... A>
   void rmsnorm_backward(A&&... a) const {
-    counted([&](std::int64_t* n) { act::rmsnorm_backward_async(ex(), std::forward<A>(a)..., n); });
+    counted([&](std::int64_t* n) {
+      act::rmsnorm_backward_async(executor(), std::forward<A>(a)..., n);
+    });
   }
   template <class... A>
   void swiglu_forward(A&&... a) const {
-    counted([&](std::int64_t* n) { act::swiglu_forward_async(ex(), std::forward<A>(a)..., n); });
+    counted(
+        [&](std::int64_t* n) { act::swiglu_forward_async(executor(), std::forward<A>(a)..., n); });
   }
   template <class... A>
   void swiglu_forward_plain(A&&... a) const {
-    act::swiglu_forward_async(ex(), std::forward<A>(a)...);
+    act::swiglu_forward_async(executor(), std::forward<A>(a)...);
   }
   template <class... A>
   void swiglu_backward(A&&... a) const {
-    counted([&](std::int64_t* n) { act::swiglu_backward_async(ex(), std::forward<A>(a)..., n); });
+    counted(
+        [&](std::int64_t* n) { act::swiglu_backward_async(executor(), std::forward<A>(a)..., n); });
   }
   template <class... A>
   void gelu_forward(A&&... a) const {
-    counted([&](std::int64_t* n) { act::gelu_forward_async(ex(), std::forward<A>(a)..., n); });
+    counted(
+        [&](std::int64_t* n) { act::gelu_forward_async(executor(), std::forward<A>(a)..., n); });
   }
   template <class... A>
   void gelu_forward_plain(A&&... a) const {
-    act::gelu_forward_async(ex(), std::forward<A>(a)...);
+    act::gelu_forward_async(executor(), std::forward<A>(a)...);
   }
   template <class... A>
   void gelu_backward(A&&... a) const {
-    counted([&](std::int64_t* n) { act::gelu_backward_async(ex(), std::forward<A>(a)..., n); });
+    counted(
+        [&](std::int64_t* n) { act::gelu_backward_async(executor(), std::forward<A>(a)..., n); });
   }
   template <class... A>
   void residual_add(A&&... a) const {
-    counted([&](std::int64_t* n) { act::residual_add_async(ex(), std::forward<A>(a)..., n); });
+    counted(
+        [&](std::int64_t* n) { act::residual_add_async(executor(), std::forward<A>(a)..., n); });
   }
   template <class... A>
   act::tensor_stats measure(A&&... a) const {
-    return act::measure(ex(), std::forward<A>(a)...);
+    return act::measure(executor(), std::forward<A>(a)...);
   }
 
  private:
-  agoq::cuda_executor ex() const { return agoq::cuda_executor{stream_}; }
-
   /// Runs call(count) with a fresh device count, then adds the count to the total of the device
   /// and stream (both on the call's stream).
   template <class F>
@@ -200,8 +219,10 @@ class cuda_backend {
 #endif
 };
 
-/// Register ops.hpp's fused forward (device_forward.cu) and backward (device_backward.cu) calls.
+/// Register ops.hpp's fused forward (device_forward.cu) and backward (device_backward.cu) calls,
+/// and the GradientBuffer and AdamW8bit classes on GPU memory (device_optim.cu).
 void register_forward(pybind11::module_& m);
 void register_backward(pybind11::module_& m);
+void register_optim(pybind11::module_& m);
 
 }  // namespace agoq_torch::device
