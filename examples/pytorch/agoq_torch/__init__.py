@@ -1,7 +1,8 @@
 """agoq for PyTorch: quantized saved activations, fused ops, 8-bit gradients and all-reduce,
 8-bit AdamW, and the activation planner, on the CPU executor of the agoq headers; the saved-tensor
-calls, the fused ops and measure also on GPU tensors, and the gradient buffer and AdamW in GPU
-memory (device_module().GradientBuffer, .AdamW8bit), through agoq's CUDA executor.
+calls, the fused ops and measure also on GPU tensors, and the gradient buffer, the 8-bit
+collectives and AdamW in GPU memory (device_module().GradientBuffer, .ProcessGroupCommunicator,
+.AdamW8bit), through agoq's CUDA executor.
 
 The C++ part (csrc/) is compiled on first import with torch.utils.cpp_extension.load into
 $AGOQ_TORCH_BUILD_DIR (default: <repo>/build/pytorch) and reused while its sources and the agoq
@@ -103,16 +104,18 @@ def _load():
 
 _C = _load()
 
-# The tensor calls that also take GPU tensors, each with the name of its first argument: a call
-# whose first tensor is on a GPU goes to the device module (csrc/device.cuh, the CUDA executor on
-# torch's current stream), any other to the CPU module.
+# The calls that also take GPU tensors, each with the name of its first argument: a call whose
+# first tensor is on a GPU, or whose communicator is the device module's, goes to the device
+# module (csrc/device.cuh, the CUDA executor on torch's current stream), any other to the CPU
+# module.
 _DEVICE_CALLS = {
     "compress": "x", "decompress": "buffer", "fake_quantize": "x", "rmsnorm_forward": "x",
     "rmsnorm_forward_plain": "x", "rmsnorm_backward": "dy", "swiglu_forward": "gate",
     "swiglu_forward_plain": "gate", "swiglu_backward": "dout", "gelu_forward": "x",
     "gelu_forward_plain": "x", "gelu_backward": "dy", "residual_add": "a", "measure": "x",
+    "all_reduce_8bit": "comm", "reduce_scatter_8bit": "comm",
 }
-_DEVICE_UNITS = ("device.cu", "device_forward.cu", "device_backward.cu", "device_optim.cu")
+_DEVICE_UNITS = ("device.cu", "device_forward.cu", "device_backward.cu", "device_gradients.cu")
 _device = None
 
 
@@ -177,10 +180,13 @@ def device_module():
 
 
 def _module_of(t):
-    """The module that runs a call whose first tensor is t."""
+    """The module that runs a call whose first argument is t: a tensor, or the collectives'
+    communicator (the device module's ProcessGroupCommunicator moves GPU memory)."""
     if isinstance(t, _torch.Tensor):
         if t.is_cuda or (_EMULATED and device_module().holds(t)):
             return device_module()
+    elif _device is not None and isinstance(t, _device.ProcessGroupCommunicator):
+        return _device
     return _C
 
 

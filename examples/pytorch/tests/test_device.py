@@ -1,6 +1,6 @@
 """Tests of the agoq PyTorch extension's calls on GPU tensors (the device module,
-csrc/device.cuh): every saved-tensor call, fused op and measure(), and the GradientBuffer and
-AdamW8bit classes, against the CPU module, bit for bit (so the CPU tests' bounds and float64
+csrc/device.cuh): every saved-tensor call, fused op and measure(), the GradientBuffer and
+AdamW8bit classes and the 8-bit collectives, against the CPU module, bit for bit (so the CPU tests' bounds and float64
 references hold for it too), its non-finite counts and its argument checks. On a GPU they run on CUDA tensors; without one, under
 AGOQ_TORCH_DEVICE=emulated, on agoq's CUDA emulator (ctest pytorch_device_emulated), whose device
 tensors are CPU tensors over its memory; else they skip.
@@ -8,10 +8,13 @@ Run: python3 -m unittest discover -s examples/pytorch/tests -p test_device.py"""
 
 import math
 import os
+import socket
 import sys
 import unittest
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import agoq_torch as agoq  # noqa: E402
@@ -199,6 +202,104 @@ class DeviceTest(unittest.TestCase):
             agoq.residual_add(xd, dev(torch.randn(4, 128)), INT8)
         with self.assertRaisesRegex(RuntimeError, r"decompress \(dtype\)"):
             agoq.decompress(agoq.compress(xd, INT8), INT8, 4, 256, torch.float64)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _collectives_worker(rank, world, port, n, backend, queue):
+    """One rank of DeviceCollectivesTest: the device module's all-reduce and reduce-scatter over
+    its ProcessGroupCommunicator, and the CPU module's over gloo from the same inputs. Puts
+    (rank, mismatches, error) in the queue: the calls whose results differ from the CPU's, and
+    the message of a deliberately mismatched call."""
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        dm = agoq.device_module()
+        if torch.cuda.is_available():
+            to_dev, to_host = (lambda t: t.cuda()), (lambda t: t.cpu())
+        else:
+            to_dev, to_host = dm.to_device, (lambda t: t.clone())
+        pg = dist.distributed_c10d._get_default_group()
+        cpu_pg = pg if backend == "gloo" else dist.new_group(backend="gloo")
+        dcomm, ccomm = dm.ProcessGroupCommunicator(pg), agoq.ProcessGroupCommunicator(cpu_pg)
+        gen = torch.Generator().manual_seed(100 + rank)
+        x = torch.randn(n, generator=gen) * (1 + rank)
+        if rank == world - 1:
+            x[7] = math.nan
+        mismatches = []
+
+        def check(what, device_tensor, cpu_tensor):
+            if not torch.equal(to_host(device_tensor).view(torch.uint8),
+                               cpu_tensor.view(torch.uint8)):
+                mismatches.append(what)
+
+        def counts(res):
+            return {k: int(to_host(v)) if isinstance(v, torch.Tensor) else v
+                    for k, v in res.items() if k != "corrupt"}
+
+        out, ref = to_dev(torch.empty(n)), torch.empty(n)
+        res = agoq.all_reduce_8bit(dcomm, to_dev(x), out, average=False)
+        ref_res = agoq.all_reduce_8bit(ccomm, x, ref, average=False)
+        check("all_reduce", out, ref)
+        if counts(res) != {k: int(v) for k, v in ref_res.items()} or int(to_host(res["corrupt"])):
+            mismatches.append(f"all_reduce counts {counts(res)} {ref_res}")
+        if dcomm.bytes_sent != ccomm.bytes_sent:
+            mismatches.append(f"bytes sent {dcomm.bytes_sent} {ccomm.bytes_sent}")
+        # A GradientBuffer in, a bfloat16 mean out, stochastic rounding.
+        buf, cbuf = dm.GradientBuffer(n, seed=rank), agoq.GradientBuffer(n, seed=rank)
+        buf.accumulate(to_dev(x))
+        cbuf.accumulate(x)
+        out_b, ref_b = to_dev(torch.empty(n, dtype=torch.bfloat16)), torch.empty(
+            n, dtype=torch.bfloat16)
+        agoq.all_reduce_8bit(dcomm, buf, out_b, average=True, stochastic=True, seed=1, step=3)
+        agoq.all_reduce_8bit(ccomm, cbuf, ref_b, average=True, stochastic=True, seed=1, step=3)
+        check("all_reduce of a GradientBuffer", out_b, ref_b)
+        shard, ref_shard = to_dev(torch.empty(n)), torch.empty(n)
+        rs = agoq.reduce_scatter_8bit(dcomm, to_dev(x.half()), shard, average=False)
+        ref_rs = agoq.reduce_scatter_8bit(ccomm, x.half(), ref_shard, average=False)
+        begin, end = ref_rs["begin"], ref_rs["end"]
+        check("reduce_scatter", shard[: end - begin], ref_shard[: end - begin])
+        if counts(rs) != {k: int(v) for k, v in ref_rs.items()}:
+            mismatches.append(f"reduce_scatter {counts(rs)} {ref_rs}")
+        error = None
+        try:  # rank 0 passes a different length: every rank must get the error, none hang
+            m = n + 128 if rank == 0 else n
+            agoq.all_reduce_8bit(dcomm, to_dev(torch.zeros(m)), to_dev(torch.zeros(m)))
+        except ValueError as e:
+            error = str(e)
+        queue.put((rank, mismatches, error))
+    finally:
+        dist.destroy_process_group()
+
+
+class DeviceCollectivesTest(unittest.TestCase):
+    """The device module's 8-bit all-reduce and reduce-scatter against the CPU module's over gloo,
+    bit for bit on every rank: three ranks on the emulator (gloo), one on a GPU (NCCL, which
+    takes one GPU per rank)."""
+
+    def test_collectives_match_the_cpu_on_every_rank(self):
+        world, backend = (1, "nccl") if torch.cuda.is_available() else (3, "gloo")
+        n = 5000  # a ragged last group and uneven chunks
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        port = _free_port()
+        procs = [ctx.Process(target=_collectives_worker, args=(r, world, port, n, backend, queue))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        results = sorted(queue.get(timeout=600) for _ in procs)
+        for p in procs:
+            p.join(timeout=60)
+            self.assertEqual(p.exitcode, 0)
+        for rank, mismatches, error in results:
+            self.assertEqual(mismatches, [], f"rank {rank}")
+            self.assertIsNotNone(error, f"rank {rank}")
+            self.assertIn("all_reduce_8bit", error)
 
 
 class DeviceOptimTest(unittest.TestCase):

@@ -1,17 +1,12 @@
 /// \file
-/// The gradient path and the optimizer: agoq::gradient::gradient_buffer, a communicator adapter
-/// over a torch.distributed ProcessGroup (C++ side, with agoq's byte counter), the 8-bit
-/// all-reduce and reduce-scatter over it, and the 8-bit AdamW state and step.
-#include "common.hpp"
+/// The gradient path and the optimizer: agoq::gradient::gradient_buffer, the communicator over a
+/// torch.distributed ProcessGroup with CPU tensors (process_group.hpp), the 8-bit all-reduce and
+/// reduce-scatter over it, and the 8-bit AdamW state and step.
+#include "process_group.hpp"
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-
-#include <cstddef>
-#include <exception>
 #include <span>
 #include <string>
 #include <utility>
-#include <vector>
 
 namespace agoq_torch {
 namespace {
@@ -19,91 +14,6 @@ namespace {
 namespace py = pybind11;
 namespace grad = agoq::gradient;
 namespace optim = agoq::optim;
-
-/// agoq::comm::communicator over a c10d::ProcessGroup with CPU tensors (gloo, or MPI): the
-/// all-to-all is ProcessGroup::alltoall_base with equal splits, the all-gather
-/// ProcessGroup::allgather, both waited on before returning (host semantics). The buffers are
-/// wrapped as uint8 tensors without copies. A failed collective throws agoq::comm::comm_error with
-/// the process group's message.
-class process_group_communicator {
- public:
-  explicit process_group_communicator(c10::intrusive_ptr<c10d::ProcessGroup> pg)
-      : pg_(std::move(pg)) {
-    TORCH_CHECK(pg_, "ProcessGroupCommunicator: expected a ProcessGroup, got None");
-  }
-  int rank() const { return pg_->getRank(); }
-  int size() const { return pg_->getSize(); }
-  agoq::comm::memory_space memory() const { return agoq::comm::memory_space::host; }
-
-  /// Drops this adapter's reference to the process group.
-  void release() noexcept { pg_.reset(); }
-
-  void all_to_all(std::byte const* send, std::byte* recv, std::size_t n) {
-    if (n == 0) return;
-    auto const total = static_cast<std::int64_t>(n) * size();
-    torch::Tensor in = bytes(const_cast<std::byte*>(send), total);
-    torch::Tensor out = bytes(recv, total);
-    std::vector<std::int64_t> equal_splits;
-    run("all_to_all", [&] { return pg_->alltoall_base(out, in, equal_splits, equal_splits); });
-  }
-
-  void all_gather(std::byte const* send, std::byte* recv, std::size_t n) {
-    if (n == 0) return;
-    auto const len = static_cast<std::int64_t>(n);
-    std::vector<torch::Tensor> in{bytes(const_cast<std::byte*>(send), len)};
-    std::vector<std::vector<torch::Tensor>> out(1);
-    for (int r = 0; r < size(); ++r) out[0].push_back(bytes(recv + r * n, len));
-    run("all_gather", [&] { return pg_->allgather(out, in); });
-  }
-
- private:
-  static torch::Tensor bytes(std::byte* p, std::int64_t n) {
-    return torch::from_blob(p, {n}, torch::TensorOptions().dtype(torch::kByte));
-  }
-
-  template <class Start>
-  void run(char const* what, Start&& start) {
-    try {
-      start()->wait();
-    } catch (std::exception const& e) {
-      throw agoq::comm::comm_error(std::string("ProcessGroupCommunicator: ") + what +
-                                   " failed: " + e.what());
-    }
-  }
-
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
-};
-static_assert(agoq::comm::communicator<process_group_communicator>);
-
-/// The Python-facing communicator: the adapter and agoq's byte counter around it.
-class counted_communicator {
- public:
-  explicit counted_communicator(c10::intrusive_ptr<c10d::ProcessGroup> pg)
-      : inner_(std::move(pg)), counted_(inner_) {}
-  /// Drops the process group without the GIL: when this is the last reference, destroying a gloo
-  /// group joins its threads, and one of them may be waiting for the GIL to free a tensor (a
-  /// deadlock at process exit otherwise; torch's own bindings release the GIL there too).
-  ~counted_communicator() {
-    if (PyGILState_Check()) {
-      py::gil_scoped_release nogil;
-      inner_.release();
-    } else {
-      inner_.release();
-    }
-  }
-  counted_communicator(counted_communicator const&) = delete;
-  counted_communicator& operator=(counted_communicator const&) = delete;
-  agoq::comm::counting<process_group_communicator>& comm() { return counted_; }
-  int rank() const { return counted_.rank(); }
-  int size() const { return counted_.size(); }
-  std::uint64_t bytes_sent() const { return counted_.sent(); }
-  std::uint64_t bytes_received() const { return counted_.received(); }
-  void reset_counts() { counted_.reset(); }
-
- private:
-  process_group_communicator inner_;
-  agoq::comm::counting<process_group_communicator> counted_;
-};
 
 grad::gradient_buffer make_buffer(std::int64_t n, int group_size, bool stochastic,
                                   std::uint64_t seed) {
@@ -120,12 +30,6 @@ torch::Tensor buffer_values(grad::gradient_buffer const& b) {
   torch::Tensor out = torch::empty({b.size()}, torch::TensorOptions().dtype(torch::kFloat));
   agoq::dequantize(executor(), b.view(), agoq::as_row(out.data_ptr<float>(), b.size()));
   return out;
-}
-
-grad::all_reduce_options reduce_options(int group_size, bool average, bool stochastic,
-                                        std::uint64_t seed, std::uint64_t step) {
-  return {group_size, average,
-          stochastic ? agoq::rounding_kind::stochastic : agoq::rounding_kind::nearest, seed, step};
 }
 
 py::dict reduce_result(bool nonfinite, std::int64_t local) {
@@ -239,16 +143,15 @@ void register_collectives(py::module_& m) {
       .def_property_readonly("spec",
                              [](grad::gradient_buffer const& b) { return b.spec().name(); });
 
-  py::class_<counted_communicator>(
-      m, "ProcessGroupCommunicator",
+  register_communicator(
+      m,
+      [](c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+        return std::make_unique<counted_communicator>(std::move(pg), torch::Device(torch::kCPU),
+                                                      agoq::comm::memory_space::host);
+      },
       "agoq's communicator over a torch.distributed ProcessGroup with CPU tensors (e.g. gloo), "
-      "counting the bytes this rank sends to and receives from its peers.")
-      .def(py::init<c10::intrusive_ptr<c10d::ProcessGroup>>(), py::arg("process_group"))
-      .def_property_readonly("rank", &counted_communicator::rank)
-      .def_property_readonly("size", &counted_communicator::size)
-      .def_property_readonly("bytes_sent", &counted_communicator::bytes_sent)
-      .def_property_readonly("bytes_received", &counted_communicator::bytes_received)
-      .def("reset_counts", &counted_communicator::reset_counts);
+      "counting the bytes this rank sends to and receives from its peers.",
+      false);
 
   m.def("all_reduce_8bit", &all_reduce, py::arg("comm"), py::arg("input"), py::arg("output"),
         py::arg("group_size") = 128, py::arg("average") = true, py::arg("stochastic") = false,

@@ -205,6 +205,14 @@ inline agoq::gradient::buffer_options buffer_options(int group_size, bool stocha
           seed};
 }
 
+/// The options of an 8-bit all-reduce or reduce-scatter (CPU or device).
+inline agoq::gradient::all_reduce_options reduce_options(int group_size, bool average,
+                                                         bool stochastic, std::uint64_t seed,
+                                                         std::uint64_t step) {
+  return {group_size, average,
+          stochastic ? agoq::rounding_kind::stochastic : agoq::rounding_kind::nearest, seed, step};
+}
+
 /// The moment format named `name` (agoq::optim::format_name); agoq::invalid_argument otherwise.
 inline agoq::optim::moment_format moment_format_of(std::string const& name, char const* what) {
   namespace optim = agoq::optim;

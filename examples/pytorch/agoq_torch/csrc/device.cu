@@ -46,13 +46,13 @@ void reset_nonfinite_on_devices() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.doc() =
-      "agoq: the tensor calls, GradientBuffer and AdamW8bit of agoq_torch on GPU tensors (CUDA "
-      "executor)";
+      "agoq: the tensor calls, GradientBuffer, 8-bit collectives and AdamW8bit of agoq_torch on "
+      "GPU tensors (CUDA executor)";
   namespace device = agoq_torch::device;
   agoq_torch::ops::register_tensor_ops<device::cuda_backend>(m);
   device::register_forward(m);
   device::register_backward(m);
-  device::register_optim(m);
+  device::register_gradients(m);
   m.attr("emulated") = device::emulated;
   m.def("nonfinite_seen", &device::nonfinite_seen_on_devices,
         "NaN/Inf values this module's calls have met since the last reset, over every device "

@@ -14,7 +14,7 @@
 /// This header holds the module's backend (cuda_backend) for its four translation units, which
 /// nvcc compiles in parallel: device.cu (the module, compress / decompress / fake_quantize /
 /// measure and the non-finite totals), device_forward.cu and device_backward.cu (the fused ops),
-/// device_optim.cu (the 8-bit gradient buffer and AdamW).
+/// device_gradients.cu (the 8-bit gradient buffer, collectives and AdamW).
 #pragma once
 
 #include <agoq/activation/fused.cuh>
@@ -220,9 +220,9 @@ class cuda_backend {
 };
 
 /// Register ops.hpp's fused forward (device_forward.cu) and backward (device_backward.cu) calls,
-/// and the GradientBuffer and AdamW8bit classes on GPU memory (device_optim.cu).
+/// and the gradient buffer, collectives and AdamW on GPU memory (device_gradients.cu).
 void register_forward(pybind11::module_& m);
 void register_backward(pybind11::module_& m);
-void register_optim(pybind11::module_& m);
+void register_gradients(pybind11::module_& m);
 
 }  // namespace agoq_torch::device

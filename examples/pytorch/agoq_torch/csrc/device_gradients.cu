@@ -1,11 +1,16 @@
 /// \file
-/// The device module's 8-bit gradient buffer and AdamW (device.cuh): GradientBuffer over
-/// agoq::gradient::device_gradient_buffer and AdamW8bit over agoq::optim's device step, with the
-/// API of the CPU module's classes (collectives.cpp) and, for the same inputs and options, their
-/// bits. Every call runs on torch's current stream of the object's GPU and returns without
-/// synchronizing, except those that return host values (nonfinite_count, state_bytes).
+/// The device module's gradient path and optimizer (device.cuh): GradientBuffer over
+/// agoq::gradient::device_gradient_buffer, the 8-bit all-reduce and reduce-scatter of
+/// gradient/all_reduce.cuh over a ProcessGroup with CUDA tensors (process_group.hpp; NCCL), and
+/// AdamW8bit over agoq::optim's device step, with the API of the CPU module's (collectives.cpp)
+/// and, for the same inputs and options, its bits. Every call runs on torch's current stream of
+/// the GPU of its tensors or object and returns without synchronizing, except those that return
+/// host values (nonfinite_count, state_bytes) and the collectives' argument check (one
+/// synchronization of the stream per call, as agoq's).
 #include "device.cuh"
+#include "process_group.hpp"
 
+#include <agoq/gradient/all_reduce.cuh>
 #include <agoq/gradient/buffer.cuh>
 #include <agoq/optim/adamw.cuh>
 
@@ -102,6 +107,88 @@ class device_buffer {
   std::optional<grad::device_gradient_buffer> buffer_;
 };
 
+/// Calls f(source) with the GIL released, source being the device GradientBuffer or the 1-D span
+/// of the tensor `input` is (the operand forms of the device collectives), on b's device.
+template <class F>
+void with_device_source(py::object const& input, cuda_backend const& b, char const* what, F&& f) {
+  if (py::isinstance<device_buffer>(input)) {
+    auto const& buffer = input.cast<device_buffer const&>();
+    check_same_device(b, buffer.device(), what);
+    py::gil_scoped_release nogil;
+    f(buffer.buffer());
+    return;
+  }
+  TORCH_CHECK(THPVariable_Check(input.ptr()), what,
+              ": expected a tensor or a GradientBuffer of this module");
+  auto const in = input.cast<torch::Tensor>();
+  check_vector(in, -1, what, b);
+  py::gil_scoped_release nogil;
+  dispatch_element(in.scalar_type(), [&]<class I>(I) { f(span_of<I const>(in)); });
+}
+
+/// The result dict of a device collective: its all_reduce_status as one-element int64 tensors
+/// on the device ('nonfinite', 'local_nonfinite', 'corrupt'), set when the stream reaches the end
+/// of the call.
+py::dict status_dict(torch::Tensor const& status) {
+  py::dict d;
+  d["nonfinite"] = status[0];
+  d["local_nonfinite"] = status[1];
+  d["corrupt"] = status[2];
+  return d;
+}
+
+/// A device tensor for an all_reduce_status.
+torch::Tensor new_status(cuda_backend const& b) {
+  static_assert(sizeof(grad::all_reduce_status) == 3 * sizeof(std::int64_t));
+  return b.empty({3}, torch::kLong);
+}
+
+grad::all_reduce_status* status_of(torch::Tensor const& status) {
+  return reinterpret_cast<grad::all_reduce_status*>(status.data_ptr<std::int64_t>());
+}
+
+/// all_reduce_8bit from a tensor or device GradientBuffer into a 1-D tensor, on the GPU of the
+/// output.
+py::dict all_reduce(counted_communicator& c, py::object const& input, torch::Tensor const& output,
+                    int group_size, bool average, bool stochastic, std::uint64_t seed,
+                    std::uint64_t step) {
+  cuda_backend const b(output.defined() ? output.device() : torch::Device(torch::kCUDA));
+  check_vector(output, -1, "all_reduce_8bit (output)", b);
+  auto const opt = reduce_options(group_size, average, stochastic, seed, step);
+  torch::Tensor status = new_status(b);
+  with_device_source(input, b, "all_reduce_8bit (input)", [&](auto const& src) {
+    dispatch_element(output.scalar_type(), [&]<class O>(O) {
+      grad::all_reduce_8bit_async(b.executor(), c.comm(), src, span_of<O>(output), opt,
+                                  status_of(status));
+    });
+  });
+  return status_dict(status);
+}
+
+/// reduce_scatter_8bit from a tensor or device GradientBuffer into this rank's shard, on the GPU
+/// of the shard.
+py::dict reduce_scatter(counted_communicator& c, py::object const& input,
+                        torch::Tensor const& shard, int group_size, bool average, bool stochastic,
+                        std::uint64_t seed, std::uint64_t step) {
+  cuda_backend const b(shard.defined() ? shard.device() : torch::Device(torch::kCUDA));
+  check_vector(shard, -1, "reduce_scatter_8bit (shard)", b);
+  auto const opt = reduce_options(group_size, average, stochastic, seed, step);
+  torch::Tensor status = new_status(b);
+  std::int64_t n = 0;
+  with_device_source(input, b, "reduce_scatter_8bit (input)", [&](auto const& src) {
+    n = static_cast<std::int64_t>(src.size());
+    dispatch_element(shard.scalar_type(), [&]<class O>(O) {
+      grad::reduce_scatter_8bit_async(b.executor(), c.comm(), src, span_of<O>(shard), opt,
+                                      status_of(status));
+    });
+  });
+  auto const r = grad::shard_range(n, c.size(), c.rank(), group_size);
+  py::dict d = status_dict(status);
+  d["begin"] = r.begin;
+  d["end"] = r.end;
+  return d;
+}
+
 /// AdamW8bit on a GPU: both moments in uint8 tensors of the device (torch's caching allocator),
 /// zeroed on the current stream at construction, and the adamw_device_state over them.
 class device_adamw {
@@ -185,7 +272,7 @@ class device_adamw {
 
 }  // namespace
 
-void register_optim(py::module_& m) {
+void register_gradients(py::module_& m) {
   // Objects on the emulated device live in host memory: their default device is the CPU's.
   torch::Device const default_device =
       emulated ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA);
@@ -213,6 +300,29 @@ void register_optim(py::module_& m) {
       .def_property_readonly("spec",
                              [](device_buffer const& b) { return b.buffer().spec().name(); })
       .def_property_readonly("device", &device_buffer::device);
+
+  register_communicator(
+      m,
+      [](c10::intrusive_ptr<c10d::ProcessGroup> pg, torch::Device device) {
+        check_object_device(device, "ProcessGroupCommunicator");
+        return std::make_unique<counted_communicator>(std::move(pg), cuda_backend(device).device(),
+                                                      agoq::comm::memory_space::device);
+      },
+      "agoq's communicator over a torch.distributed ProcessGroup with CUDA tensors (NCCL) on "
+      "`device` (the current GPU by default), counting the bytes this rank sends to and "
+      "receives from its peers; its transfers are ordered on the current stream.",
+      true, py::arg("device") = default_device);
+  m.def("all_reduce_8bit", &all_reduce, py::arg("comm"), py::arg("input"), py::arg("output"),
+        py::arg("group_size") = 128, py::arg("average") = true, py::arg("stochastic") = false,
+        py::arg("seed") = 0, py::arg("step") = 0,
+        "The CPU module's all_reduce_8bit on the GPU, with its bits: a 1-D tensor or device "
+        "GradientBuffer into a 1-D tensor, over this module's ProcessGroupCommunicator. Returns "
+        "{'nonfinite', 'local_nonfinite', 'corrupt'} as one-element int64 tensors on the device.");
+  m.def("reduce_scatter_8bit", &reduce_scatter, py::arg("comm"), py::arg("input"), py::arg("shard"),
+        py::arg("group_size") = 128, py::arg("average") = true, py::arg("stochastic") = false,
+        py::arg("seed") = 0, py::arg("step") = 0,
+        "The reduce-scatter form: this rank's shard [begin, end) of the reduced bucket. Returns "
+        "the all-reduce's dict plus 'begin' and 'end' (ints).");
 
   py::class_<device_adamw>(
       m, "AdamW8bit",
