@@ -101,13 +101,8 @@ optim::adamw_state make_adamw(std::int64_t n, std::int64_t block, std::uint64_t 
 /// One AdamW step on fp32 parameters (updated in place) with a tensor or GradientBuffer gradient.
 std::int64_t adamw_step(optim::adamw_state& s, torch::Tensor const& params, py::object const& grad,
                         double lr, double beta1, double beta2, double eps, double weight_decay) {
-  check_vector(params, s.size(), "AdamW8bit.step (params)");
-  TORCH_CHECK(params.scalar_type() == torch::kFloat,
-              "AdamW8bit.step: the parameters must be float32 (a master copy)");
-  optim::adamw_hyper const h{static_cast<float>(lr), static_cast<float>(beta1),
-                             static_cast<float>(beta2), static_cast<float>(eps),
-                             static_cast<float>(weight_decay)};
-  std::span<float> const p = span_of<float>(params);
+  std::span<float> const p = adamw_params(params, s.size());
+  optim::adamw_hyper const h = adamw_hyper_of(lr, beta1, beta2, eps, weight_decay);
   if (py::isinstance<grad::gradient_buffer>(grad)) {
     auto const& b = grad.cast<grad::gradient_buffer const&>();
     py::gil_scoped_release nogil;
@@ -153,17 +148,14 @@ void register_collectives(py::module_& m) {
       "counting the bytes this rank sends to and receives from its peers.",
       false);
 
-  m.def("all_reduce_8bit", &all_reduce, py::arg("comm"), py::arg("input"), py::arg("output"),
-        py::arg("group_size") = 128, py::arg("average") = true, py::arg("stochastic") = false,
-        py::arg("seed") = 0, py::arg("step") = 0,
-        "The precision-preserving 8-bit all-reduce of a 1-D tensor or GradientBuffer into a 1-D "
-        "tensor of the same length; every rank receives the same bits. Returns "
-        "{'nonfinite': bool (the same on every rank), 'local_nonfinite': int}.");
-  m.def("reduce_scatter_8bit", &reduce_scatter, py::arg("comm"), py::arg("input"), py::arg("shard"),
-        py::arg("group_size") = 128, py::arg("average") = true, py::arg("stochastic") = false,
-        py::arg("seed") = 0, py::arg("step") = 0,
-        "The reduce-scatter form: this rank's shard [begin, end) of the reduced bucket. Returns "
-        "{'nonfinite', 'local_nonfinite', 'begin', 'end'}.");
+  register_collective_calls(
+      m, &all_reduce,
+      "The precision-preserving 8-bit all-reduce of a 1-D tensor or GradientBuffer into a 1-D "
+      "tensor of the same length; every rank receives the same bits. Returns "
+      "{'nonfinite': bool (the same on every rank), 'local_nonfinite': int}.",
+      &reduce_scatter,
+      "The reduce-scatter form: this rank's shard [begin, end) of the reduced bucket. Returns "
+      "{'nonfinite', 'local_nonfinite', 'begin', 'end'}.");
   m.def("all_reduce_bytes_sent", &grad::all_reduce_bytes_sent, py::arg("n"), py::arg("ranks"),
         py::arg("group_size") = 128,
         "Bytes one rank sends to its peers in all_reduce_8bit of n elements.");

@@ -236,6 +236,23 @@ inline agoq::optim::adamw_state_options adamw_options(std::int64_t block, std::u
   return o;
 }
 
+/// AdamW8bit.step's parameters, checked (a float32 1-D tensor of n elements at `place`), as a span.
+template <class Place = cpu_place>
+std::span<float> adamw_params(torch::Tensor const& params, std::int64_t n,
+                              Place const& place = {}) {
+  check_vector(params, n, "AdamW8bit.step (params)", place);
+  TORCH_CHECK(params.scalar_type() == torch::kFloat,
+              "AdamW8bit.step: the parameters must be float32 (a master copy)");
+  return span_of<float>(params);
+}
+
+/// AdamW8bit.step's hyper-parameters.
+inline agoq::optim::adamw_hyper adamw_hyper_of(double lr, double beta1, double beta2, double eps,
+                                               double weight_decay) {
+  return {static_cast<float>(lr), static_cast<float>(beta1), static_cast<float>(beta2),
+          static_cast<float>(eps), static_cast<float>(weight_decay)};
+}
+
 /// A host AdamW state as an agoq AdamW state record (optim/checkpoint.hpp).
 inline pybind11::bytes adamw_record(agoq::optim::adamw_state const& s) {
   std::ostringstream out;

@@ -211,16 +211,10 @@ class device_adamw {
   /// int64 tensor on the device, set once the stream reaches the end of the step.
   torch::Tensor step(torch::Tensor const& params, py::object const& grad, double lr, double beta1,
                      double beta2, double eps, double weight_decay) {
-    char const* what = "AdamW8bit.step (params)";
     cuda_backend const b(params.defined() ? params.device() : device_);
-    check_vector(params, state_.size(), what, b);
-    check_same_device(b, device_, what);
-    TORCH_CHECK(params.scalar_type() == torch::kFloat,
-                "AdamW8bit.step: the parameters must be float32 (a master copy)");
-    optim::adamw_hyper const h{static_cast<float>(lr), static_cast<float>(beta1),
-                               static_cast<float>(beta2), static_cast<float>(eps),
-                               static_cast<float>(weight_decay)};
-    std::span<float> const p = span_of<float>(params);
+    std::span<float> const p = adamw_params(params, state_.size(), b);
+    check_same_device(b, device_, "AdamW8bit.step (params)");
+    optim::adamw_hyper const h = adamw_hyper_of(lr, beta1, beta2, eps, weight_decay);
     torch::Tensor skipped = device_count(b);
     std::int64_t* const count = skipped.data_ptr<std::int64_t>();
     if (py::isinstance<device_buffer>(grad)) {
@@ -312,17 +306,14 @@ void register_gradients(py::module_& m) {
       "`device` (the current GPU by default), counting the bytes this rank sends to and "
       "receives from its peers; its transfers are ordered on the current stream.",
       true, py::arg("device") = default_device);
-  m.def("all_reduce_8bit", &all_reduce, py::arg("comm"), py::arg("input"), py::arg("output"),
-        py::arg("group_size") = 128, py::arg("average") = true, py::arg("stochastic") = false,
-        py::arg("seed") = 0, py::arg("step") = 0,
-        "The CPU module's all_reduce_8bit on the GPU, with its bits: a 1-D tensor or device "
-        "GradientBuffer into a 1-D tensor, over this module's ProcessGroupCommunicator. Returns "
-        "{'nonfinite', 'local_nonfinite', 'corrupt'} as one-element int64 tensors on the device.");
-  m.def("reduce_scatter_8bit", &reduce_scatter, py::arg("comm"), py::arg("input"), py::arg("shard"),
-        py::arg("group_size") = 128, py::arg("average") = true, py::arg("stochastic") = false,
-        py::arg("seed") = 0, py::arg("step") = 0,
-        "The reduce-scatter form: this rank's shard [begin, end) of the reduced bucket. Returns "
-        "the all-reduce's dict plus 'begin' and 'end' (ints).");
+  register_collective_calls(
+      m, &all_reduce,
+      "The CPU module's all_reduce_8bit on the GPU, with its bits: a 1-D tensor or device "
+      "GradientBuffer into a 1-D tensor, over this module's ProcessGroupCommunicator. Returns "
+      "{'nonfinite', 'local_nonfinite', 'corrupt'} as one-element int64 tensors on the device.",
+      &reduce_scatter,
+      "The reduce-scatter form: this rank's shard [begin, end) of the reduced bucket. Returns "
+      "the all-reduce's dict plus 'begin' and 'end' (ints).");
 
   py::class_<device_adamw>(
       m, "AdamW8bit",

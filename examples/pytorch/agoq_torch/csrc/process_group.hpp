@@ -12,19 +12,20 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 namespace agoq_torch {
 
 /// agoq::comm::communicator over a c10d::ProcessGroup whose buffers live on `device` in memory
-/// space `space`: the all-to-all is ProcessGroup::alltoall_base with equal splits, the all-gather
-/// ProcessGroup::allgather, each waited on before returning. For CPU tensors (gloo, MPI) waiting
-/// means done (host semantics). For CUDA tensors (NCCL) the process group runs the transfer on its
-/// own stream after the work already on the current stream, and waiting makes the current stream
-/// wait for it, without blocking the host: stream-ordered on the current stream, which is where
-/// agoq's device collectives run. The buffers are wrapped as uint8 tensors without copies. A
-/// failed collective throws agoq::comm::comm_error with the process group's message.
+/// space `space`: the all-to-all is ProcessGroup::all_to_all_single (alltoall_base) with equal
+/// splits, the all-gather ProcessGroup::allgather, each waited on before returning. For CPU tensors
+/// (gloo, MPI) waiting means done (host semantics). For CUDA tensors (NCCL) the process group runs
+/// the transfer on its own stream after the work already on the current stream, and waiting makes
+/// the current stream wait for it, without blocking the host: stream-ordered on the current stream,
+/// which is where agoq's device collectives run. The buffers are wrapped as uint8 tensors without
+/// copies. A failed collective throws agoq::comm::comm_error with the process group's message.
 class process_group_communicator {
  public:
   process_group_communicator(c10::intrusive_ptr<c10d::ProcessGroup> pg, torch::Device device,
@@ -45,7 +46,7 @@ class process_group_communicator {
     torch::Tensor in = bytes(const_cast<std::byte*>(send), total);
     torch::Tensor out = bytes(recv, total);
     std::vector<std::int64_t> equal_splits;
-    run("all_to_all", [&] { return pg_->alltoall_base(out, in, equal_splits, equal_splits); });
+    run("all_to_all", [&] { return all_to_all_single(*pg_, out, in, equal_splits); });
   }
 
   void all_gather(std::byte const* send, std::byte* recv, std::size_t n) {
@@ -58,6 +59,19 @@ class process_group_communicator {
   }
 
  private:
+  /// ProcessGroup::all_to_all_single where this torch has it (newer ones deprecate its old
+  /// name), else alltoall_base, with the same splits both ways.
+  template <class Group>
+  static c10::intrusive_ptr<c10d::Work> all_to_all_single(Group& pg, torch::Tensor& out,
+                                                          torch::Tensor& in,
+                                                          std::vector<std::int64_t>& splits) {
+    if constexpr (requires { pg.all_to_all_single(out, in, splits, splits); }) {
+      return pg.all_to_all_single(out, in, splits, splits);
+    } else {
+      return pg.alltoall_base(out, in, splits, splits);
+    }
+  }
+
   torch::Tensor bytes(std::byte* p, std::int64_t n) const {
     return torch::from_blob(p, {n}, torch::TensorOptions().dtype(torch::kByte).device(device_));
   }
@@ -124,6 +138,30 @@ void register_communicator(pybind11::module_& m, Make&& make, char const* doc, b
       .def_property_readonly("bytes_sent", &counted_communicator::bytes_sent)
       .def_property_readonly("bytes_received", &counted_communicator::bytes_received)
       .def("reset_counts", &counted_communicator::reset_counts);
+}
+
+/// Registers all_reduce_8bit(comm, input, output, ...) and reduce_scatter_8bit(comm, input,
+/// shard, ...), the arguments and defaults the same in both modules.
+template <class AllReduce, class ReduceScatter>
+void register_collective_calls(pybind11::module_& m, AllReduce&& all_reduce,
+                               char const* all_reduce_doc, ReduceScatter&& reduce_scatter,
+                               char const* reduce_scatter_doc) {
+  namespace py = pybind11;
+  auto const options = [](auto... args) {
+    return std::make_tuple(args..., py::arg("group_size") = 128, py::arg("average") = true,
+                           py::arg("stochastic") = false, py::arg("seed") = 0, py::arg("step") = 0);
+  };
+  std::apply(
+      [&](auto... a) {
+        m.def("all_reduce_8bit", std::forward<AllReduce>(all_reduce), a..., all_reduce_doc);
+      },
+      options(py::arg("comm"), py::arg("input"), py::arg("output")));
+  std::apply(
+      [&](auto... a) {
+        m.def("reduce_scatter_8bit", std::forward<ReduceScatter>(reduce_scatter), a...,
+              reduce_scatter_doc);
+      },
+      options(py::arg("comm"), py::arg("input"), py::arg("shard")));
 }
 
 }  // namespace agoq_torch
