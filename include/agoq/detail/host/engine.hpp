@@ -206,13 +206,37 @@ std::int64_t quantize_batches_simd(quantized_view const& out, quantized_layout c
                                    std::int64_t k0, std::int64_t k1, Input&& input, Draws&& draws) {
   constexpr std::int64_t max_batch = 16;
   std::int64_t const g = l.tile.cols;
-  std::int64_t const batch = std::clamp<std::int64_t>(
-      row_batch_bytes / (g * static_cast<std::int64_t>(sizeof(T))), 1, max_batch);
+#if defined(AGOQ_HOST_AVX512)
+  // Groups of one step (MXFP8's 32 elements): their statistics and scales 16 at a time.
+  bool const small = !Code::has_zero_point && g <= simd_step;
+  static_assert(small_group_batch == max_batch);
+#else
+  constexpr bool small = false;
+#endif
+  std::int64_t const batch =
+      small ? max_batch
+            : std::clamp<std::int64_t>(row_batch_bytes / (g * static_cast<std::int64_t>(sizeof(T))),
+                                       1, max_batch);
   group_params params[max_batch];
   std::int64_t nonfinite = 0;
   for (std::int64_t kb = k0; kb < k1; kb += batch) {
     std::int64_t const ke = std::min(k1, kb + batch);
-    for (std::int64_t k = kb; k < ke; ++k) {
+#if defined(AGOQ_HOST_AVX512)
+    if constexpr (!Code::has_zero_point) {
+      if (small) {
+        nonfinite += small_group_params<Code, T>(
+            static_cast<int>(ke - kb),
+            [&](int j) {
+              std::int64_t const k = kb + j;
+              std::int64_t const r = k / l.group_grid_cols;
+              std::int64_t const b = (k - r * l.group_grid_cols) * g;
+              return std::pair<T const*, std::int64_t>(input(r, b), std::min(g, l.cols - b));
+            },
+            out.spec.scale, out.scales + kb * scale_bytes(out.spec.scale), params);
+      }
+    }
+#endif
+    for (std::int64_t k = kb; k < ke && !small; ++k) {
       std::int64_t const r = k / l.group_grid_cols;
       std::int64_t const b = (k - r * l.group_grid_cols) * g;
       std::int64_t const n = std::min(g, l.cols - b);

@@ -371,12 +371,21 @@ inline void load_draws(float const* u, __m512& u0, __m512& u1) noexcept {
 template <code_format Code>
 struct encoder {
   __m512 scale;
+  __m512 inverse;
+  bool power_of_two;
   __m512 lo = _mm512_setzero_ps();
   __m512 hi = _mm512_setzero_ps();
   __m512i zero_point;
 
   explicit encoder(group_params p) noexcept
       : scale(_mm512_set1_ps(p.scale)), zero_point(_mm512_set1_epi32(p.zero_point)) {
+    // A power-of-two scale (every e8m0 one) up to 2^126 has a normal power-of-two reciprocal, and
+    // x * (1 / scale) is then x / scale bit for bit: both round the same real number once (and
+    // flush it alike where the result is subnormal). The divider is what bounds the encoding of
+    // 32-element groups, one division per 16 elements.
+    std::uint32_t const b = numeric::float_bits(p.scale);
+    power_of_two = (b & 0x7fffffu) == 0 && b >= 0x00800000u && b <= 0x7e800000u;
+    inverse = _mm512_set1_ps(power_of_two ? 1.0f / p.scale : 0.0f);
     if constexpr (!is_fp8_code<Code>) {
       numeric::quotient_range const r = numeric::integer_range<Code>(p);
       lo = _mm512_set1_ps(r.lo);
@@ -384,16 +393,21 @@ struct encoder {
     }
   }
 
+  /// x / scale.
+  [[gnu::always_inline]] __m512 quotient(__m512 x) const noexcept {
+    return power_of_two ? _mm512_mul_ps(x, inverse) : _mm512_div_ps(x, scale);
+  }
+
   /// Clamps x / scale to the code's range. NaN survives (max and min return their second operand
   /// when it is NaN), and converts to 0x80000000, whose low bits are those of the code of zero.
   __m512 clamped(__m512 x) const noexcept {
-    return _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_div_ps(x, scale)));
+    return _mm512_min_ps(hi, _mm512_max_ps(lo, quotient(x)));
   }
 
   /// Codes (in the low Code::bits bits of each lane) of round-half-to-even.
   __m512i nearest(__m512 x) const noexcept {
     if constexpr (is_fp8_code<Code>) {
-      return fp8_nearest(_mm512_div_ps(x, scale));
+      return fp8_nearest(quotient(x));
     } else {
       __m512i const c =
           _mm512_cvt_roundps_epi32(clamped(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -407,7 +421,7 @@ struct encoder {
   /// FP8 codes: fp8_stochastic of x / scale.
   __m512i stochastic(__m512 x, __m512 u) const noexcept {
     if constexpr (is_fp8_code<Code>) {
-      return fp8_stochastic(_mm512_div_ps(x, scale), u);
+      return fp8_stochastic(quotient(x), u);
     } else {
       __m512 const v = clamped(x);
       __m512 const down = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
@@ -615,6 +629,118 @@ inline void encode_simd(T const* x, std::int64_t n, group_params p, float const*
                                           Rounding == rounding_kind::stochastic ? u + i : nullptr,
                                           n - i, dst + i * Width / 8);
   }
+}
+
+/// Groups whose statistics and parameters small_group_params takes together: one per lane.
+inline constexpr int small_group_batch = 16;
+
+/// One level of lane_maxima: v[i] = the lane-wise maxima of the two halves (first and second W
+/// lanes of each run of 2W) of the pair (v[2i], v[2i + 1]), whose runs of 2W lanes each hold one
+/// group's partial maxima; the result's runs of W lanes hold the pair's groups in order.
+template <int W>
+[[gnu::always_inline]] inline void fold_level(__m512i (&v)[small_group_batch]) noexcept {
+  constexpr auto at = [](int i) { return (i / W) * 2 * W + i % W; };
+  __m512i const lo =
+      _mm512_setr_epi32(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9),
+                        at(10), at(11), at(12), at(13), at(14), at(15));
+  __m512i const hi = _mm512_add_epi32(lo, _mm512_set1_epi32(W));
+#pragma GCC unroll 8
+  for (int i = 0; i < W; ++i) {
+    v[i] = _mm512_max_epu32(_mm512_permutex2var_epi32(v[2 * i], lo, v[2 * i + 1]),
+                            _mm512_permutex2var_epi32(v[2 * i], hi, v[2 * i + 1]));
+  }
+}
+
+/// Lane j of the result: the largest (unsigned) of the 16 lanes of v[j]. A transposing reduction
+/// (fold_level with runs of 8, 4, 2 and 1 lanes): 15 maxima and 30 permutes for 16 groups, where a
+/// reduction per group takes 4 maxima and 4 shuffles. Clobbers v.
+[[gnu::always_inline]] inline __m512i lane_maxima(__m512i (&v)[small_group_batch]) noexcept {
+  fold_level<8>(v);
+  fold_level<4>(v);
+  fold_level<2>(v);
+  fold_level<1>(v);
+  return v[0];
+}
+
+/// Statistics and parameters of `m` <= small_group_batch groups of at most simd_step elements
+/// each, for codes without a zero point: group j is the n elements at x given by group(j) -> {x,
+/// n}. Its largest magnitude is taken as absmax_simd takes it (on the widened floats' magnitude
+/// bits, which order like T's), the 16 groups' reduced together (lane_maxima), and its scale is
+/// make_group_params' (absmax / range_divisor rounded up to the scale format, 0 below the
+/// smallest normal float) for the 16 groups in one vector, stored at `scales` (the first group's
+/// stored scale) in one masked store. A group holding NaN or ±Inf takes the portable counting
+/// loop, as absmax_simd's does. params[j] receives group j's parameters. Returns the non-finite
+/// count. Equal, bit for bit, to stats_segment_simd, make_group_params and store_group_params of
+/// each group.
+template <code_format Code, element_type T, class Group>
+requires(!Code::has_zero_point) std::int64_t
+    small_group_params(int m, Group&& group, scale_format f, std::uint8_t* scales,
+                       group_params* params)
+noexcept {
+  __m512i v[small_group_batch];
+  __m512i const magnitude = _mm512_set1_epi32(0x7fffffff);
+  for (int j = 0; j < small_group_batch; ++j) {
+    if (j >= m) {
+      v[j] = _mm512_setzero_si512();
+      continue;
+    }
+    auto const [x, n] = group(j);
+    prefetch_ahead(x, n * static_cast<std::int64_t>(sizeof(T)));
+    step_values const st = load_step(x, n);
+    v[j] = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(st.v0), magnitude),
+                            _mm512_and_si512(_mm512_castps_si512(st.v1), magnitude));
+  }
+  __m512i absmax = lane_maxima(v);
+  std::int64_t nonfinite = 0;
+  auto bad = static_cast<unsigned>(_mm512_cmpge_epu32_mask(absmax, _mm512_set1_epi32(0x7f800000)));
+  if (bad != 0) {
+    alignas(64) std::uint32_t bits[small_group_batch];
+    _mm512_store_si512(bits, absmax);
+    for (; bad != 0; bad &= bad - 1) {
+      int const j = __builtin_ctz(bad);
+      auto const [x, n] = group(j);
+      segment_stats const c = absmax_counting(x, n);
+      nonfinite += c.nonfinite;
+      bits[j] = numeric::float_bits(c.stats.absmax);
+    }
+    absmax = _mm512_load_si512(bits);
+  }
+  __m512i u = _mm512_castps_si512(
+      _mm512_div_ps(_mm512_castsi512_ps(absmax), _mm512_set1_ps(Code::range_divisor)));
+  if (f == scale_format::bf16) {  // scale_bf16::round_up
+    __mmask16 const up = _mm512_test_epi32_mask(u, _mm512_set1_epi32(0xffff));
+    u = _mm512_mask_add_epi32(u, up, _mm512_and_si512(u, _mm512_set1_epi32(-65536)),
+                              _mm512_set1_epi32(0x10000));
+    u = _mm512_mask_mov_epi32(u, _mm512_cmpge_epu32_mask(u, _mm512_set1_epi32(0x7f800000)),
+                              _mm512_set1_epi32(0x7f7f0000));
+  } else if (f == scale_format::e8m0) {  // scale_e8m0::round_up
+    __mmask16 const up = _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7fffff));
+    u = _mm512_mask_add_epi32(u, up, _mm512_and_si512(u, _mm512_set1_epi32(0x7f800000)),
+                              _mm512_set1_epi32(0x800000));
+    u = _mm512_mask_mov_epi32(u, _mm512_cmpgt_epu32_mask(u, _mm512_set1_epi32(0x7f000000)),
+                              _mm512_set1_epi32(0x7f000000));
+  }
+  __m512 const scale =
+      _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_castsi512_ps(u),
+                                             _mm512_set1_ps(numeric::min_normal_float), _CMP_GE_OQ),
+                          _mm512_castsi512_ps(u));
+  __mmask16 const lanes = tail_mask16(m);
+  __m512i const b = _mm512_castps_si512(scale);
+  switch (f) {
+    case scale_format::f32:
+      _mm512_mask_storeu_ps(scales, lanes, scale);
+      break;
+    case scale_format::bf16:
+      _mm256_mask_storeu_epi16(scales, lanes, _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16)));
+      break;
+    case scale_format::e8m0:
+      _mm_mask_storeu_epi8(scales, lanes, _mm512_cvtepi32_epi8(_mm512_srli_epi32(b, 23)));
+      break;
+  }
+  alignas(64) float s[small_group_batch];
+  _mm512_store_ps(s, scale);
+  for (int j = 0; j < m; ++j) params[j] = group_params{s[j], 0};
+  return nonfinite;
 }
 
 /// Loads a step of `Width`-bit fields as 32-bit lanes holding each code in their top Bits bits,
