@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #if (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)) || defined(__AVX2__)
 // GCC 12 reports -Wmaybe-uninitialized and -Wuninitialized inside its own AVX-512 headers (GCC bug
@@ -644,11 +645,12 @@ template <int W>
       _mm512_setr_epi32(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9),
                         at(10), at(11), at(12), at(13), at(14), at(15));
   __m512i const hi = _mm512_add_epi32(lo, _mm512_set1_epi32(W));
-#pragma GCC unroll 8
-  for (int i = 0; i < W; ++i) {
-    v[i] = _mm512_max_epu32(_mm512_permutex2var_epi32(v[2 * i], lo, v[2 * i + 1]),
-                            _mm512_permutex2var_epi32(v[2 * i], hi, v[2 * i + 1]));
+  [&]<int... I>(std::integer_sequence<int, I...>) {  // the W pairs, unrolled
+    ((v[I] = _mm512_max_epu32(_mm512_permutex2var_epi32(v[2 * I], lo, v[2 * I + 1]),
+                              _mm512_permutex2var_epi32(v[2 * I], hi, v[2 * I + 1]))),
+     ...);
   }
+  (std::make_integer_sequence<int, W>{});
 }
 
 /// Lane j of the result: the largest (unsigned) of the 16 lanes of v[j]. A transposing reduction
