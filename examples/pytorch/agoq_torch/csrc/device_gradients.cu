@@ -18,6 +18,7 @@
 
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace agoq_torch::device {
@@ -108,9 +109,11 @@ class device_buffer {
 };
 
 /// Calls f(source) with the GIL released, source being the device GradientBuffer or the 1-D span
-/// of the tensor `input` is (the operand forms of the device collectives), on b's device.
+/// of the tensor (of n elements; n < 0: any length) `input` is (the gradient operands of the
+/// device collectives and AdamW step), on b's device.
 template <class F>
-void with_device_source(py::object const& input, cuda_backend const& b, char const* what, F&& f) {
+void with_device_source(py::object const& input, std::int64_t n, cuda_backend const& b,
+                        char const* what, F&& f) {
   if (py::isinstance<device_buffer>(input)) {
     auto const& buffer = input.cast<device_buffer const&>();
     check_same_device(b, buffer.device(), what);
@@ -121,7 +124,7 @@ void with_device_source(py::object const& input, cuda_backend const& b, char con
   TORCH_CHECK(THPVariable_Check(input.ptr()), what,
               ": expected a tensor or a GradientBuffer of this module");
   auto const in = input.cast<torch::Tensor>();
-  check_vector(in, -1, what, b);
+  check_vector(in, n, what, b);
   py::gil_scoped_release nogil;
   dispatch_element(in.scalar_type(), [&]<class I>(I) { f(span_of<I const>(in)); });
 }
@@ -156,7 +159,7 @@ py::dict all_reduce(counted_communicator& c, py::object const& input, torch::Ten
   check_vector(output, -1, "all_reduce_8bit (output)", b);
   auto const opt = reduce_options(group_size, average, stochastic, seed, step);
   torch::Tensor status = new_status(b);
-  with_device_source(input, b, "all_reduce_8bit (input)", [&](auto const& src) {
+  with_device_source(input, -1, b, "all_reduce_8bit (input)", [&](auto const& src) {
     dispatch_element(output.scalar_type(), [&]<class O>(O) {
       grad::all_reduce_8bit_async(b.executor(), c.comm(), src, span_of<O>(output), opt,
                                   status_of(status));
@@ -175,7 +178,7 @@ py::dict reduce_scatter(counted_communicator& c, py::object const& input,
   auto const opt = reduce_options(group_size, average, stochastic, seed, step);
   torch::Tensor status = new_status(b);
   std::int64_t n = 0;
-  with_device_source(input, b, "reduce_scatter_8bit (input)", [&](auto const& src) {
+  with_device_source(input, -1, b, "reduce_scatter_8bit (input)", [&](auto const& src) {
     n = static_cast<std::int64_t>(src.size());
     dispatch_element(shard.scalar_type(), [&]<class O>(O) {
       grad::reduce_scatter_8bit_async(b.executor(), c.comm(), src, span_of<O>(shard), opt,
@@ -217,18 +220,13 @@ class device_adamw {
     optim::adamw_hyper const h = adamw_hyper_of(lr, beta1, beta2, eps, weight_decay);
     torch::Tensor skipped = device_count(b);
     std::int64_t* const count = skipped.data_ptr<std::int64_t>();
-    if (py::isinstance<device_buffer>(grad)) {
-      auto const& g = grad.cast<device_buffer const&>();
-      check_same_device(b, g.device(), "AdamW8bit.step (GradientBuffer)");
-      optim::adamw_step_async(b.executor(), state_, h, p, g.buffer().view(), count);
-      return skipped;
-    }
-    TORCH_CHECK(THPVariable_Check(grad.ptr()),
-                "AdamW8bit.step (grad): expected a tensor or a GradientBuffer of this module");
-    auto const g = grad.cast<torch::Tensor>();
-    check_vector(g, state_.size(), "AdamW8bit.step (grad)", b);
-    dispatch_element(g.scalar_type(), [&]<class T>(T) {
-      optim::adamw_step_async(b.executor(), state_, h, p, span_of<T const>(g), count);
+    with_device_source(grad, state_.size(), b, "AdamW8bit.step (grad)", [&](auto const& g) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(g)>,
+                                   agoq::gradient::device_gradient_buffer>) {
+        optim::adamw_step_async(b.executor(), state_, h, p, g.view(), count);
+      } else {
+        optim::adamw_step_async(b.executor(), state_, h, p, g, count);
+      }
     });
     return skipped;
   }
