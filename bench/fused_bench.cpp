@@ -15,10 +15,18 @@
 /// two-thread time (the speed-up). A fifth, `memory_floor`, moves the fused op's bytes and the
 /// plain op's with none of their arithmetic: its `vs_plain` is the least the fused op's can be
 /// on this machine where memory bounds both (a target below it cannot be met there).
+///
+/// The backward ops (`rmsnorm_backward`, `swiglu_backward`, `gelu_backward`, each `/from_saved`)
+/// read the gradient and the quantized saved copies the fused forward wrote, and write the input
+/// gradients. Each iteration also times a memcpy of the gradients' bytes (a source of the same
+/// size copied over them), and `vs_memcpy` is the summed memcpy time over the summed backward
+/// time: the fraction of memcpy bandwidth, which a backward reaches only if decoding its saved
+/// copies and its arithmetic cost nothing beyond their bytes.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <span>
 #include <string>
@@ -85,6 +93,21 @@ void run_threads(benchmark::State& state, Fused&& fused, std::int64_t bytes) {
   run(
       state, [&] { fused(agoq::host); }, [&] { fused(two_threads); }, bytes);
   state.counters["vs_one_thread"] = 1.0 / state.counters["vs_plain"].value;
+  state.counters.erase("vs_plain");
+}
+
+/// A backward op against a memcpy of `out_bytes`, the bytes of the gradients it writes.
+template <class Backward>
+void run_backward(benchmark::State& state, Backward&& backward, std::int64_t out_bytes,
+                  std::int64_t bytes) {
+  std::vector<std::uint8_t> const src(static_cast<std::size_t>(out_bytes), 0x5a);
+  std::vector<std::uint8_t> dst(static_cast<std::size_t>(out_bytes));
+  auto const copy = [&] {
+    std::memcpy(dst.data(), src.data(), src.size());
+    benchmark::ClobberMemory();
+  };
+  run(state, copy, backward, bytes);
+  state.counters["vs_memcpy"] = 1.0 / state.counters["vs_plain"].value;
   state.counters.erase("vs_plain");
 }
 
@@ -220,6 +243,46 @@ void residual(benchmark::State& state, int form) {
   run_form(state, form, plain, fused_on, unfused, 3 * tensor_bytes, 2, {saved.bytes()});
 }
 
+/// RMSNorm backward from the int8 copy its fused forward saved (dweight accumulates over the
+/// iterations, as over micro-batches).
+void rmsnorm_back(benchmark::State& state) {
+  std::vector<bfloat16> w(static_cast<std::size_t>(cols),
+                          agoq::numeric::from_float<bfloat16>(1.0f));
+  std::vector<bfloat16> dx(static_cast<std::size_t>(rows * cols));
+  std::vector<float> rstd(static_cast<std::size_t>(rows)), dw(static_cast<std::size_t>(cols));
+  quantized_tensor saved(act::int8_g128, rows, cols);
+  matrix_view<bfloat16> const dxv(dx.data(), rows, cols);
+  std::span<bfloat16 const> const ws(w);
+  act::rmsnorm_forward(agoq::host, in(1), ws, 1e-5f, dxv, saved.view(), std::span<float>(rstd),
+                       opt);
+  auto backward = [&] {
+    act::rmsnorm_backward(agoq::host, in(3), saved.view(), std::span<float const>(rstd), ws, dxv,
+                          std::span<float>(dw));
+  };
+  run_backward(state, backward, tensor_bytes, 2 * tensor_bytes + saved.bytes());
+}
+
+/// SwiGLU backward from the two int4 copies its fused forward saved.
+void swiglu_back(benchmark::State& state) {
+  std::vector<bfloat16> dg(static_cast<std::size_t>(rows * cols)),
+      du(static_cast<std::size_t>(rows * cols));
+  quantized_tensor sg(act::int4_g128, rows, cols), su(act::int4_g128, rows, cols);
+  matrix_view<bfloat16> const dgv(dg.data(), rows, cols), duv(du.data(), rows, cols);
+  act::swiglu_forward(agoq::host, in(1), in(2), dgv, sg.view(), su.view(), opt);
+  auto backward = [&] { act::swiglu_backward(agoq::host, in(3), sg.view(), su.view(), dgv, duv); };
+  run_backward(state, backward, 2 * tensor_bytes, 3 * tensor_bytes + sg.bytes() + su.bytes());
+}
+
+/// GeLU backward from the int4 copy its fused forward saved.
+void gelu_back(benchmark::State& state) {
+  std::vector<bfloat16> dx(static_cast<std::size_t>(rows * cols));
+  quantized_tensor saved(act::int4_g128, rows, cols);
+  matrix_view<bfloat16> const dxv(dx.data(), rows, cols);
+  act::gelu_forward(agoq::host, in(1), dxv, saved.view(), opt);
+  auto backward = [&] { act::gelu_backward(agoq::host, in(3), saved.view(), dxv); };
+  run_backward(state, backward, tensor_bytes, 2 * tensor_bytes + saved.bytes());
+}
+
 void register_all() {
   char const* forms[] = {"plain", "fused", "unfused", "fused_threads:2", "memory_floor"};
   for (int f = 0; f < 5; ++f) {
@@ -237,6 +300,15 @@ void register_all() {
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
+  benchmark::RegisterBenchmark("rmsnorm_backward/from_saved/bf16_4096x4096", rmsnorm_back)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("swiglu_backward/from_saved/bf16_4096x4096", swiglu_back)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gelu_backward/from_saved/bf16_4096x4096", gelu_back)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace
