@@ -1039,9 +1039,8 @@ std::int64_t gelu_rows(X const* x, Y* y, std::int64_t r0, std::int64_t r1, std::
 /// latency hides under the previous group's steps. y may be x itself (a step is written after it
 /// is read).
 template <code_format Code, rounding_kind Rounding, class X, class Y>
-AGOQ_HOST_WIDE_VECTORS std::int64_t gelu_rows(X const* x, Y* y, std::int64_t r0, std::int64_t r1,
-                                              std::int64_t cols,
-                                              group_saver<Code, Rounding, X>& save) {
+std::int64_t gelu_rows(X const* x, Y* y, std::int64_t r0, std::int64_t r1, std::int64_t cols,
+                       group_saver<Code, Rounding, X>& save) {
   namespace h = agoq::detail::host;
   std::int64_t const g = save.width(cols);
   std::int64_t nonfinite = save.read_group(x, r0, 0);

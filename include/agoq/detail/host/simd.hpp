@@ -46,10 +46,11 @@
 /// math: e^x and a division per element), so that GCC gives them 512-bit vectors where AVX-512 is
 /// enabled. GCC's tuning for Intel's AVX-512 machines prefers 256-bit vectors, which left those
 /// loops bound by their arithmetic at half the throughput (`fused_bench` on a Sapphire Rapids
-/// Xeon: the plain GeLU forward 1.4x and the fused one 2x slower); on an AMD EPYC (Zen 5) it
-/// measured within the noise (docs/performance.md). Only the vector width changes, not the
-/// operations, so every bit stays the same. A function with it is not inlined into one without it
-/// (a call per row or per piece of a row). Empty on other compilers and without AVX-512.
+/// Xeon: the plain GeLU forward 1.4x and the fused one 2x slower); on an AMD EPYC (Zen 5), where
+/// g++ takes 512-bit vectors already, only the fused GeLU's call per step shows (5-7% slower:
+/// docs/performance.md). Only the vector width changes, not the operations, so every bit stays
+/// the same. A function with it is not inlined into one without it (a call per row or per piece
+/// of a row). Empty on other compilers and without AVX-512.
 #if defined(AGOQ_HOST_AVX512) && defined(__GNUC__) && !defined(__clang__)
 #define AGOQ_HOST_WIDE_VECTORS [[gnu::target("prefer-vector-width=512")]]
 #else
