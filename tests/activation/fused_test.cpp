@@ -172,6 +172,19 @@ bool same_bits(std::vector<T> const& a, std::vector<T> const& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
+/// same_bits, except that any two NaNs match: IEEE 754 leaves a NaN's sign and payload open
+/// (x86's vector units return the negative default NaN for an invalid operation, its scalar
+/// ones pass an operand's NaN on), as fused_parity_test's hashes do.
+template <class T>
+bool same_bits_but_nan(std::vector<T> const& a, std::vector<T> const& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    bool const nan = std::isnan(d(a[i])) && std::isnan(d(b[i]));
+    if (!nan && std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return false;
+  }
+  return true;
+}
+
 // ---- RMSNorm -------------------------------------------------------------------------------
 
 constexpr float eps = 1e-5f;
@@ -286,6 +299,112 @@ TEST_CASE_TEMPLATE("rmsnorm_backward from the quantized input is within the prop
       bad_dw += !within(dw[i], dw_ref[i], dw_err[i] + g_dw * dw_mag[i]);
     }
     CHECK(bad_dw == 0);
+  }
+}
+
+/// Saved layouts for the two readers of rmsnorm_backward: the AVX-512 loops that decode each
+/// step into registers (row-wise groups of a multiple of 16 columns or one group a row, 8- or
+/// 4-bit codes: symmetric, asymmetric, FP8; groups of 48 take steps of 32 and 16) and the row
+/// buffer (the portable executor, and under the simd one groups of 24 or 7 columns, 2-bit codes
+/// and groups spanning rows).
+std::vector<spec> backward_reader_specs() {
+  return {int8_g128,
+          int4_g128,
+          spec::parse("int8_g32_sym_rne_f32"),
+          spec::parse("int4_g64_asym_rne_bf16"),
+          spec::parse("int8_g128_asym_rne_f32"),
+          spec::parse("int8_row_sym_rne_f32"),
+          spec::parse("int4_row_sym_rne_f32"),
+          spec::parse("fp8e4m3_g32_rne_e8m0"),
+          spec::parse("fp8e5m2_g32_rne_e8m0"),
+          spec::parse("int8_g48_sym_rne_f32"),
+          spec::parse("int8_g24_sym_rne_f32"),
+          spec::parse("int4_g7_sym_rne_f32"),
+          spec::parse("int2_g128_sym_sr_e8m0"),
+          spec::parse("int8_b16x64_sym_rne_f32")};
+}
+
+/// Writes +Inf, NaN and 2^127 (a finite scale whose products saturate at FLT_MAX) into the first
+/// three fp32 scales of a saved tensor, as only a corrupted buffer has them; returns the number of
+/// elements under a non-finite scale. Other scale formats are left as they are.
+std::int64_t corrupt_scales(quantized_tensor& t) {
+  agoq::quantized_layout const l = t.layout();
+  if (t.spec().scale != agoq::scale_format::f32 || l.groups() < 3) return 0;
+  float const values[] = {std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(), std::exp2(127.0f)};
+  for (std::int64_t g = 0; g < 3; ++g) {
+    std::memcpy(t.data() + l.scales_offset + 4 * g, &values[g], 4);
+  }
+  std::int64_t n = 0;
+  for (std::int64_t r = 0; r < l.rows; ++r) {
+    for (std::int64_t c = 0; c < l.cols; ++c) n += l.group_of(r, c) < 2;
+  }
+  return n;
+}
+
+TEST_CASE_TEMPLATE(
+    "rmsnorm_backward: the same bits and counts from either reader of the saved input", T, float,
+    bfloat16, half) {
+  float const inf = std::numeric_limits<float>::infinity();
+  for (shape const sh : {shape{19, 256}, shape{5, 200}, shape{3, 1100}, shape{4, 40}}) {
+    CAPTURE(sh.rows);
+    CAPTURE(sh.cols);
+    std::int64_t const n = sh.rows * sh.cols;
+    auto const x = random_tensor<T>(n, 21);
+    auto const w = random_tensor<T>(sh.cols, 22, 1.0f);
+    auto dy = random_tensor<T>(n, 23);
+    dy[1] = numeric::from_float<T>(std::numeric_limits<float>::quiet_NaN());
+    dy[static_cast<std::size_t>(sh.cols + 2)] = numeric::from_float<T>(inf);
+    dy[static_cast<std::size_t>(n - 1)] = numeric::from_float<T>(-inf);
+    std::vector<float> rstd(static_cast<std::size_t>(sh.rows));
+    std::vector<T> y(static_cast<std::size_t>(n));
+    for (spec const& s : backward_reader_specs()) {
+      CAPTURE(s.name());
+      quantized_tensor saved(s, sh.rows, sh.cols);
+      rmsnorm_forward(agoq::host, cview(x, sh.rows, sh.cols), std::span<T const>(w), eps,
+                      mview(y, sh.rows, sh.cols), saved.view(), std::span<float>(rstd), opts);
+      for (bool const corrupted : {false, true}) {
+        CAPTURE(corrupted);
+        std::int64_t const bad_scales = corrupted ? corrupt_scales(saved) : 0;
+        std::vector<std::vector<T>> dx;
+        std::vector<std::vector<float>> dw;
+        for (agoq::host_executor ex : {agoq::host, portable}) {
+          dx.emplace_back(static_cast<std::size_t>(n));
+          dw.emplace_back(static_cast<std::size_t>(sh.cols), 0.125f);
+          CHECK(rmsnorm_backward(ex, cview(dy, sh.rows, sh.cols), saved.view(),
+                                 std::span<float const>(rstd), std::span<T const>(w),
+                                 mview(dx.back(), sh.rows, sh.cols),
+                                 std::span<float>(dw.back())) == 3 + bad_scales);
+        }
+        CHECK(same_bits_but_nan(dx[0], dx[1]));
+        CHECK(same_bits_but_nan(dw[0], dw[1]));
+      }
+    }
+  }
+}
+
+TEST_CASE("rmsnorm_backward: mixed element types give the same bits from either reader") {
+  std::int64_t const rows = 7, cols = 96 + 24;
+  auto const x = random_tensor<bfloat16>(rows * cols, 31);
+  auto const w = random_tensor<float>(cols, 32, 1.0f);
+  auto const dy = random_tensor<bfloat16>(rows * cols, 33);
+  std::vector<float> rstd(static_cast<std::size_t>(rows));
+  std::vector<bfloat16> y(x.size());
+  for (spec const& s : {int8_g128, spec::parse("int4_g32_sym_rne_f32")}) {
+    CAPTURE(s.name());
+    quantized_tensor saved(s, rows, cols);
+    rmsnorm_forward(agoq::host, cview(x, rows, cols), std::span<float const>(w), eps,
+                    mview(y, rows, cols), saved.view(), std::span<float>(rstd), opts);
+    std::vector<half> dx_simd(x.size()), dx_portable(x.size());
+    std::vector<float> dw_simd(cols, 0.0f), dw_portable(cols, 0.0f);
+    rmsnorm_backward(agoq::host, cview(dy, rows, cols), saved.view(), std::span<float const>(rstd),
+                     std::span<float const>(w), mview(dx_simd, rows, cols),
+                     std::span<float>(dw_simd));
+    rmsnorm_backward(portable, cview(dy, rows, cols), saved.view(), std::span<float const>(rstd),
+                     std::span<float const>(w), mview(dx_portable, rows, cols),
+                     std::span<float>(dw_portable));
+    CHECK(same_bits(dx_simd, dx_portable));
+    CHECK(same_bits(dw_simd, dw_portable));
   }
 }
 

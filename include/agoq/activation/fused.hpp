@@ -2,8 +2,10 @@
 /// The CPU executor's fused producer/consumer ops of the activation path (DESIGN §5): RMSNorm,
 /// SwiGLU, GeLU (tanh approximation) and the residual add. A forward op writes its output *and*
 /// the quantized copy of the tensor its backward needs in one pass over the rows, quantizing each
-/// row's groups while the row is in the L1 cache; the backward op reads codes + scales directly,
-/// decoding one row at a time into a row-sized fp32 buffer (no full-size dequantized temporary).
+/// row's groups while the row is in the L1 cache; the backward op reads codes + scales directly
+/// (no full-size dequantized temporary): RMSNorm's AVX-512 loops decode each step of 32 values
+/// into registers (group_loader), the other loops decode one row at a time into a row-sized fp32
+/// buffer (row_loader).
 ///
 /// Tensors are row-major [tokens, features]; elements are float, bfloat16 or half; every op
 /// computes in fp32. The saved copy is bit-identical to agoq::quantize of the same tensor with the
@@ -472,6 +474,98 @@ class row_loader {
   std::vector<std::uint8_t> unpacked_;
   std::vector<float> row_;
 };
+
+#if defined(AGOQ_HOST_AVX512)
+
+/// Reads a saved tensor in the AVX-512 op loops, group by group, for row-wise groupings whose
+/// groups start on a multiple of 16 columns (groups of a multiple of 16 elements, or one group a
+/// row) with 8- or 4-bit codes under the simd executor: each step of 32 values is decoded from its
+/// codes straight into registers, arranged like a step of A (the op loop's arrangement), by the
+/// arithmetic of decode_row's vector loop (detail::host::decode_vec), hence the same values, with
+/// no row buffer between the codes and the op.
+template <code_format Code, class A>
+class group_loader {
+ public:
+  group_loader(const_quantized_view v, quantized_layout const& l) noexcept : view_(v), layout_(l) {}
+
+  /// The op loops' run of columns: one group.
+  std::int64_t width(std::int64_t cols) const noexcept { return std::min(layout_.tile.cols, cols); }
+
+  /// The values of one group, step by step: a value the op loop keeps in registers.
+  class group {
+   public:
+    group(group_params p, std::uint8_t const* codes, std::int64_t b) noexcept
+        : scale_(_mm512_set1_ps(p.scale)),
+          zero_point_(_mm512_set1_epi32(p.zero_point)),
+          codes_(codes),
+          b_(b),
+          saturate_(agoq::detail::host::decode_saturates<Code>(p.scale)) {}
+
+    /// The decoded values of the group's step at column j with `left` elements, arranged like a
+    /// step of A (absent elements decode from code 0: the op masks them), without decode_vec's
+    /// saturation where it cannot bind (integer codes under any scale below about 2^120).
+    [[gnu::always_inline]] void step(std::int64_t j, std::int64_t left, __m512& x0,
+                                     __m512& x1) const noexcept {
+      namespace h = agoq::detail::host;
+      __m512i c0, c1;
+      h::load_codes<Code::bits, Code::bits, A>(codes_ + (j - b_) * Code::bits / 8, left, c0, c1);
+      if (saturate_) {
+        x0 = h::decode_vec<Code>(c0, scale_, zero_point_);
+        x1 = h::decode_vec<Code>(c1, scale_, zero_point_);
+      } else {
+        x0 = h::decode_product<Code>(c0, scale_, zero_point_);
+        x1 = h::decode_product<Code>(c1, scale_, zero_point_);
+      }
+    }
+
+   private:
+    __m512 scale_;
+    __m512i zero_point_;
+    std::uint8_t const* codes_;  // the group's codes
+    std::int64_t b_;             // the group's first column
+    bool saturate_;              // decode_vec's saturation can change a value
+  };
+
+  /// Group k of row r; adds its element count to `bad_scales` if its stored scale is not finite
+  /// (as decode_row counts).
+  group begin(std::int64_t r, std::int64_t k, std::int64_t& bad_scales) const noexcept {
+    std::int64_t const b = k * layout_.tile.cols;
+    group_params const p = load_group_params(view_, r * layout_.group_grid_cols + k);
+    if (!numeric::is_finite(p.scale)) bad_scales += std::min(layout_.tile.cols, layout_.cols - b);
+    return group(p, view_.codes + r * layout_.code_row_bytes + b * Code::bits / 8, b);
+  }
+
+ private:
+  const_quantized_view view_;
+  quantized_layout layout_;
+};
+
+#endif  // AGOQ_HOST_AVX512
+
+/// Calls f(loader) with the reader of a saved tensor (its code family one of Codes) for an op loop
+/// whose steps are arranged like those of A, and returns its result: a group_loader where the
+/// AVX-512 op loops can decode into their registers (see there), else a row_loader.
+template <class Codes, class A, class F>
+std::int64_t with_loader(host_executor ex, const_quantized_view v, F&& f) {
+#if defined(AGOQ_HOST_AVX512)
+  quantized_layout const l = v.layout();
+  if (ex.simd && l.elements() > 0 && l.tile.rows == 1 &&
+      (l.tile.cols >= l.cols || l.tile.cols % 16 == 0)) {
+    return dispatch_code<Codes>(v.spec, [&](auto code) {
+      using Code = decltype(code);
+      if constexpr (Code::bits == 8 || Code::bits == 4) {
+        group_loader<Code, A> load(v, l);
+        return f(load);
+      } else {
+        row_loader<Codes> load(ex, v);
+        return f(load);
+      }
+    });
+  }
+#endif
+  row_loader<Codes> load(ex, v);
+  return f(load);
+}
 
 /// Throws unless `m` is [rows, cols] with data for its elements.
 template <class T>
@@ -1116,6 +1210,125 @@ std::int64_t count_nonfinite(T const* x, std::int64_t n) noexcept {
   return c;
 }
 
+/// RMSNorm backward of the rows [r0, r1) (of `cols` elements) of one block of dweight's rows, x̂
+/// row by row from a row_loader: writes dx and folds each row's dy x̂ r into `partial` (the
+/// block's sum, in element order). Returns the non-finite count of dy plus the values decoded
+/// under a non-finite stored scale.
+template <class Codes, class DY, class W, class DX>
+std::int64_t rmsnorm_backward_rows(row_loader<Codes>& load, DY const* dy, W const* w,
+                                   float const* rstd, DX* dx, float* partial, std::int64_t r0,
+                                   std::int64_t r1, std::int64_t cols) {
+  float const inv_cols = 1.0f / static_cast<float>(cols);
+  std::int64_t nonfinite = 0;
+  std::int64_t bad_scales = 0;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    DY const* dyr = dy + r * cols;
+    float const* xh = load.row(r, bad_scales);
+    nonfinite += count_nonfinite(dyr, cols);
+    float const rs = rstd[r];
+    float const c = lane_sum(cols,
+                             [&](std::int64_t i, float& a, float& b) {
+                               a = numeric::to_float(w[i]) * numeric::to_float(dyr[i]);
+                               b = xh[i];
+                             }) *
+                    inv_cols;
+    float const k = (rs * rs) * c;
+    DX* dxr = dx + r * cols;
+    for (std::int64_t i = 0; i < cols; ++i) {
+      float const d = numeric::to_float(dyr[i]);
+      partial[i] = std::fma(d * xh[i], rs, partial[i]);
+      dxr[i] = numeric::from_float<DX>(rs * std::fma(numeric::to_float(w[i]), d, -(xh[i] * k)));
+    }
+  }
+  return nonfinite + bad_scales;
+}
+
+#if defined(AGOQ_HOST_AVX512)
+
+/// The count of the non-finite lanes of v (absent elements, read as +0, are finite).
+[[gnu::always_inline]] inline std::int64_t nonfinite_lanes(__m512 v) noexcept {
+  // fpclass: quiet NaN (0x01), +Inf (0x08), -Inf (0x10), signaling NaN (0x80).
+  return _mm_popcnt_u32(static_cast<unsigned>(_mm512_fpclass_ps_mask(v, 0x99)));
+}
+
+/// RMSNorm backward rows with AVX-512, x̂ decoded into registers by a group_loader: the same
+/// arithmetic, in the same order, as the row_loader overload. The first pass streams each row's
+/// dy, codes and weights in and folds w dy x̂ into lane_sum's 16 lanes (each step's products and
+/// values put in element order: lane j takes the elements j mod 16 in order, as the groups start
+/// on multiples of 16) while it counts dy's non-finite values; the second pass reads dy and the
+/// codes again from the L1 cache, decodes again (cheaper than a row of fp32 values between the
+/// passes), writes dx in dy's arrangement and folds dy x̂ r into `partial` in element order.
+template <code_format Code, class DY, class W, class DX>
+[[gnu::noinline]] std::int64_t rmsnorm_backward_rows(group_loader<Code, DY> const& load,
+                                                     DY const* dy, W const* w, float const* rstd,
+                                                     DX* dx, float* partial, std::int64_t r0,
+                                                     std::int64_t r1, std::int64_t cols) {
+  namespace h = agoq::detail::host;
+  std::int64_t const g = load.width(cols);
+  float const inv_cols = 1.0f / static_cast<float>(cols);
+  std::int64_t nonfinite = 0;
+  std::int64_t bad_scales = 0;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    DY const* dyr = dy + r * cols;
+    DX* dxr = dx + r * cols;
+    __m512 acc = _mm512_setzero_ps();
+    for (std::int64_t b = 0, k = 0; b < cols; b += g, ++k) {
+      auto const values = load.begin(r, k, bad_scales);
+      auto const step = [&](std::int64_t j, std::int64_t left)
+          __attribute__((always_inline, flatten)) {
+        h::step_values const d = h::load_step(dyr + j, left);
+        h::step_values const wv = h::load_step_as<DY>(w + j, left);
+        __m512 x0, x1;
+        values.step(j, left, x0, x1);
+        nonfinite += nonfinite_lanes(d.v0) + nonfinite_lanes(d.v1);
+        __m512 a0 = _mm512_mul_ps(wv.v0, d.v0);
+        __m512 a1 = _mm512_mul_ps(wv.v1, d.v1);
+        h::unarrange<DY>(a0, a1);
+        h::unarrange<DY>(x0, x1);
+        acc = _mm512_mask3_fmadd_ps(a0, x0, acc, h::tail_mask16(left));
+        acc = _mm512_mask3_fmadd_ps(a1, x1, acc, h::tail_mask16(left - 16));
+      };
+      for_each_step(b, std::min(cols, b + g), step);
+    }
+    float const rs = rstd[r];
+    float const c = lane_total(acc) * inv_cols;
+    __m512 const rv = _mm512_set1_ps(rs);
+    __m512 const kv = _mm512_set1_ps((rs * rs) * c);
+    std::int64_t ignored = 0;  // counted in the first pass
+    for (std::int64_t b = 0, k = 0; b < cols; b += g, ++k) {
+      auto const values = load.begin(r, k, ignored);
+      auto const step = [&](std::int64_t j, std::int64_t left)
+          __attribute__((always_inline, flatten)) {
+        h::step_values const d = h::load_step(dyr + j, left);
+        h::step_values const wv = h::load_step_as<DY>(w + j, left);
+        __m512 x0, x1;
+        values.step(j, left, x0, x1);
+        h::store_step_as<DY>(
+            dxr + j, _mm512_mul_ps(rv, _mm512_fmsub_ps(wv.v0, d.v0, _mm512_mul_ps(x0, kv))),
+            _mm512_mul_ps(rv, _mm512_fmsub_ps(wv.v1, d.v1, _mm512_mul_ps(x1, kv))), left);
+        __m512 p0 = _mm512_mul_ps(d.v0, x0);
+        __m512 p1 = _mm512_mul_ps(d.v1, x1);
+        h::unarrange<DY>(p0, p1);
+        float* pj = partial + j;
+        if (left >= h::simd_step) {
+          _mm512_storeu_ps(pj, _mm512_fmadd_ps(p0, rv, _mm512_loadu_ps(pj)));
+          _mm512_storeu_ps(pj + 16, _mm512_fmadd_ps(p1, rv, _mm512_loadu_ps(pj + 16)));
+        } else {
+          __mmask16 const m0 = h::tail_mask16(left);
+          __mmask16 const m1 = h::tail_mask16(left - 16);
+          _mm512_mask_storeu_ps(pj, m0, _mm512_fmadd_ps(p0, rv, _mm512_maskz_loadu_ps(m0, pj)));
+          _mm512_mask_storeu_ps(pj + 16, m1,
+                                _mm512_fmadd_ps(p1, rv, _mm512_maskz_loadu_ps(m1, pj + 16)));
+        }
+      };
+      for_each_step(b, std::min(cols, b + g), step);
+    }
+  }
+  return nonfinite + bad_scales;
+}
+
+#endif  // AGOQ_HOST_AVX512
+
 }  // namespace fused_detail
 
 /// Element types the fused ops read (possibly const).
@@ -1191,7 +1404,6 @@ std::int64_t rmsnorm_backward(host_executor ex, matrix_view<DY> dy, const_quanti
   DT* dxp = dx.data_handle();
   W const* w = weight.data();
   float* dwp = dweight.data();
-  float const inv_cols = 1.0f / static_cast<float>(cols);
   // dweight is summed in blocks of rows, each folded from 0 in row order and added to dweight in
   // block order. One thread adds each block as it ends; several keep every block's sum until all
   // have joined, then add them in the same order: the same bits.
@@ -1200,38 +1412,21 @@ std::int64_t rmsnorm_backward(host_executor ex, matrix_view<DY> dy, const_quanti
   int const threads = agoq::detail::host::call_threads(ex, blocks, block * cols);
   std::vector<float> block_sums(threads > 1 ? static_cast<std::size_t>(blocks * cols) : 0);
   auto const run = [&](std::int64_t b0, std::int64_t b1) {
-    fused_detail::row_loader<Codes> loader(ex, saved_x);
-    std::vector<float> own(threads > 1 ? 0 : static_cast<std::size_t>(cols));
-    std::int64_t nonfinite = 0;
-    std::int64_t bad_scales = 0;
-    for (std::int64_t bi = b0; bi < b1; ++bi) {
-      float* partial = threads > 1 ? block_sums.data() + bi * cols : own.data();
-      std::fill(partial, partial + cols, 0.0f);
-      for (std::int64_t r = bi * block, end = std::min(rows, r + block); r < end; ++r) {
-        auto const* dyr = dyp + r * cols;
-        float const* xh = loader.row(r, bad_scales);
-        nonfinite += fused_detail::count_nonfinite(dyr, cols);
-        float const rs = rstd[static_cast<std::size_t>(r)];
-        float const c =
-            fused_detail::lane_sum(cols,
-                                   [&](std::int64_t i, float& a, float& b) {
-                                     a = numeric::to_float(w[i]) * numeric::to_float(dyr[i]);
-                                     b = xh[i];
-                                   }) *
-            inv_cols;
-        float const k = (rs * rs) * c;
-        DT* dxr = dxp + r * cols;
-        for (std::int64_t i = 0; i < cols; ++i) {
-          float const d = numeric::to_float(dyr[i]);
-          partial[i] = std::fma(d * xh[i], rs, partial[i]);
-          dxr[i] = numeric::from_float<DT>(rs * std::fma(numeric::to_float(w[i]), d, -(xh[i] * k)));
+    return fused_detail::with_loader<Codes, std::remove_const_t<DY>>(ex, saved_x, [&](auto& load) {
+      std::vector<float> own(threads > 1 ? 0 : static_cast<std::size_t>(cols));
+      std::int64_t count = 0;
+      for (std::int64_t bi = b0; bi < b1; ++bi) {
+        float* partial = threads > 1 ? block_sums.data() + bi * cols : own.data();
+        std::fill(partial, partial + cols, 0.0f);
+        count +=
+            fused_detail::rmsnorm_backward_rows(load, dyp, w, rstd.data(), dxp, partial, bi * block,
+                                                std::min(rows, (bi + 1) * block), cols);
+        if (threads == 1) {
+          for (std::int64_t i = 0; i < cols; ++i) dwp[i] += partial[i];
         }
       }
-      if (threads == 1) {
-        for (std::int64_t i = 0; i < cols; ++i) dwp[i] += partial[i];
-      }
-    }
-    return nonfinite + bad_scales;
+      return count;
+    });
   };
   std::int64_t const count = agoq::detail::host::parallel_sum(ex.pool, threads, blocks, run);
   for (std::int64_t bi = 0; bi < (threads > 1 ? blocks : 0); ++bi) {

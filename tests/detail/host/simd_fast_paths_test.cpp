@@ -246,7 +246,9 @@ TEST_CASE_TEMPLATE("vector statistics equal the portable ones with a non-finite 
 }
 
 // Decoders on bytes quantize never writes (FP8 NaN codes, E5M2 infinities, asymmetric codes off
-// the zero point) and on arbitrary finite or zero scales.
+// the zero point) and on arbitrary scales: zero, finite, huge (2^108 to 2^127, either side of
+// FLT_MAX / 256, above which the vector decoders saturate integer codes at ±FLT_MAX as the
+// portable ones do, and below which they skip it), infinite and NaN.
 TEST_CASE("vector decoders equal the portable ones on arbitrary stored bytes") {
   std::mt19937 gen(11);
   for (char const* name : {"fp8e4m3_g32_rne_f32", "fp8e5m2_g32_rne_f32", "int8_g64_asym_rne_f32",
@@ -260,10 +262,15 @@ TEST_CASE("vector decoders equal the portable ones on arbitrary stored bytes") {
     for (std::int64_t i = 0; i < l.total_bytes; ++i) {
       q.data()[i] = static_cast<std::uint8_t>(gen());
     }
+    float const edge = numeric::max_finite_float / 256.0f;
     for (std::int64_t g = 0; g < l.groups(); ++g) {
-      float const s = g % 5 == 0 ? 0.0f
-                                 : std::ldexp(static_cast<float>(gen() % 1000 + 1),
-                                              static_cast<int>(gen() % 200) - 140);
+      float s =
+          std::ldexp(static_cast<float>(gen() % 1000 + 1), static_cast<int>(gen() % 200) - 140);
+      if (g % 5 == 0) s = 0.0f;
+      if (g % 7 == 1)
+        s = std::ldexp(static_cast<float>(gen() % 1000 + 1), 98 + static_cast<int>(gen() % 20));
+      if (g % 7 == 2) s = g % 2 ? edge : std::nextafter(edge, HUGE_VALF);
+      if (g % 11 == 3) s = g % 2 ? HUGE_VALF : std::numeric_limits<float>::quiet_NaN();
       std::memcpy(q.data() + l.scales_offset + 4 * g, &s, 4);
     }
     std::vector<float> a(static_cast<std::size_t>(rows * cols)), b(a.size());

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -823,19 +824,35 @@ inline __m512 fp8_values(__m512i c) noexcept {
       _mm512_or_si512(v, _mm512_and_si512(c, _mm512_set1_epi32(static_cast<int>(0x80000000u)))));
 }
 
-/// numeric::decode of codes held in the top Code::bits bits of each lane.
+/// numeric::decode of codes held in the top Code::bits bits of each lane, before its saturation
+/// at ±FLT_MAX: the same values wherever that cannot bind (decode_saturates false).
 template <code_format Code>
-inline __m512 decode_vec(__m512i c, __m512 scale, __m512i zero_point) noexcept {
-  __m512 y;
+[[gnu::always_inline]] inline __m512 decode_product(__m512i c, __m512 scale,
+                                                    __m512i zero_point) noexcept {
   if constexpr (is_fp8_code<Code>) {
-    y = _mm512_mul_ps(fp8_values<Code>(c), scale);
+    return _mm512_mul_ps(fp8_values<Code>(c), scale);
   } else if constexpr (Code::has_zero_point) {
-    y = _mm512_mul_ps(
+    return _mm512_mul_ps(
         _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(c, 32 - Code::bits), zero_point)),
         scale);
   } else {
-    y = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(c, 32 - Code::bits)), scale);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(c, 32 - Code::bits)), scale);
   }
+}
+
+/// Whether decode_vec's saturation at ±FLT_MAX can change a decode_product under `scale`: for FP8
+/// codes (which hold infinities, or values up to 57344), and for integer codes (step counts, code
+/// minus zero point, at most 255 in magnitude) under a scale that is not finite or above
+/// FLT_MAX / 256 (about 2^120).
+template <code_format Code>
+inline bool decode_saturates(float scale) noexcept {
+  return is_fp8_code<Code> || !(std::abs(scale) <= numeric::max_finite_float / 256.0f);
+}
+
+/// numeric::decode of codes held in the top Code::bits bits of each lane.
+template <code_format Code>
+inline __m512 decode_vec(__m512i c, __m512 scale, __m512i zero_point) noexcept {
+  __m512 const y = decode_product<Code>(c, scale, zero_point);
   // Saturate at ±FLT_MAX like numeric's decode; max/min return their second operand (y) for NaN.
   __m512 const m = _mm512_set1_ps(numeric::max_finite_float);
   return _mm512_min_ps(m, _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), m), y));
@@ -912,17 +929,24 @@ template <element_type T>
   }
 }
 
-/// Decodes n codes of one group, `Width`-bit fields at src, into y.
+/// Decodes n codes of one group, `Width`-bit fields at src, into y (without decode_vec's
+/// saturation where it cannot bind).
 template <code_format Code, int Width, element_type T>
 inline void decode_simd(std::uint8_t const* src, std::int64_t n, group_params p, T* y) noexcept {
   __m512 const scale = _mm512_set1_ps(p.scale);
   __m512i const zero_point = _mm512_set1_epi32(p.zero_point);
-  for (std::int64_t i = 0; i < n; i += simd_step) {
-    std::int64_t const left = n - i;
-    __m512i c0, c1;
-    load_codes<Width, Code::bits, T>(src + i * Width / 8, left, c0, c1);
-    store_step(y + i, decode_vec<Code>(c0, scale, zero_point),
-               decode_vec<Code>(c1, scale, zero_point), left);
+  auto const decode = [&](auto value) {
+    for (std::int64_t i = 0; i < n; i += simd_step) {
+      std::int64_t const left = n - i;
+      __m512i c0, c1;
+      load_codes<Width, Code::bits, T>(src + i * Width / 8, left, c0, c1);
+      store_step(y + i, value(c0), value(c1), left);
+    }
+  };
+  if (decode_saturates<Code>(p.scale)) {
+    decode([&](__m512i c) { return decode_vec<Code>(c, scale, zero_point); });
+  } else {
+    decode([&](__m512i c) { return decode_product<Code>(c, scale, zero_point); });
   }
 }
 
