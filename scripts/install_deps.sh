@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what agoq's build, tests, benchmarks and demo need on Debian 12, when it is missing.
-# The CUDA 13 toolkit (nvcc, CCCL) is a prerequisite and is not installed here. The PyTorch example
-# (examples/pytorch) uses Debian's torch: python3-torch, with libopenblas0-pthread (without it
-# Debian's torch multiplies matrices with the reference BLAS, about 30x slower), python3-dev (the
-# extension's build) and python3-matplotlib (the results plot).
+# The CUDA 13 toolkit (nvcc, CCCL) is a prerequisite and is not installed here. clang (Debian's
+# clang 14) builds the consumer_clang test: the public headers under a second host compiler. The
+# PyTorch example (examples/pytorch) uses Debian's torch: python3-torch, with libopenblas0-pthread
+# (without it Debian's torch multiplies matrices with the reference BLAS, about 30x slower),
+# python3-dev (the extension's build) and python3-matplotlib (the results plot).
 set -euo pipefail
 
-packages=(cmake ninja-build g++ doctest-dev libbenchmark-dev libboost-context-dev openmpi-bin libopenmpi-dev
-  python3-torch libopenblas0-pthread python3-dev python3-matplotlib)
+packages=(cmake ninja-build g++ clang doctest-dev libbenchmark-dev libboost-context-dev openmpi-bin
+  libopenmpi-dev python3-torch libopenblas0-pthread python3-dev python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

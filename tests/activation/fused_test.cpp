@@ -673,7 +673,9 @@ TEST_CASE_TEMPLATE(
                    mview(out_u, sh.rows, sh.cols));
     std::vector<T> y_plain(static_cast<std::size_t>(n));
     gelu_forward(agoq::host, cview(gate, sh.rows, sh.cols), mview(y_plain, sh.rows, sh.cols));
-    for (auto const& [gs, us] : pairs) {
+    for (auto const& pair : pairs) {
+      spec const& gs = pair.first;  // not a structured binding: clang 14 cannot capture one
+      spec const& us = pair.second;
       CAPTURE(gs.name());
       CAPTURE(us.name());
       for (agoq::host_executor ex : {agoq::host, portable}) {

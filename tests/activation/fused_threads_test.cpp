@@ -130,7 +130,9 @@ TEST_CASE("the fused ops give the same bits on any number of threads") {
       {1, 300}, {37, 300}, {130, 129}, {5, 4100}};
   for (auto const& name : specs) {
     spec const s = spec::parse(name);
-    for (auto [rows, cols] : shapes) {
+    for (auto const& shape : shapes) {
+      std::int64_t const rows = shape.first;   // not a structured binding: INFO below captures it,
+      std::int64_t const cols = shape.second;  // which clang before 16 cannot
       for (bool simd : {true, false}) {
         outputs const ref = run_all(host_executor{.simd = simd}, s, rows, cols);
         for (int threads : {2, 3, 7}) {

@@ -358,10 +358,14 @@ TEST_CASE("adamw: bad arguments throw before anything changes") {
 }
 
 TEST_CASE("decode_flat_run decodes row-major runs across rows like dequantize") {
-  for (auto const& [name, rows, cols] :
+  for (auto const& shape :
        {std::tuple{"int8_g128_sym_sr_f32", 3, 300}, std::tuple{"fp8e4m3_g32_rne_e8m0", 9, 13},
         std::tuple{"int8_row_asym_rne_bf16", 5, 7}, std::tuple{"int8_col_sym_rne_f32", 4, 3},
         std::tuple{"fp8e5m2_b3x5_rne_f32", 7, 11}}) {
+    // Not a structured binding: INFO below captures these, which clang before 16 cannot.
+    char const* const name = std::get<0>(shape);
+    int const rows = std::get<1>(shape);
+    int const cols = std::get<2>(shape);
     INFO(name << " " << rows << "x" << cols);
     spec const s = spec::parse(name);
     std::int64_t const n = std::int64_t{rows} * cols;

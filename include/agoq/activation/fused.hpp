@@ -805,13 +805,13 @@ AGOQ_HOST_DEVICE inline float gelu_grad(float d, float v) noexcept {
 
 // The element loops of SwiGLU and GeLU on the CPU executor, which g++ vectorizes (with 512-bit
 // vectors under AVX-512: AGOQ_HOST_WIDE_VECTORS). Outputs may be inputs themselves: each element
-// is read before it is written and no iteration depends on another, which `ivdep` tells g++ so
-// that it drops the overlap test it would otherwise make and run in place at vector speed.
+// is read before it is written and no iteration depends on another, which AGOQ_HOST_IVDEP tells
+// g++ so that it drops the overlap test it would otherwise make and run in place at vector speed.
 
 /// o[i] = swiglu(g[i], u[i]) for i in [0, n). Host only.
 template <class G, class U, class O>
 AGOQ_HOST_WIDE_VECTORS void swiglu_span(G const* g, U const* u, O* o, std::int64_t n) noexcept {
-#pragma GCC ivdep
+  AGOQ_HOST_IVDEP
   for (std::int64_t i = 0; i < n; ++i) {
     o[i] = numeric::from_float<O>(swiglu(numeric::to_float(g[i]), numeric::to_float(u[i])));
   }
@@ -820,7 +820,7 @@ AGOQ_HOST_WIDE_VECTORS void swiglu_span(G const* g, U const* u, O* o, std::int64
 /// y[i] = gelu(x[i]) for i in [0, n). Host only.
 template <class X, class Y>
 AGOQ_HOST_WIDE_VECTORS void gelu_span(X const* x, Y* y, std::int64_t n) noexcept {
-#pragma GCC ivdep
+  AGOQ_HOST_IVDEP
   for (std::int64_t i = 0; i < n; ++i) y[i] = numeric::from_float<Y>(gelu(numeric::to_float(x[i])));
 }
 
@@ -828,7 +828,7 @@ AGOQ_HOST_WIDE_VECTORS void gelu_span(X const* x, Y* y, std::int64_t n) noexcept
 template <class D, class DG, class DU>
 AGOQ_HOST_WIDE_VECTORS void swiglu_grads_span(D const* d, float const* g, float const* u, DG* dg,
                                               DU* du, std::int64_t n) noexcept {
-#pragma GCC ivdep
+  AGOQ_HOST_IVDEP
   for (std::int64_t i = 0; i < n; ++i) {
     float dgi, dui;
     swiglu_grads(numeric::to_float(d[i]), g[i], u[i], dgi, dui);
@@ -841,7 +841,7 @@ AGOQ_HOST_WIDE_VECTORS void swiglu_grads_span(D const* d, float const* g, float 
 template <class DY, class DX>
 AGOQ_HOST_WIDE_VECTORS void gelu_grad_span(DY const* dy, float const* x, DX* dx,
                                            std::int64_t n) noexcept {
-#pragma GCC ivdep
+  AGOQ_HOST_IVDEP
   for (std::int64_t i = 0; i < n; ++i) {
     dx[i] = numeric::from_float<DX>(gelu_grad(numeric::to_float(dy[i]), x[i]));
   }

@@ -539,7 +539,16 @@ all_reduce_result all_reduce(host_executor ex, C& comm, std::int64_t n, Source c
                              Sink const& sink, all_reduce_options const& opt, local_error err) {
   scattered x =
       scatter_chunks(ex, comm, n, src, opt, err, collective_kind::all_reduce, "all_reduce_8bit");
-  auto& [p, rank, plan, s, bb, send, recv, local] = x;
+  // References, not a structured binding: the lambda below uses them, and clang before 16 cannot
+  // capture a structured binding.
+  int const p = x.p;
+  int const rank = x.rank;
+  chunk_plan const& plan = x.plan;
+  spec const& s = x.s;
+  std::int64_t const bb = x.block_bytes;
+  std::vector<std::byte>& send = x.send;
+  std::vector<std::byte>& recv = x.recv;
+  std::int64_t const local = x.local_nonfinite;
   std::vector<float> scratch;
   float const divisor = opt.average ? static_cast<float>(p) : 1.0f;
   requantize_chunk(plan, rank, s, stream_key(opt.seed, opt.step, stream_tag::gather, 0), 0,
