@@ -1268,6 +1268,18 @@ template <code_format Code, class DY, class W, class DX>
   float const inv_cols = 1.0f / static_cast<float>(cols);
   std::int64_t nonfinite = 0;
   std::int64_t bad_scales = 0;
+  // A step's operands, in dy's arrangement: dy, the weights and x̂ (decoded from `values`, its
+  // group's reader).
+  struct operands {
+    h::step_values d, w;
+    __m512 x0, x1;
+  };
+  auto const load_operands = [&](DY const* dyr, auto const& values, std::int64_t j,
+                                 std::int64_t left) __attribute__((always_inline)) {
+    operands o{h::load_step(dyr + j, left), h::load_step_as<DY>(w + j, left), {}, {}};
+    values.step(j, left, o.x0, o.x1);
+    return o;
+  };
   for (std::int64_t r = r0; r < r1; ++r) {
     DY const* dyr = dy + r * cols;
     DX* dxr = dx + r * cols;
@@ -1276,17 +1288,14 @@ template <code_format Code, class DY, class W, class DX>
       auto const values = load.begin(r, k, bad_scales);
       auto const step = [&](std::int64_t j, std::int64_t left)
           __attribute__((always_inline, flatten)) {
-        h::step_values const d = h::load_step(dyr + j, left);
-        h::step_values const wv = h::load_step_as<DY>(w + j, left);
-        __m512 x0, x1;
-        values.step(j, left, x0, x1);
-        nonfinite += nonfinite_lanes(d.v0) + nonfinite_lanes(d.v1);
-        __m512 a0 = _mm512_mul_ps(wv.v0, d.v0);
-        __m512 a1 = _mm512_mul_ps(wv.v1, d.v1);
+        operands o = load_operands(dyr, values, j, left);
+        nonfinite += nonfinite_lanes(o.d.v0) + nonfinite_lanes(o.d.v1);
+        __m512 a0 = _mm512_mul_ps(o.w.v0, o.d.v0);
+        __m512 a1 = _mm512_mul_ps(o.w.v1, o.d.v1);
         h::unarrange<DY>(a0, a1);
-        h::unarrange<DY>(x0, x1);
-        acc = _mm512_mask3_fmadd_ps(a0, x0, acc, h::tail_mask16(left));
-        acc = _mm512_mask3_fmadd_ps(a1, x1, acc, h::tail_mask16(left - 16));
+        h::unarrange<DY>(o.x0, o.x1);
+        acc = _mm512_mask3_fmadd_ps(a0, o.x0, acc, h::tail_mask16(left));
+        acc = _mm512_mask3_fmadd_ps(a1, o.x1, acc, h::tail_mask16(left - 16));
       };
       for_each_step(b, std::min(cols, b + g), step);
     }
@@ -1299,15 +1308,12 @@ template <code_format Code, class DY, class W, class DX>
       auto const values = load.begin(r, k, ignored);
       auto const step = [&](std::int64_t j, std::int64_t left)
           __attribute__((always_inline, flatten)) {
-        h::step_values const d = h::load_step(dyr + j, left);
-        h::step_values const wv = h::load_step_as<DY>(w + j, left);
-        __m512 x0, x1;
-        values.step(j, left, x0, x1);
+        operands const o = load_operands(dyr, values, j, left);
         h::store_step_as<DY>(
-            dxr + j, _mm512_mul_ps(rv, _mm512_fmsub_ps(wv.v0, d.v0, _mm512_mul_ps(x0, kv))),
-            _mm512_mul_ps(rv, _mm512_fmsub_ps(wv.v1, d.v1, _mm512_mul_ps(x1, kv))), left);
-        __m512 p0 = _mm512_mul_ps(d.v0, x0);
-        __m512 p1 = _mm512_mul_ps(d.v1, x1);
+            dxr + j, _mm512_mul_ps(rv, _mm512_fmsub_ps(o.w.v0, o.d.v0, _mm512_mul_ps(o.x0, kv))),
+            _mm512_mul_ps(rv, _mm512_fmsub_ps(o.w.v1, o.d.v1, _mm512_mul_ps(o.x1, kv))), left);
+        __m512 p0 = _mm512_mul_ps(o.d.v0, o.x0);
+        __m512 p1 = _mm512_mul_ps(o.d.v1, o.x1);
         h::unarrange<DY>(p0, p1);
         float* pj = partial + j;
         if (left >= h::simd_step) {
