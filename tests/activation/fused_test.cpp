@@ -378,6 +378,15 @@ TEST_CASE_TEMPLATE(
         }
         CHECK(same_bits_but_nan(dx[0], dx[1]));
         CHECK(same_bits_but_nan(dw[0], dw[1]));
+        // In place: dx written over dy.
+        std::vector<T> g = dy;
+        std::vector<float> dw_in_place(static_cast<std::size_t>(sh.cols), 0.125f);
+        CHECK(rmsnorm_backward(agoq::host, cview(g, sh.rows, sh.cols), saved.view(),
+                               std::span<float const>(rstd), std::span<T const>(w),
+                               mview(g, sh.rows, sh.cols),
+                               std::span<float>(dw_in_place)) == 3 + bad_scales);
+        CHECK(same_bits(g, dx[0]));
+        CHECK(same_bits(dw_in_place, dw[0]));
       }
     }
   }
