@@ -507,14 +507,11 @@ class group_loader {
     [[gnu::always_inline]] void step(std::int64_t j, std::int64_t left, __m512& x0,
                                      __m512& x1) const noexcept {
       namespace h = agoq::detail::host;
-      __m512i c0, c1;
-      h::load_codes<Code::bits, Code::bits, A>(codes_ + (j - b_) * Code::bits / 8, left, c0, c1);
+      std::uint8_t const* src = codes_ + (j - b_) * Code::bits / 8;
       if (saturate_) {
-        x0 = h::decode_vec<Code>(c0, scale_, zero_point_);
-        x1 = h::decode_vec<Code>(c1, scale_, zero_point_);
+        h::decode_step<Code, Code::bits, A, true>(src, left, scale_, zero_point_, x0, x1);
       } else {
-        x0 = h::decode_product<Code>(c0, scale_, zero_point_);
-        x1 = h::decode_product<Code>(c1, scale_, zero_point_);
+        h::decode_step<Code, Code::bits, A, false>(src, left, scale_, zero_point_, x0, x1);
       }
     }
 

@@ -938,24 +938,42 @@ template <element_type T>
   }
 }
 
+/// Decodes a step of `Width`-bit fields at src (at most `left` codes; absent ones decode from code
+/// 0) into x0 and x1, split like a step of T: decode_vec, or decode_product where Saturate is false
+/// (decode_saturates is false for the group's scale).
+template <code_format Code, int Width, class T, bool Saturate>
+[[gnu::always_inline]] inline void decode_step(std::uint8_t const* src, std::int64_t left,
+                                               __m512 scale, __m512i zero_point, __m512& x0,
+                                               __m512& x1) noexcept {
+  __m512i c0, c1;
+  load_codes<Width, Code::bits, T>(src, left, c0, c1);
+  if constexpr (Saturate) {
+    x0 = decode_vec<Code>(c0, scale, zero_point);
+    x1 = decode_vec<Code>(c1, scale, zero_point);
+  } else {
+    x0 = decode_product<Code>(c0, scale, zero_point);
+    x1 = decode_product<Code>(c1, scale, zero_point);
+  }
+}
+
 /// Decodes n codes of one group, `Width`-bit fields at src, into y (without decode_vec's
 /// saturation where it cannot bind).
 template <code_format Code, int Width, element_type T>
 inline void decode_simd(std::uint8_t const* src, std::int64_t n, group_params p, T* y) noexcept {
   __m512 const scale = _mm512_set1_ps(p.scale);
   __m512i const zero_point = _mm512_set1_epi32(p.zero_point);
-  auto const decode = [&](auto value) {
+  auto const decode = [&](auto saturate) {
     for (std::int64_t i = 0; i < n; i += simd_step) {
-      std::int64_t const left = n - i;
-      __m512i c0, c1;
-      load_codes<Width, Code::bits, T>(src + i * Width / 8, left, c0, c1);
-      store_step(y + i, value(c0), value(c1), left);
+      __m512 x0, x1;
+      decode_step<Code, Width, T, decltype(saturate)::value>(src + i * Width / 8, n - i, scale,
+                                                             zero_point, x0, x1);
+      store_step(y + i, x0, x1, n - i);
     }
   };
   if (decode_saturates<Code>(p.scale)) {
-    decode([&](__m512i c) { return decode_vec<Code>(c, scale, zero_point); });
+    decode(std::true_type{});
   } else {
-    decode([&](__m512i c) { return decode_product<Code>(c, scale, zero_point); });
+    decode(std::false_type{});
   }
 }
 
