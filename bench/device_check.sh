@@ -2,8 +2,10 @@
 # The device tier in one go, on a machine with a CUDA GPU: builds for sm_90 (or $CUDA_ARCH),
 # runs the device tests (ctest label gpu) and the quantized-matmul example, runs the device
 # benchmarks and the PyTorch extension's device tests, and writes a summary (pass/fail per test,
-# GB/s and ratio to copy per kernel) to <out>/summary.md. About 3-5 minutes on an H100/H200, and a
-# few more for the PyTorch device module's build (AGOQ_CHECK_TORCH=0 leaves it out).
+# GB/s and ratio to copy per kernel) to <out>/summary.md and every log, JSON and the summary to
+# one archive, <out>.tar.xz (for a machine that returns few files). About 3-5 minutes on an
+# H100/H200. The PyTorch modules build (nvcc, a few minutes) in the background from the start,
+# beside the device tier, and their tests run last (AGOQ_CHECK_TORCH=0 leaves them out).
 #
 #   bench/device_check.sh [out-dir]
 #   bench/device_check.sh --prebuilt DIR [out-dir]
@@ -23,6 +25,7 @@ if [ "${1:-}" = "--prebuilt" ]; then
   shift 2
 fi
 out="${1:-device-check}"
+out="${out%/}"
 mkdir -p "$out"
 arch="${CUDA_ARCH:-90}"
 # The tests in ctest's names: <suite>_device_test_<element> runs one suite of the binary
@@ -73,6 +76,22 @@ run_test_binaries() {
   return $rc
 }
 
+# The PyTorch extension's CPU and device modules (examples/pytorch/agoq_torch, into build-torch/;
+# the device module is four nvcc translation units of 2-6 minutes each, compiled in parallel)
+# build in the background while the device tier runs; their tests wait for it at the end. The
+# build shares the CPU with the benchmarks' launches, not the GPU.
+torch_build_pid=""
+if [ "${AGOQ_CHECK_TORCH:-1}" != 0 ] &&
+    python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+  # torch's name of the architecture: 90 -> 9.0, 100 -> 10.0; the tests' load then finds the
+  # modules built for it.
+  export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-${arch%?}.${arch: -1}}"
+  AGOQ_TORCH_BUILD_DIR="$PWD/build-torch" PYTHONPATH="$PWD/examples/pytorch${PYTHONPATH:+:$PYTHONPATH}" \
+    timeout 900 python3 -c "import agoq_torch; agoq_torch.device_module()" \
+    >"$out/torch_build.log" 2>&1 &
+  torch_build_pid=$!
+fi
+
 if [ -n "$prebuilt" ]; then
   build="$prebuilt"
   export LD_LIBRARY_PATH="$PWD/$prebuilt/lib:${LD_LIBRARY_PATH:-}"
@@ -117,22 +136,26 @@ bench_rc=$(run_benches "$build" "$out")
 python3 bench/summarize_device.py "$out" "$tests_rc" "$example_rc" "$bench_rc" >"$out/summary.md"
 
 # The PyTorch extension's calls on CUDA tensors (examples/pytorch/tests/test_device.py: every
-# result against the CPU module's, bit for bit), where python3's torch sees a GPU and
-# AGOQ_CHECK_TORCH is not 0. It builds the extension's CPU and device modules first (into
-# build-torch/; the device module is three nvcc translation units of 2-3 minutes each, built in
-# parallel), so it runs after everything else: a lease that ends during it keeps the rest of the
-# summary.
+# result against the CPU module's, bit for bit), once the background build above has ended. It
+# runs after everything else: a lease that ends during it keeps the rest of the summary.
 torch_rc=0
-if [ "${AGOQ_CHECK_TORCH:-1}" != 0 ] &&
-    python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
-  AGOQ_TORCH_BUILD_DIR="$PWD/build-torch" timeout 900 python3 -m unittest discover \
-    -s examples/pytorch/tests -p test_device.py -v >"$out/torch_device.log" 2>&1
-  torch_rc=$?
+if [ -n "$torch_build_pid" ]; then
+  wait "$torch_build_pid"
+  torch_build_rc=$?
+  if [ "$torch_build_rc" -eq 0 ]; then
+    AGOQ_TORCH_BUILD_DIR="$PWD/build-torch" timeout 600 python3 -m unittest discover \
+      -s examples/pytorch/tests -p test_device.py -v >"$out/torch_device.log" 2>&1
+    torch_rc=$?
+  else
+    torch_rc=$torch_build_rc
+    tail -n 40 "$out/torch_build.log" >"$out/torch_device.log"
+  fi
   {
     echo
-    echo "## PyTorch extension on CUDA tensors (test_device.py, exit code $torch_rc)"
+    echo "## PyTorch extension on CUDA tensors (build exit code $torch_build_rc, test_device.py" \
+      "exit code $torch_rc)"
     echo
-    grep -E "^(test_|Ran |OK|FAILED)" "$out/torch_device.log" | sed 's/^/    /'
+    grep -E "^(test_|Ran |OK|FAILED)|rror" "$out/torch_device.log" | sed 's/^/    /'
   } >>"$out/summary.md"
 fi
 
@@ -159,6 +182,7 @@ if [ -n "$prebuilt" ] && [ -d "$build/variants" ]; then
     [ "$vtests_rc" -eq 0 ] && [ "$vbench_rc" -eq 0 ] || variants_rc=1
   done
 fi
+tar cJf "$out.tar.xz" -C "$(dirname "$out")" "$(basename "$out")"
 cat "$out/summary.md"
 [ "$tests_rc" -eq 0 ] && [ "$example_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$torch_rc" -eq 0 ] &&
   [ "$variants_rc" -eq 0 ]
