@@ -302,7 +302,8 @@ TEST_CASE_TEMPLATE("rmsnorm_backward from the quantized input is within the prop
   }
 }
 
-/// Saved layouts for the two readers of rmsnorm_backward: the AVX-512 loops that decode each
+/// Saved layouts for the two readers of rmsnorm_backward (and, for SwiGLU's and GeLU's backward,
+/// the pieces of rows that the row path decodes group by group): the AVX-512 loops that decode each
 /// step into registers (row-wise groups of a multiple of 16 columns or one group a row, 8- or
 /// 4-bit codes: symmetric, asymmetric, FP8; groups of 48 take steps of 32 and 16) and the row
 /// buffer (the portable executor, and under the simd one groups of 24 or 7 columns, 2-bit codes
@@ -652,8 +653,9 @@ TEST_CASE_TEMPLATE("gelu_backward from the quantized input is within the propaga
 // ---- SwiGLU and GeLU: in place, mixed element types, mixed schemes -----------------------
 
 /// Shapes for the group-by-group saves (each group's parameters made one group ahead): one partial
-/// group per row, exactly one group per row, many groups and a partial last one, one element.
-constexpr shape group_shapes[] = {{4, 100}, {3, 128}, {2, 1000}, {1, 1}};
+/// group per row, exactly one group per row, many groups and a partial last one, rows of several
+/// pieces (GeLU's op runs a piece of about 1024 columns at a time) and one element.
+constexpr shape group_shapes[] = {{4, 100}, {3, 128}, {2, 1000}, {2, 2600}, {1, 1}};
 
 TEST_CASE_TEMPLATE(
     "swiglu_forward and gelu_forward: in place, mixed types and schemes, bit for bit", T, float,
@@ -706,6 +708,74 @@ TEST_CASE_TEMPLATE(
                            opts) == 0);
         CHECK(same_bits(x, y_plain));
         check_saved_bits(sg, gate, sh.rows, sh.cols, opts, 0);
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE(
+    "swiglu_backward and gelu_backward: the same bits and counts piece by piece as row by row", T,
+    float, bfloat16, half) {
+  // The simd executor decodes pieces of about 1024 columns where the row path decodes group by
+  // group (several pieces a row at 1100 and 2600 columns; one where gate's and up's pieces differ),
+  // the portable executor whole rows.
+  float const inf = std::numeric_limits<float>::infinity();
+  std::vector<spec> const specs = backward_reader_specs();
+  for (shape const sh :
+       {shape{19, 256}, shape{5, 200}, shape{3, 1100}, shape{2, 2600}, shape{4, 40}}) {
+    CAPTURE(sh.rows);
+    CAPTURE(sh.cols);
+    std::int64_t const n = sh.rows * sh.cols;
+    auto const x = random_tensor<T>(n, 41);
+    auto const up = random_tensor<T>(n, 42);
+    auto dy = random_tensor<T>(n, 43);
+    dy[1] = numeric::from_float<T>(std::numeric_limits<float>::quiet_NaN());
+    dy[static_cast<std::size_t>(sh.cols + 2)] = numeric::from_float<T>(inf);
+    dy[static_cast<std::size_t>(n - 1)] = numeric::from_float<T>(-inf);
+    std::vector<T> y(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      spec const& s = specs[i];
+      for (spec const& us : {s, specs[(i + 1) % specs.size()]}) {
+        CAPTURE(s.name());
+        CAPTURE(us.name());
+        quantized_tensor sx(s, sh.rows, sh.cols), su(us, sh.rows, sh.cols);
+        swiglu_forward(agoq::host, cview(x, sh.rows, sh.cols), cview(up, sh.rows, sh.cols),
+                       mview(y, sh.rows, sh.cols), sx.view(), su.view(), opts);
+        for (bool const corrupted : {false, true}) {
+          CAPTURE(corrupted);
+          std::int64_t const bad_x = corrupted ? corrupt_scales(sx) : 0;
+          std::int64_t const bad_u = corrupted ? corrupt_scales(su) : 0;
+          std::vector<std::vector<T>> dg, du, dx;
+          for (agoq::host_executor ex : {agoq::host, portable}) {
+            dg.emplace_back(static_cast<std::size_t>(n));
+            du.emplace_back(static_cast<std::size_t>(n));
+            dx.emplace_back(static_cast<std::size_t>(n));
+            CHECK(swiglu_backward(ex, cview(dy, sh.rows, sh.cols), sx.view(), su.view(),
+                                  mview(dg.back(), sh.rows, sh.cols),
+                                  mview(du.back(), sh.rows, sh.cols)) == 3 + bad_x + bad_u);
+            CHECK(gelu_backward(ex, cview(dy, sh.rows, sh.cols), sx.view(),
+                                mview(dx.back(), sh.rows, sh.cols)) == 3 + bad_x);
+          }
+          CHECK(same_bits_but_nan(dg[0], dg[1]));
+          CHECK(same_bits_but_nan(du[0], du[1]));
+          CHECK(same_bits_but_nan(dx[0], dx[1]));
+          // In place: dgate, then dup, then dx written over the gradient.
+          std::vector<T> d = dy;
+          std::vector<T> other(static_cast<std::size_t>(n));
+          CHECK(swiglu_backward(agoq::host, cview(d, sh.rows, sh.cols), sx.view(), su.view(),
+                                mview(d, sh.rows, sh.cols),
+                                mview(other, sh.rows, sh.cols)) == 3 + bad_x + bad_u);
+          CHECK(same_bits(d, dg[0]));
+          d = dy;
+          CHECK(swiglu_backward(agoq::host, cview(d, sh.rows, sh.cols), sx.view(), su.view(),
+                                mview(other, sh.rows, sh.cols),
+                                mview(d, sh.rows, sh.cols)) == 3 + bad_x + bad_u);
+          CHECK(same_bits(d, du[0]));
+          d = dy;
+          CHECK(gelu_backward(agoq::host, cview(d, sh.rows, sh.cols), sx.view(),
+                              mview(d, sh.rows, sh.cols)) == 3 + bad_x);
+          CHECK(same_bits(d, dx[0]));
+        }
       }
     }
   }
