@@ -236,15 +236,19 @@ class row_saver {
 
   /// The columns of a row to save at a time, about `target` of them, so that an op loop can save
   /// a piece of the row and use it while it is in the L1 cache: whole groups whose codes end on a
-  /// byte, or the whole row where the groups span it, the grouping is not row-wise or nothing is
-  /// saved.
+  /// byte, or the whole row where one group spans it; `target` columns where range() saves
+  /// nothing (the grouping is not row-wise, or nothing is saved).
   std::int64_t step(std::int64_t cols, std::int64_t target) const noexcept {
     std::int64_t const g = layout_.tile.cols;
-    if (fn_ == nullptr || g >= cols) return cols;
+    if (fn_ == nullptr) return std::min(cols, target);
+    if (g >= cols) return cols;
     std::int64_t k = std::max<std::int64_t>(1, target / g);
     while (g * k * layout_.bits % 8 != 0) ++k;
     return std::min(cols, g * k);
   }
+
+  /// True where range() saves (row-wise groupings), reading its columns from memory first.
+  bool saves_rows() const noexcept { return fn_ != nullptr; }
 
   /// Quantizes the whole tensor when its groups span rows (otherwise does nothing).
   std::int64_t whole(T const* x) {
@@ -1133,6 +1137,12 @@ std::int64_t swiglu_forward(host_executor ex, matrix_view<G> gate, matrix_view<U
       OT* orow = op + r * cols;
       for (std::int64_t c = 0; c < cols; c += step) {
         std::int64_t const e = std::min(cols, c + step);
+        if (!gate_saver.saves_rows()) {  // a hint for the op's loop (prefetch_ahead)
+          agoq::detail::host::prefetch_ahead(gr + c,
+                                             (e - c) * static_cast<std::int64_t>(sizeof(*gr)));
+          agoq::detail::host::prefetch_ahead(ur + c,
+                                             (e - c) * static_cast<std::int64_t>(sizeof(*ur)));
+        }
         count += gate_saver.range(gr, r, c, e) + up_saver.range(ur, r, c, e);
         swiglu_span(gr + c, ur + c, orow + c, e - c);
       }
@@ -1154,6 +1164,9 @@ std::int64_t gelu_rows(X const* x, Y* y, std::int64_t r0, std::int64_t r1, std::
     Y* yr = y + r * cols;
     for (std::int64_t c = 0; c < cols; c += step) {
       std::int64_t const e = std::min(cols, c + step);
+      if (!saver.saves_rows()) {  // a hint for the op's loop (prefetch_ahead)
+        agoq::detail::host::prefetch_ahead(xr + c, (e - c) * static_cast<std::int64_t>(sizeof(X)));
+      }
       nonfinite += saver.range(xr, r, c, e);
       gelu_span(xr + c, yr + c, e - c);
     }
@@ -1184,6 +1197,7 @@ std::int64_t gelu_rows(X const* x, Y* y, std::int64_t r0, std::int64_t r1, std::
     Y* yr = y + r * cols;
     for (std::int64_t p = 0, k = 0; p < cols; p += piece) {
       std::int64_t const pe = std::min(cols, p + piece);
+      h::prefetch_ahead(xr + p, (pe - p) * static_cast<std::int64_t>(sizeof(X)));
       for (std::int64_t b = p; b < pe; b += g, ++k) {
         auto const codes = save.begin(r, k);
         nonfinite += save.read_next(x, r, k, r1);
@@ -1554,6 +1568,8 @@ std::int64_t swiglu_backward(host_executor ex, matrix_view<D> dout, const_quanti
       UT* dur = dup.data_handle() + r * cols;
       for (std::int64_t c0 = 0; c0 < cols; c0 += step) {
         std::int64_t const c1 = std::min(cols, c0 + step);
+        agoq::detail::host::prefetch_ahead(dr + c0,
+                                           (c1 - c0) * static_cast<std::int64_t>(sizeof(*dr)));
         float const* g = gl.range(r, c0, c1, bad_scales);
         float const* u = ul.range(r, c0, c1, bad_scales);
         nonfinite += fused_detail::count_nonfinite(dr + c0, c1 - c0);
@@ -1619,6 +1635,8 @@ std::int64_t gelu_backward(host_executor ex, matrix_view<DY> dy, const_quantized
       DT* dxr = dx.data_handle() + r * cols;
       for (std::int64_t c0 = 0; c0 < cols; c0 += step) {
         std::int64_t const c1 = std::min(cols, c0 + step);
+        agoq::detail::host::prefetch_ahead(dr + c0,
+                                           (c1 - c0) * static_cast<std::int64_t>(sizeof(*dr)));
         float const* x = loader.range(r, c0, c1, bad_scales);
         nonfinite += fused_detail::count_nonfinite(dr + c0, c1 - c0);
         fused_detail::gelu_grad_span(dr + c0, x, dxr + c0, c1 - c0);
