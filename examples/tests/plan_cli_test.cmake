@@ -62,8 +62,20 @@ check(positional 1 "agoq_plan: unexpected argument 'llama'" llama)
 check(missing_config 1 "agoq_plan: cannot open config file '/nonexistent/plan.conf'"
   --config /nonexistent/plan.conf)
 check(bad_choice 1 "agoq_plan: grad: fp32\\|bf16\\|int8" --grad fp16)
-check(invalid_parallel 1 "agoq_plan: .*kv_heads \\(8\\) and tp \\(3\\) must divide one another"
+check(invalid_parallel 1 "agoq_plan: .*tp \\(3\\) must divide heads \\(32\\) and ffn \\(14336\\)"
   --tp 3)
+check(invalid_kv_heads 1 "agoq_plan: .*kv_heads \\(8\\) and tp \\(12\\) must divide one another"
+  --tp 12 --kv-heads 8 --heads 48 --ffn 12288)
+# Sizes past 64-bit byte counts: refused, where they used to wrap around into a negative extent or a
+# planned peak of 0.00 GiB.
+check(huge_model 1 "agoq_plan: .*model_shape: too large to count in 64-bit bytes"
+  --hidden 99999999999999)
+check(huge_tokens 1 "agoq_plan: .*tokens are too many to count in 64-bit bytes"
+  --seq 4000000000000)
+check(huge_dp 1 "agoq_plan: .*estimate_memory: the step is too large to count in 64-bit bytes"
+  --dp 4000000000000000000 --zero 3)
+check(huge_group 1 "agoq_plan: .*in_flight: the schedule is too large to count in 64 bits"
+  --pp 4 --vp 2 --vp-group 4000000000000000000)
 check(infeasible_budget 1
   "agoq_plan: .*the budget of 2147483648 bytes falls short by [0-9]+ bytes on pipeline stage 0"
   --budget-gib 2)

@@ -657,3 +657,87 @@ TEST_CASE("configuration errors") {
   p.zero_stage = 4;
   CHECK_THROWS_AS(p.validate(preset_model("llama3-8b")), agoq::invalid_argument);
 }
+
+TEST_CASE("sizes past 64-bit byte counts are refused, not wrapped") {
+  model_shape m = preset_model("llama3-8b");
+  parallel_config p;
+  step_config st;
+  state_formats const f;
+  auto const estimate = [&] { return estimate_memory(m, p, st, f, policy_table{}); };
+  // A model of more than 2^56 parameters (hidden 10^14: 4 h f alone is 5.7e27).
+  m.hidden = 100'000'000'000'000;
+  CHECK_THROWS_WITH_AS(m.validate(), doctest::Contains("more than 2^56"), agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(estimate(), doctest::Contains("more than 2^56"), agoq::invalid_argument);
+  m.hidden = 4096;
+  m.vocab = 4'000'000'000'000'000;
+  CHECK_THROWS_AS(estimate(), agoq::invalid_argument);
+  m.vocab = 128256;
+  // Tokens: 4 x 10^12 a micro-batch make one layer's tensors about 10^20 bytes.
+  st.seq = 4'000'000'000'000;
+  CHECK_THROWS_WITH_AS(estimate(), doctest::Contains("tokens are too many"),
+                       agoq::invalid_argument);
+  CHECK_THROWS_AS(shape_of(tensor_kind::query, m, shard_of(p, st)), agoq::invalid_argument);
+  CHECK_THROWS_AS(head_activation_bytes(m, shard_of(p, st)), agoq::invalid_argument);
+  CHECK_THROWS_AS(head_working_bytes(m, shard_of(p, st), false), agoq::invalid_argument);
+  // Each tensor fits, the pipeline's in-flight copies do not: 2^22 groups of 2^30 micro-batches
+  // (g = 2^40) in flight at once on 2 chunks, 8 layers each of about 2^24 bytes.
+  st.seq = 8192;
+  p.pp = 2;
+  p.virtual_stages = 2;
+  p.vp_group = std::int64_t{1} << 40;
+  CHECK_THROWS_WITH_AS(estimate(), doctest::Contains("the step is too large"),
+                       agoq::invalid_argument);
+  // 2^22 micro-batches a group, g + 3 chunk units in flight on device 0 (its warm-up, 2 (p - 1)
+  // + (v - 1) g, plus one): counted, about 2^53.8 bytes.
+  p.vp_group = std::int64_t{1} << 22;
+  auto const many = estimate();
+  CHECK(peak_total(many) > std::int64_t{1} << 53);
+  CHECK(many[0].in_flight[0] + many[0].in_flight[1] == p.vp_group + 3);
+  // A group size whose 3 g and v g overflow: refused by the schedule itself.
+  p.vp_group = std::int64_t{4'000'000'000'000'000'000};
+  CHECK_THROWS_WITH_AS(in_flight_peaks(schedule_of(p, st), 0),
+                       doctest::Contains("too large to count"), agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(peak_in_flight_units(schedule_of(p, st), 0),
+                       doctest::Contains("too large to count"), agoq::invalid_argument);
+  p.vp_group = 0;
+  st.micro_batches = std::int64_t{3} << 61;  // v m = 3 x 2^62
+  CHECK_THROWS_WITH_AS(peak_in_flight_units(schedule_of(p, st), 0),
+                       doctest::Contains("too large to count"), agoq::invalid_argument);
+  // 1F1B holds at most pp micro-batches, whatever m: counted (v m = m <= 2^62).
+  p.virtual_stages = 1;
+  st.micro_batches = std::int64_t{1} << 62;
+  CHECK(peak_in_flight_units(schedule_of(p, st), 0) == 2);
+  CHECK_NOTHROW(estimate());
+  // A reserved allowance near 2^63 would wrap the total.
+  st.reserved_bytes = std::int64_t{1} << 62;
+  CHECK_THROWS_WITH_AS(estimate(), doctest::Contains("the step is too large"),
+                       agoq::invalid_argument);
+  st.reserved_bytes = default_reserved_bytes;
+  // pp x virtual_stages past 2^63 must not wrap into a divisor of the layers.
+  p.pp = std::int64_t{1} << 32;
+  p.virtual_stages = std::int64_t{1} << 32;
+  CHECK_THROWS_WITH_AS(p.validate(m), doctest::Contains("do not split"), agoq::invalid_argument);
+  p.virtual_stages = 1;
+  p.pp = 1;
+  // ZeRO-3 over 4 x 10^18 ranks: the 8-bit collective's workspace (about 148 bytes a rank)
+  // cannot be counted.
+  p.dp = 4'000'000'000'000'000'000;
+  p.zero_stage = 3;
+  CHECK_THROWS_WITH_AS(estimate(), doctest::Contains("the step is too large"),
+                       agoq::invalid_argument);
+  // Over 2^40 ranks it can: each rank shards one of the 8 billion parameters, and
+  // Megatron-Core's default bucket, 10^6 dp parameters (which would overflow), is capped at what
+  // the device holds.
+  p.dp = std::int64_t{1} << 40;
+  auto const huge_dp = estimate_memory(
+      m, p, st, {gradient_format::int8_g128, optimizer_format::fp32}, policy_table{});
+  CHECK(huge_dp[0].weights == 2);
+  CHECK(huge_dp[0].master_weights == 4);
+  CHECK(huge_dp[0].gradient_buffers > 0);
+  CHECK(bucket_parameters(m, p, st, huge_dp[0].parameters) == huge_dp[0].parameters);
+  // Megatron's reference formula refuses what it cannot count.
+  CHECK_THROWS_AS(megatron_layer_activation_bytes(std::int64_t{1} << 40, 1, 4096, 32, 1, false),
+                  agoq::invalid_argument);
+  CHECK_THROWS_AS(megatron_layer_activation_bytes(0, 1, 4096, 32, 1, false),
+                  agoq::invalid_argument);
+}

@@ -86,3 +86,20 @@ TEST_CASE("views over one buffer and their validation") {
   quantized_view empty{s, 0, 6, nullptr, nullptr, nullptr};
   CHECK_NOTHROW(empty.validate());
 }
+
+TEST_CASE("extents past 2^59 elements are refused, not wrapped") {
+  spec const s = spec::parse("int8_g128_sym_rne_f32");
+  std::int64_t const big = std::int64_t{1} << 59;
+  quantized_layout const l = make_layout(s, 1, big);  // the limit itself: sizes under 2^62
+  CHECK(l.codes_bytes == big);
+  CHECK(l.total_bytes == agoq::detail::align_up(big, section_alignment) + big / 128 * 4);
+  CHECK_THROWS_WITH_AS(make_layout(s, 1, big + 1), doctest::Contains("too large"),
+                       agoq::invalid_argument);
+  CHECK_THROWS_AS(make_layout(s, std::int64_t{1} << 32, std::int64_t{1} << 32),
+                  agoq::invalid_argument);  // 2^64 elements: rows * cols would wrap to 0
+  CHECK_THROWS_AS(make_layout(s, 3, std::int64_t{1} << 62), agoq::invalid_argument);
+  // One byte a scale at most 6 bytes an element: a group of one with asymmetric codes.
+  quantized_layout const a = make_layout(spec::parse("int8_g1_asym_rne_f32"), big / 8, 8);
+  CHECK(a.total_bytes <= agoq::max_size_count);
+  CHECK(a.total_bytes == 6 * big + 0);
+}

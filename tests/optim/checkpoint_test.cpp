@@ -155,6 +155,30 @@ TEST_CASE("checkpoint: malformed and truncated tensor records are refused") {
   CHECK_THROWS_AS(write_quantized(closed, q.view()), agoq::invalid_argument);
 }
 
+TEST_CASE("checkpoint: extents whose sizes would wrap around 64 bits are refused") {
+  // A crafted header: int8 codes per tensor of [2^32, 2^32], whose 2^64 code bytes wrap around to
+  // 0 in 64-bit arithmetic, with the byte counts of that wrapped layout (no codes, one 4-byte
+  // scale). Read, it would be a view of 2^64 elements over a buffer of 4 bytes.
+  quantized_tensor q(spec::parse("int8_tensor_sym_rne_f32"), 1, 4);
+  std::vector<float> const x = random_values(4, 3);
+  quantize(host, matrix_view<float const>(x.data(), 1, 4), q.view());
+  std::string record = record_of(q.view());
+  std::size_t const extents = 16 + q.spec().name().size();
+  auto const put = [&](std::size_t at, std::uint64_t v) {
+    for (std::size_t i = 0; i < 8; ++i) record[at + i] = static_cast<char>((v >> (8 * i)) & 0xffu);
+  };
+  put(extents, std::uint64_t{1} << 32);
+  put(extents + 8, std::uint64_t{1} << 32);
+  put(extents + 16, 0);
+  std::istringstream in(record);
+  CHECK_THROWS_WITH_AS(read_quantized(in), doctest::Contains("too large"), agoq::invalid_argument);
+  // Negative extents (the top bit set) are refused as well.
+  put(extents, std::uint64_t{1} << 63);
+  std::istringstream in2(record);
+  CHECK_THROWS_WITH_AS(read_quantized(in2), doctest::Contains("non-negative"),
+                       agoq::invalid_argument);
+}
+
 namespace {
 
 adamw_hyper const hyper = agoq_test::test_hyper();

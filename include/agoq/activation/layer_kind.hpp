@@ -6,13 +6,26 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <span>
 #include <string>
 #include <string_view>
 
 #include "../error.hpp"
+#include "../layout/layout.hpp"
 
 namespace agoq::activation {
+
+namespace detail {
+
+/// `x` to three significant digits ("1.23e+20"), for messages about sizes.
+inline std::string approx(long double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3Le", x);
+  return text;
+}
+
+}  // namespace detail
 
 /// The block a model is built from.
 enum class block_style : std::uint8_t {
@@ -184,7 +197,23 @@ struct model_shape {
     return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0);
   }
 
-  /// Throws agoq::invalid_argument naming the first field out of range.
+  /// An upper bound of the parameters of the whole model: layers * 4 h (q + k + f) + ... + 2
+  /// vocab * h, with q = heads * head_size(), k = kv_heads * head_size(), f = ffn; at least the
+  /// parameters any tensor-parallel rank holds of a layer, an embedding and a head (of either
+  /// style), in long double so that no field's size overflows it.
+  long double parameter_bound() const noexcept {
+    long double const h = static_cast<long double>(hidden);
+    long double const d = static_cast<long double>(head_size());
+    long double const q = static_cast<long double>(heads) * d;
+    long double const k = static_cast<long double>(kv_heads) * d;
+    long double const f = static_cast<long double>(ffn);
+    long double const layer = 4 * h * (q + k + f) + 4 * (q + f) + 8 * h;
+    return static_cast<long double>(layers) * layer + 2 * static_cast<long double>(vocab) * h;
+  }
+
+  /// Throws agoq::invalid_argument naming the first field out of range, or when the model is too
+  /// large for 64-bit byte counts: parameter_bound() above 2^56 (its states take at most 64
+  /// bytes a parameter, max_size_count).
   void validate() const {
     AGOQ_EXPECTS(layers >= 1,
                  "model_shape: layers must be at least 1, got " + std::to_string(layers));
@@ -196,6 +225,9 @@ struct model_shape {
     AGOQ_EXPECTS(head_size() >= 1, "model_shape: head_dim must be positive");
     AGOQ_EXPECTS(style != block_style::gpt || kv_heads == heads,
                  "model_shape: a GPT-style block has kv_heads == heads");
+    AGOQ_EXPECTS(parameter_bound() <= static_cast<long double>(max_size_count / 64),
+                 "model_shape: too large to count in 64-bit bytes: up to " +
+                     detail::approx(parameter_bound()) + " parameters, more than 2^56");
   }
 };
 
@@ -221,7 +253,7 @@ inline model_shape preset_model(std::string_view name) {
     if (p.name == name) return p.shape;
     names += (names.empty() ? "" : ", ") + std::string(p.name);
   }
-  detail::throw_invalid(
+  agoq::detail::throw_invalid(
       __FILE__, __LINE__,
       "preset_model: unknown preset '" + std::string(name) + "' (presets: " + names + ")");
 }
@@ -235,7 +267,43 @@ struct shard_shape {
 
   /// Tokens of one micro-batch, b * s.
   constexpr std::int64_t tokens() const noexcept { return micro_batch * seq; }
+
+  /// 64 tokens W, W = 4 h + 2 q + 2 k + 4 f + heads + 2 vocab (the widths of
+  /// model_shape::parameter_bound), in long double: an upper bound of the bytes of one
+  /// micro-batch's saved tensors of one layer (at most 6 bytes an element, plus 8 KiB of section
+  /// alignment), of those of the output head, and of the working set of either's backward pass.
+  long double byte_bound(model_shape const& m) const noexcept {
+    long double const d = static_cast<long double>(m.head_size());
+    long double const width =
+        4 * static_cast<long double>(m.hidden) + 2 * static_cast<long double>(m.heads) * d +
+        2 * static_cast<long double>(m.kv_heads) * d + 4 * static_cast<long double>(m.ffn) +
+        static_cast<long double>(m.heads) + 2 * static_cast<long double>(m.vocab);
+    return 64 * static_cast<long double>(micro_batch) * static_cast<long double>(seq) * width;
+  }
+
+  /// Throws agoq::invalid_argument unless the shard suits model `m` (which it validates):
+  /// micro_batch, seq and tp positive; tp dividing heads and ffn, and micro_batch * seq under
+  /// sequence parallelism; and few enough tokens for 64-bit byte counts: byte_bound(m) <=
+  /// max_size_count.
+  void validate(model_shape const& m) const;
 };
+
+inline void shard_shape::validate(model_shape const& m) const {
+  m.validate();
+  AGOQ_EXPECTS(micro_batch >= 1 && seq >= 1 && tp >= 1,
+               "shapes: micro_batch, seq and tp must be positive");
+  AGOQ_EXPECTS(
+      byte_bound(m) <= static_cast<long double>(max_size_count),
+      "shapes: micro_batch x seq = " + detail::approx(static_cast<long double>(micro_batch) * seq) +
+          " tokens are too many to count in 64-bit bytes (a layer's tensors could take "
+          "up to " +
+          detail::approx(byte_bound(m)) + " bytes, more than 2^62)");
+  AGOQ_EXPECTS(m.heads % tp == 0 && m.ffn % tp == 0,
+               "shapes: tp (" + std::to_string(tp) + ") must divide heads (" +
+                   std::to_string(m.heads) + ") and ffn (" + std::to_string(m.ffn) + ")");
+  AGOQ_EXPECTS(!sp || tokens() % tp == 0,
+               "shapes: with sequence parallelism tp must divide micro_batch * seq");
+}
 
 /// The per-rank shape of one saved tensor of one layer and one micro-batch: a row-major
 /// [rows, cols] matrix (the layout agoq quantizes, groups running along a row) and the bytes of one
@@ -280,9 +348,9 @@ inline std::int64_t kv_heads_per_rank(model_shape const& m, std::int64_t tp) {
 }
 
 /// The shape of tensor `k` of one layer and one micro-batch on one rank. Throws
-/// agoq::invalid_argument when the model is invalid, when tp does not divide heads and ffn, when
-/// sequence parallelism is on and tp does not divide the tokens, or when the kind does not
-/// belong to the model's block style.
+/// agoq::invalid_argument when the model or the shard is invalid (shard_shape::validate: tp not
+/// dividing heads and ffn, or the tokens under sequence parallelism; too many tokens), or when
+/// the kind does not belong to the model's block style.
 ///
 /// tokens = micro_batch * seq; h = hidden; f = ffn; a = heads; g = kv_heads; d = head_dim;
 /// t = tp; T = tokens / t with sequence parallelism, else tokens:
@@ -293,14 +361,7 @@ inline std::int64_t kv_heads_per_rank(model_shape const& m, std::int64_t tp) {
 ///   [b a / t, s];
 /// - gate, up, SwiGLU output, GeLU input and output: [tokens, f / t].
 inline saved_shape shape_of(tensor_kind k, model_shape const& m, shard_shape const& p) {
-  m.validate();
-  AGOQ_EXPECTS(p.micro_batch >= 1 && p.seq >= 1 && p.tp >= 1,
-               "shapes: micro_batch, seq and tp must be positive");
-  AGOQ_EXPECTS(m.heads % p.tp == 0 && m.ffn % p.tp == 0,
-               "shapes: tp (" + std::to_string(p.tp) + ") must divide heads (" +
-                   std::to_string(m.heads) + ") and ffn (" + std::to_string(m.ffn) + ")");
-  AGOQ_EXPECTS(!p.sp || p.tokens() % p.tp == 0,
-               "shapes: with sequence parallelism tp must divide micro_batch * seq");
+  p.validate(m);
   bool const in_block = [&] {
     for (tensor_kind const b : block_tensors(m.style))
       if (b == k) return true;

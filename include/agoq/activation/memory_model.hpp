@@ -105,7 +105,7 @@ inline void parallel_config::validate(model_shape const& m) const {
                "parallel_config: zero_stage is 0, 1, 2 or 3, got " + std::to_string(zero_stage));
   AGOQ_EXPECTS(virtual_stages == 1 || pp >= 2,
                "parallel_config: an interleaved schedule needs at least 2 pipeline stages");
-  AGOQ_EXPECTS(m.layers % (pp * virtual_stages) == 0,
+  AGOQ_EXPECTS(pp <= m.layers / virtual_stages && m.layers % (pp * virtual_stages) == 0,
                "parallel_config: " + std::to_string(m.layers) + " layers do not split into " +
                    std::to_string(pp) + " stages x " + std::to_string(virtual_stages) + " chunks");
   detail::check_group(pp, virtual_stages, vp_group, vp_rules);
@@ -251,6 +251,17 @@ inline resolved_schedule resolve(pipeline_schedule const& sc, std::int64_t stage
   r.v = v;
   r.rules = sc.rules;
   r.g = v == 1 || sc.group == 0 ? pp : sc.group;
+  // Every count below (m v units, the warm-up's 2 (p - 1) + (v - 1) g, 3 g) is at most one of
+  // these two.
+  long double const g_units = static_cast<long double>(v) * r.g + 2 * static_cast<long double>(pp);
+  long double const m_units = static_cast<long double>(v) *
+                              (sc.micro_batches > 0 ? static_cast<long double>(sc.micro_batches)
+                                                    : 3 * static_cast<long double>(r.g));
+  AGOQ_EXPECTS(g_units <= static_cast<long double>(max_size_count) &&
+                   m_units <= static_cast<long double>(max_size_count),
+               "in_flight: the schedule is too large to count in 64 bits: " +
+                   detail::approx(std::max(g_units, m_units)) +
+                   " units (virtual_stages x micro_batches, or x the group size), more than 2^62");
   r.m = sc.micro_batches > 0 ? sc.micro_batches : 3 * r.g;
   std::int64_t const m = r.m;
   if (v > 1 && sc.rules == interleaved_rules::megatron_legacy) {
@@ -322,7 +333,8 @@ inline std::int64_t units_on_chunk(std::int64_t n, resolved_schedule const& r, s
 ///   last group of r micro-batches, whatever m.
 /// Throws agoq::invalid_argument for stage outside [0, pp) and for a schedule Megatron refuses
 /// (detail::resolve: under Megatron-Core rules g < p, m < g, or a last group shorter than p;
-/// under the legacy rules m not a multiple of p).
+/// under the legacy rules m not a multiple of p), and for one whose unit counts could exceed
+/// max_size_count (v m, or v g + 2 p).
 inline std::vector<std::vector<std::int64_t>> in_flight_peaks(pipeline_schedule const& sc,
                                                               std::int64_t stage) {
   detail::resolved_schedule const r = detail::resolve(sc, stage);
@@ -475,6 +487,7 @@ std::int64_t layer_activation_bytes(model_shape const& m, shard_shape const& sh,
 /// else tokens) and the fp32 softmax of the vocabulary-parallel cross entropy
 /// [tokens, vocab / tp] (Megatron's 4 s b h / t (1 + v / h) with SP).
 inline std::int64_t head_activation_bytes(model_shape const& m, shard_shape const& sh) {
+  sh.validate(m);
   std::int64_t const rows = sh.sp ? sh.tokens() / sh.tp : sh.tokens();
   return 2 * 2 * rows * m.hidden + 4 * sh.tokens() * vocab_per_rank(m, sh.tp);
 }
@@ -485,6 +498,7 @@ inline std::int64_t head_activation_bytes(model_shape const& m, shard_shape cons
 /// rank and f = ffn / tp. Megatron's and DeepSpeed's gradient buckets hold whole parameters, so a
 /// bucket is never smaller.
 inline std::int64_t largest_layer_matrix(model_shape const& m, std::int64_t tp) {
+  m.validate();
   std::int64_t const h = m.hidden;
   auto const [q, k, f] = widths_of(m, tp);
   std::int64_t const fc1 = m.style == block_style::llama ? 2 * f * h : f * h;
@@ -548,6 +562,7 @@ inline bool stages_gradients(parallel_config const& p, gradient_format g) noexce
 /// [T0, h], its all-gathered input under SP (G of layer_working_bytes), and, when `staged`
 /// (stages_gradients), the bf16 gradient of the head's weight [V/t, h].
 inline std::int64_t head_working_bytes(model_shape const& m, shard_shape const& sh, bool staged) {
+  sh.validate(m);
   std::int64_t const t0 = sh.tokens();
   std::int64_t const v = vocab_per_rank(m, sh.tp);
   std::int64_t const h = m.hidden;
@@ -559,9 +574,12 @@ inline std::int64_t head_working_bytes(model_shape const& m, shard_shape const& 
 /// largest_layer_matrix, never more than the device holds.
 inline std::int64_t bucket_parameters(model_shape const& m, parallel_config const& p,
                                       step_config const& st, std::int64_t parameters) {
-  std::int64_t const bucket = st.bucket_parameters > 0
-                                  ? st.bucket_parameters
-                                  : std::max<std::int64_t>(40'000'000, 1'000'000 * p.dp);
+  // Past parameters / 10^6 ranks the default exceeds the device's parameters (without overflow).
+  std::int64_t const per_rank = 1'000'000;
+  std::int64_t const bucket = st.bucket_parameters > 0 ? st.bucket_parameters
+                              : p.dp > parameters / per_rank
+                                  ? parameters
+                                  : std::max<std::int64_t>(40'000'000, per_rank * p.dp);
   return std::min(std::max(bucket, largest_layer_matrix(m, p.tp)), parameters);
 }
 
@@ -586,6 +604,30 @@ inline std::int64_t gradient_buffer_bytes(model_shape const& m, parallel_config 
 }
 
 namespace detail {
+
+/// Throws agoq::invalid_argument unless every count estimate_memory forms fits 64 bits: an upper
+/// bound of any device's total, 64 P + U (c (B/8 + 8 KiB) + B/8) + B + 512 dp + 4 KiB +
+/// reserved, at most max_size_count, with P = model_shape::parameter_bound (64 bytes a parameter
+/// bound the states, the head's staged weight gradient and the gradient buffers but for their
+/// 512 bytes a rank), B = shard_shape::byte_bound (the working set; B/8 bounds one micro-batch's
+/// saved tensors of a layer, 8 KiB their section alignments, or of the output head), c the layers
+/// of a model chunk and U the chunk units the first device holds at once, the most of any
+/// (peak_in_flight_units). The bound is loose (LLaMA-3-8B with bf16 activations: about 21 times
+/// the total), so a device needing more than about 2^57 bytes may be refused. `m`, `p` and `sh`
+/// are valid.
+inline void check_step_size(model_shape const& m, parallel_config const& p, step_config const& st,
+                            shard_shape const& sh) {
+  auto const units = static_cast<long double>(peak_in_flight_units(schedule_of(p, st), 0));
+  long double const b = sh.byte_bound(m);
+  long double const bound =
+      64 * m.parameter_bound() +
+      units * (static_cast<long double>(p.layers_per_chunk(m)) * (b / 8 + 8192) + b / 8) + b +
+      512 * static_cast<long double>(p.dp) + 4096 + static_cast<long double>(st.reserved_bytes);
+  AGOQ_EXPECTS(bound <= static_cast<long double>(max_size_count),
+               "estimate_memory: the step is too large to count in 64-bit bytes: a device could "
+               "need up to " +
+                   detail::approx(bound) + " bytes, more than 2^62");
+}
 
 /// The bytes of saved activations a pipeline device holds at each of its peak moments `peaks`
 /// (in_flight_peaks) when one micro-batch saves chunk_bytes[c] in local chunk c, plus
@@ -644,7 +686,8 @@ std::int64_t device_working_bytes(model_shape const& m, parallel_config const& p
 /// differently, and the head lives in the last device's last chunk. The transient memory is that
 /// of the same moment: the working set of the device's largest layer (or head) phase with the
 /// storage chosen, the gradient buffers and the reserved allowance. Throws
-/// agoq::invalid_argument for an invalid configuration.
+/// agoq::invalid_argument for an invalid configuration, and for one too large to count in 64-bit
+/// bytes (detail::check_step_size: more than 2^62 bytes on a device, by a generous bound).
 template <class Choose>
 requires std::invocable<Choose&, std::int64_t, tensor_kind> std::vector<stage_memory>
 estimate_memory(model_shape const& m, parallel_config const& p, step_config const& st,
@@ -655,6 +698,8 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
                "step_config: micro_batch and seq must be positive, micro_batches, "
                "bucket_parameters and reserved_bytes >= 0");
   shard_shape const sh = shard_of(p, st);
+  sh.validate(m);
+  detail::check_step_size(m, p, st, sh);
   std::int64_t const lc = p.layers_per_chunk(m);
   std::int64_t const per_layer = layer_parameters(m, p.tp);
   std::int64_t const embedding = vocab_per_rank(m, p.tp) * m.hidden;
@@ -725,9 +770,17 @@ inline std::int64_t peak_total(std::vector<stage_memory> const& stages) noexcept
 /// - no tensor parallelism: s b h (34 + 5 a s / h);
 /// - tensor parallelism t: s b h (10 + 24 / t + 5 a s / (h t));
 /// - tensor and sequence parallelism: s b h (34 / t + 5 a s / (h t)).
-/// Exact integer arithmetic; t must divide 24 s b h + 5 a s^2 b (and 34 s b h under SP).
+/// Exact integer arithmetic; t must divide 24 s b h + 5 a s^2 b (and 34 s b h under SP). Throws
+/// agoq::invalid_argument for a non-positive argument, or where 34 s b h + 5 a s^2 b exceeds
+/// max_size_count.
 inline std::int64_t megatron_layer_activation_bytes(std::int64_t s, std::int64_t b, std::int64_t h,
                                                     std::int64_t a, std::int64_t t, bool sp) {
+  AGOQ_EXPECTS(s >= 1 && b >= 1 && h >= 1 && a >= 1 && t >= 1,
+               "megatron_layer_activation_bytes: s, b, h, a and t must be positive");
+  long double const sb = static_cast<long double>(s) * static_cast<long double>(b);
+  AGOQ_EXPECTS(sb * (34 * static_cast<long double>(h) + 5 * static_cast<long double>(a) * s) <=
+                   static_cast<long double>(max_size_count),
+               "megatron_layer_activation_bytes: more than 2^62 bytes");
   std::int64_t const sbh = s * b * h;
   std::int64_t const scores = 5 * a * s * s * b;
   if (sp) return (34 * sbh + scores) / t;

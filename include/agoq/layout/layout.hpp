@@ -13,6 +13,12 @@ namespace agoq {
 /// Alignment, in bytes, of each section (codes, scales, zero points) inside one allocation.
 inline constexpr std::int64_t section_alignment = 128;
 
+/// The largest element or byte count agoq's size arithmetic accepts, 2^62: make_layout and the
+/// memory model (activation/memory_model.hpp) refuse tensors and configurations whose counts
+/// could exceed it (agoq::invalid_argument), so that no count or sum of a few of them wraps around
+/// std::int64_t.
+inline constexpr std::int64_t max_size_count = std::int64_t{1} << 62;
+
 /// Where the parts of a quantized [rows, cols] tensor live in one buffer:
 /// codes row by row (each row starting on a byte boundary, sub-byte codes packed least
 /// significant bits first), then the scales of the group grid in row-major order, then (for
@@ -56,11 +62,16 @@ constexpr std::int64_t align_up(std::int64_t a, std::int64_t b) noexcept {
 }  // namespace detail
 
 /// The layout of a [rows, cols] tensor quantized with `s`. Throws agoq::invalid_argument for an
-/// invalid spec or negative extents. An empty tensor has no codes and no groups.
+/// invalid spec, negative extents, or more than max_size_count / 8 (2^59) elements, so that every
+/// size (at most 6 bytes per element: a code, a 4-byte scale and a zero point) stays under
+/// max_size_count. An empty tensor has no codes and no groups.
 inline quantized_layout make_layout(spec const& s, std::int64_t rows, std::int64_t cols) {
   s.validate();
   AGOQ_EXPECTS(rows >= 0 && cols >= 0, "layout: extents must be non-negative, got " +
                                            std::to_string(rows) + "x" + std::to_string(cols));
+  AGOQ_EXPECTS(cols == 0 || rows <= (max_size_count / 8) / cols,
+               "layout: a " + std::to_string(rows) + "x" + std::to_string(cols) +
+                   " tensor is too large: its sizes could exceed 2^62 bytes");
   quantized_layout l;
   l.rows = rows;
   l.cols = cols;
