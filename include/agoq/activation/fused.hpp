@@ -865,27 +865,52 @@ AGOQ_HOST_WIDE_VECTORS void gelu_span(X const* x, Y* y, std::int64_t n) noexcept
   for (std::int64_t i = 0; i < n; ++i) y[i] = numeric::from_float<Y>(gelu(numeric::to_float(x[i])));
 }
 
-/// SwiGLU's gradients of a row from dout d and the decoded gate g and up u. Host only.
+/// Non-finite values are counted in 32 bits per piece of at most this many values, which g++
+/// vectorizes without widening every lane's count to 64 bits (a fifth of the RMSNorm backward's
+/// time when it did).
+inline constexpr std::int64_t count_piece = std::int64_t{1} << 30;
+
+/// SwiGLU's gradients of a row from dout d and the decoded gate g and up u; returns how many of
+/// d's values are not finite (counted in the same loop, in pieces of count_piece). Host only.
 template <class D, class DG, class DU>
-AGOQ_HOST_WIDE_VECTORS void swiglu_grads_span(D const* d, float const* g, float const* u, DG* dg,
-                                              DU* du, std::int64_t n) noexcept {
-  AGOQ_HOST_IVDEP
-  for (std::int64_t i = 0; i < n; ++i) {
-    float dgi, dui;
-    swiglu_grads(numeric::to_float(d[i]), g[i], u[i], dgi, dui);
-    du[i] = numeric::from_float<DU>(dui);
-    dg[i] = numeric::from_float<DG>(dgi);
+AGOQ_HOST_WIDE_VECTORS std::int64_t swiglu_grads_span(D const* d, float const* g, float const* u,
+                                                      DG* dg, DU* du, std::int64_t n) noexcept {
+  std::int64_t nonfinite = 0;
+  for (std::int64_t b = 0; b < n; b += count_piece) {
+    std::int64_t const e = std::min(n, b + count_piece);
+    std::int32_t k = 0;
+    AGOQ_HOST_IVDEP
+    for (std::int64_t i = b; i < e; ++i) {
+      float const di = numeric::to_float(d[i]);
+      k += numeric::is_finite(di) ? 0 : 1;
+      float dgi, dui;
+      swiglu_grads(di, g[i], u[i], dgi, dui);
+      du[i] = numeric::from_float<DU>(dui);
+      dg[i] = numeric::from_float<DG>(dgi);
+    }
+    nonfinite += k;
   }
+  return nonfinite;
 }
 
-/// GeLU's gradient of a row from dy and the decoded input x. Host only.
+/// GeLU's gradient of a row from dy and the decoded input x; returns how many of dy's values are
+/// not finite (counted in the same loop, in pieces of count_piece). Host only.
 template <class DY, class DX>
-AGOQ_HOST_WIDE_VECTORS void gelu_grad_span(DY const* dy, float const* x, DX* dx,
-                                           std::int64_t n) noexcept {
-  AGOQ_HOST_IVDEP
-  for (std::int64_t i = 0; i < n; ++i) {
-    dx[i] = numeric::from_float<DX>(gelu_grad(numeric::to_float(dy[i]), x[i]));
+AGOQ_HOST_WIDE_VECTORS std::int64_t gelu_grad_span(DY const* dy, float const* x, DX* dx,
+                                                   std::int64_t n) noexcept {
+  std::int64_t nonfinite = 0;
+  for (std::int64_t b = 0; b < n; b += count_piece) {
+    std::int64_t const e = std::min(n, b + count_piece);
+    std::int32_t k = 0;
+    AGOQ_HOST_IVDEP
+    for (std::int64_t i = b; i < e; ++i) {
+      float const d = numeric::to_float(dy[i]);
+      k += numeric::is_finite(d) ? 0 : 1;
+      dx[i] = numeric::from_float<DX>(gelu_grad(d, x[i]));
+    }
+    nonfinite += k;
   }
+  return nonfinite;
 }
 
 template <class In, class Out>
@@ -1252,15 +1277,12 @@ std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b, 
   return nonfinite + save_whole<S, Codes>(ex, saved, opt, sum.data_handle());
 }
 
-/// Counts the non-finite values of a gradient row: in 32-bit counts per piece of at most 2^30
-/// values, which g++ vectorizes without widening every lane's count to 64 bits (a fifth of the
-/// RMSNorm backward's time when it did).
+/// Counts the non-finite values of a gradient row, in pieces of count_piece.
 template <class T>
 std::int64_t count_nonfinite(T const* x, std::int64_t n) noexcept {
-  constexpr std::int64_t piece = std::int64_t{1} << 30;
   std::int64_t c = 0;
-  for (std::int64_t b = 0; b < n; b += piece) {
-    std::int64_t const e = std::min(n, b + piece);
+  for (std::int64_t b = 0; b < n; b += count_piece) {
+    std::int64_t const e = std::min(n, b + count_piece);
     std::int32_t k = 0;
     for (std::int64_t i = b; i < e; ++i) k += numeric::is_finite(numeric::to_float(x[i])) ? 0 : 1;
     c += k;
@@ -1572,8 +1594,7 @@ std::int64_t swiglu_backward(host_executor ex, matrix_view<D> dout, const_quanti
                                            (c1 - c0) * static_cast<std::int64_t>(sizeof(*dr)));
         float const* g = gl.range(r, c0, c1, bad_scales);
         float const* u = ul.range(r, c0, c1, bad_scales);
-        nonfinite += fused_detail::count_nonfinite(dr + c0, c1 - c0);
-        fused_detail::swiglu_grads_span(dr + c0, g, u, dgr + c0, dur + c0, c1 - c0);
+        nonfinite += fused_detail::swiglu_grads_span(dr + c0, g, u, dgr + c0, dur + c0, c1 - c0);
       }
     }
     return nonfinite + bad_scales;
@@ -1638,8 +1659,7 @@ std::int64_t gelu_backward(host_executor ex, matrix_view<DY> dy, const_quantized
         agoq::detail::host::prefetch_ahead(dr + c0,
                                            (c1 - c0) * static_cast<std::int64_t>(sizeof(*dr)));
         float const* x = loader.range(r, c0, c1, bad_scales);
-        nonfinite += fused_detail::count_nonfinite(dr + c0, c1 - c0);
-        fused_detail::gelu_grad_span(dr + c0, x, dxr + c0, c1 - c0);
+        nonfinite += fused_detail::gelu_grad_span(dr + c0, x, dxr + c0, c1 - c0);
       }
     }
     return nonfinite + bad_scales;
