@@ -76,6 +76,9 @@ check(huge_dp 1 "agoq_plan: .*estimate_memory: the step is too large to count in
   --dp 4000000000000000000 --zero 3)
 check(huge_group 1 "agoq_plan: .*in_flight: the schedule is too large to count in 64 bits"
   --pp 4 --vp 2 --vp-group 4000000000000000000)
+# The largest budget keeps every tensor in bf16 (the summed rooms of the peak moments used to wrap).
+check(largest_budget 0 "stage 2: [^\n]*error 0 \\(optimum >= 0\\)"
+  --pp 4 --vp 2 --budget-gib 4294967295)
 check(infeasible_budget 1
   "agoq_plan: .*the budget of 2147483648 bytes falls short by [0-9]+ bytes on pipeline stage 0"
   --budget-gib 2)

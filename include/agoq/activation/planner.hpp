@@ -25,7 +25,8 @@ struct planner_input {
   step_config step;
   state_formats states;
   std::int64_t budget_bytes = 0;  ///< memory one GPU may use for everything counted, the
-                                  ///< transient working memory included (stage_memory::total)
+                                  ///< transient working memory included (stage_memory::total);
+                                  ///< at most 2^62 (max_size_count)
   policy_table policy;            ///< candidates per kind
   error_model errors;             ///< sensitivities, outlier factors, observed statistics
 };
@@ -257,7 +258,9 @@ inline double moment_price_bound(std::vector<std::vector<plan_option>> const& hu
 /// stops on a hull point. Stages holding fewer micro-batches pay less per upgrade, so they get
 /// more bits.
 ///
-/// Throws agoq::invalid_argument for an invalid configuration, and when the budget cannot hold
+/// Throws agoq::invalid_argument for an invalid configuration, a budget outside (0, 2^62], one
+/// too large to count in 64-bit bytes (estimate_memory; a device whose tensors' bytes weighted by
+/// their copies over its peak moments could pass 2^62), and when the budget cannot hold
 /// some device even with every tensor at its smallest candidate; the message names that device,
 /// by how many bytes the budget falls short, and what the device needs: states, transient
 /// working memory and activations.
@@ -265,7 +268,9 @@ inline activation_plan make_plan(planner_input const& in) {
   model_shape const& m = in.model;
   parallel_config const& p = in.parallel;
   p.validate(m);
-  AGOQ_EXPECTS(in.budget_bytes > 0, "planner: the budget must be positive");
+  AGOQ_EXPECTS(in.budget_bytes > 0 && in.budget_bytes <= max_size_count,
+               "planner: the budget must be positive and at most 2^62 bytes, got " +
+                   std::to_string(in.budget_bytes));
   shard_shape const sh = shard_of(p, in.step);
   std::int64_t const lc = p.layers_per_chunk(m);
 
@@ -302,6 +307,23 @@ inline activation_plan make_plan(planner_input const& in) {
     std::vector<std::int64_t> weight(static_cast<std::size_t>(p.virtual_stages), 0);
     for (auto const& n : peaks)
       for (std::size_t c = 0; c < weight.size(); ++c) weight[c] += n[c];
+    // Every weighted byte count below (a candidate's bytes times w_c), and their sum over the
+    // stage's upgrades, is at most the chunks' largest candidates weighted.
+    long double most = 0;
+    for (std::size_t ki = 0; ki < owned.size(); ++ki) {
+      std::int64_t largest = 0;
+      for (storage const& c : in.policy.candidates(owned[ki]))
+        largest = std::max(largest, c.bytes(shapes[ki]));
+      for (std::int64_t const w : weight)
+        most += static_cast<long double>(largest) * static_cast<long double>(lc) *
+                static_cast<long double>(w);
+    }
+    AGOQ_EXPECTS(most <= static_cast<long double>(max_size_count),
+                 "planner: pipeline stage " + std::to_string(r) + " has " +
+                     std::to_string(peaks.size()) +
+                     " peak moments; its tensors' bytes weighted by their copies over them could "
+                     "reach " +
+                     detail::approx(most) + ", more than 2^62");
 
     std::vector<planned_tensor> items;
     std::vector<std::size_t> chunk_of;
@@ -356,7 +378,8 @@ inline activation_plan make_plan(planner_input const& in) {
     // beyond the plan is the gap to the lower bound.
     std::vector<std::size_t> at(hulls.size(), 0);
     std::int64_t relaxed_room = 0;
-    for (std::int64_t const x : room) relaxed_room += x;
+    // Summed over the moments the rooms may pass 2^62; every upgrade fits in 2^62 (above).
+    for (std::int64_t const x : room) relaxed_room = std::min(relaxed_room + x, max_size_count);
     bool fits = true;
     double relaxed_gain = 0;
     double relaxed_price = 0;  // the relaxation's last upgrade's gain (0: it took them all)
