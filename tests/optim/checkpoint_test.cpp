@@ -9,7 +9,9 @@
 #include <random>
 #include <span>
 #include <sstream>
+#include <streambuf>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -274,6 +276,70 @@ TEST_CASE("checkpoint: malformed and truncated AdamW state records are refused")
   CHECK_THROWS_AS(read_adamw_state(tensor), agoq::invalid_argument);
   std::istringstream state(record);
   CHECK_THROWS_AS(read_quantized(state), agoq::invalid_argument);
+}
+
+namespace {
+
+// A stream that cannot seek (as a pipe): std::streambuf's seekoff reports -1.
+struct unseekable : std::streambuf {
+  explicit unseekable(std::string s) : data(std::move(s)) {
+    setg(data.data(), data.data(), data.data() + data.size());
+  }
+  std::string data;
+};
+
+void put_le(std::string& record, std::size_t at, std::uint64_t v) {
+  for (std::size_t i = 0; i < 8; ++i) record[at + i] = static_cast<char>((v >> (8 * i)) & 0xffu);
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: sizes beyond what a seekable stream holds are refused before allocating") {
+  // An AdamW record claiming 2^40 elements (8 TiB of f32 moments) in a stream of a few KiB: refused
+  // from the stream's length, where it used to allocate (or fail to) first.
+  adamw_state s(300);
+  std::vector<float> w = random_values(300, 4);
+  run(s, w, 0, 1);
+  std::ostringstream out;
+  write_adamw_state(out, s);
+  std::string record = out.str();
+  put_le(record, 12, std::uint64_t{1} << 40);
+  std::istringstream big(record);
+  CHECK_THROWS_WITH_AS(read_adamw_state(big), doctest::Contains("bytes announced"),
+                       agoq::invalid_argument);
+  put_le(record, 12, std::uint64_t{1} << 60);
+  std::istringstream huge(record);
+  CHECK_THROWS_WITH_AS(read_adamw_state(huge), doctest::Contains("more than 2^59"),
+                       agoq::invalid_argument);
+  // A tensor record whose extents and byte counts agree on 2^40 elements.
+  spec const sp = spec::parse("int8_g128_sym_rne_f32");
+  quantized_tensor q(sp, 2, 300);
+  std::vector<float> const x = random_values(600, 5);
+  quantize(host, matrix_view<float const>(x.data(), 2, 300), q.view());
+  std::string tensor = record_of(q.view());
+  std::size_t const extents = 16 + sp.name().size();
+  quantized_layout const l = make_layout(sp, std::int64_t{1} << 20, std::int64_t{1} << 20);
+  put_le(tensor, extents, std::uint64_t{1} << 20);
+  put_le(tensor, extents + 8, std::uint64_t{1} << 20);
+  put_le(tensor, extents + 16, static_cast<std::uint64_t>(l.codes_bytes));
+  put_le(tensor, extents + 24, static_cast<std::uint64_t>(l.scales_bytes));
+  std::istringstream claimed(tensor);
+  CHECK_THROWS_WITH_AS(read_quantized(claimed), doctest::Contains("bytes announced"),
+                       agoq::invalid_argument);
+  // The check leaves the stream where it was: valid records read on from a seekable stream, and
+  // from one that cannot seek (not checked; its reads fail where it ends).
+  std::stringstream both;
+  write_quantized(both, q.view());
+  write_adamw_state(both, s);
+  CHECK(sections(read_quantized(both).view()) == sections(q.view()));
+  check_same(read_adamw_state(both), s);
+  unseekable pipe(record_of(q.view()));
+  std::istream piped(&pipe);
+  CHECK(sections(read_quantized(piped).view()) == sections(q.view()));
+  unseekable cut(record_of(q.view()).substr(0, 100));
+  std::istream short_pipe(&cut);
+  CHECK_THROWS_WITH_AS(read_quantized(short_pipe), doctest::Contains("ends inside"),
+                       agoq::invalid_argument);
 }
 
 TEST_CASE("checkpoint: a gradient buffer restored through its view accumulates on bit for bit") {

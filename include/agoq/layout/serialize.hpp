@@ -36,6 +36,24 @@ inline void read_exact(std::istream& in, void* dst, std::int64_t n, char const* 
                std::string("checkpoint: the stream ends inside ") + what);
 }
 
+/// Refuses a record that claims more bytes than the rest of a seekable stream holds, before
+/// anything that size is allocated (a corrupted size would otherwise allocate and zero-fill it
+/// first). \throws agoq::invalid_argument naming `what` when fewer than `bytes` bytes are left.
+/// A stream that cannot tell its position (a pipe) is not checked: its reads fail where it ends.
+inline void check_available(std::istream& in, std::int64_t bytes, char const* what) {
+  std::istream::pos_type const here = in.tellg();
+  if (here == std::istream::pos_type(-1)) return;
+  in.seekg(0, std::ios::end);
+  std::istream::pos_type const end = in.tellg();
+  in.clear(in.rdstate() & ~std::ios::failbit);
+  in.seekg(here);
+  if (end == std::istream::pos_type(-1)) return;
+  AGOQ_EXPECTS(static_cast<std::int64_t>(end - here) >= bytes,
+               std::string("checkpoint: the stream ends inside ") + what + " (" +
+                   std::to_string(bytes) + " bytes announced, " +
+                   std::to_string(static_cast<std::int64_t>(end - here)) + " left)");
+}
+
 /// Reads an `n`-byte little-endian unsigned integer.
 inline std::uint64_t read_le(std::istream& in, int n, char const* what) {
   std::array<unsigned char, 8> b{};
@@ -142,10 +160,13 @@ inline void write_quantized(std::ostream& out, const_quantized_view const& v) {
 
 /// Reads a tensor record written by write_quantized into a new quantized_tensor.
 /// \throws agoq::invalid_argument for a stream that is not a tensor record (another magic or
-/// version, an unknown spec, byte counts that do not match the spec and extents) or ends early;
-/// std::bad_alloc.
+/// version, an unknown spec, byte counts that do not match the spec and extents) or ends early
+/// (a seekable stream: before the tensor is allocated, detail::check_available); std::bad_alloc.
 inline quantized_tensor read_quantized(std::istream& in) {
   detail::tensor_record const r = detail::read_tensor_header(in);
+  detail::check_available(in,
+                          r.layout.codes_bytes + r.layout.scales_bytes + r.layout.zero_points_bytes,
+                          "a tensor record's sections");
   quantized_tensor t(r.s, r.rows, r.cols);
   detail::read_tensor_sections(in, r.layout, t.view());
   return t;

@@ -121,7 +121,9 @@ inline void write_adamw_state(std::ostream& out, adamw_state const& s) {
 /// Reads an AdamW state record written by write_adamw_state into a new adamw_state.
 /// \throws agoq::invalid_argument for a stream that is not an AdamW state record (another magic
 /// or version, a negative size or step, an unknown format or rounding, a moment record that does
-/// not match the options) or that ends early; std::bad_alloc.
+/// not match the options, a size past 2^59) or that ends early (a seekable stream: before the
+/// state is allocated, when fewer bytes are left than its moments take at the least);
+/// std::bad_alloc.
 inline adamw_state read_adamw_state(std::istream& in) {
   using agoq::detail::read_le;
   agoq::detail::read_header(in, detail::state_magic, detail::state_version,
@@ -147,6 +149,14 @@ inline adamw_state read_adamw_state(std::istream& in) {
   o.v = static_cast<moment_format>(v);
   o.m_rounding = static_cast<rounding_kind>(mr);
   o.v_rounding = static_cast<rounding_kind>(vr);
+  // At least 4 (f32), 2 (bf16) or 1 (8-bit codes) bytes an element of each moment follow.
+  auto const bytes_of = [](moment_format f) {
+    return f == moment_format::f32 ? 4 : f == moment_format::bf16 ? 2 : 1;
+  };
+  AGOQ_EXPECTS(n <= max_size_count / 8,
+               "checkpoint: an AdamW state of size " + std::to_string(n) + ", more than 2^59");
+  agoq::detail::check_available(in, n * (bytes_of(o.m) + bytes_of(o.v)),
+                                "an AdamW state record's moments");
   adamw_state s(n, o);
   s.set_step(step);
   detail::read_moment(in, s.m());
