@@ -193,6 +193,15 @@ void run(adamw_state& s, std::vector<float>& w, int first, int steps) {
   }
 }
 
+// Runs `steps` steps of `s` from weights seeded by `seed` and returns its record.
+std::string record_after(adamw_state& s, std::uint32_t seed, int steps) {
+  std::vector<float> w = random_values(s.size(), seed);
+  run(s, w, 0, steps);
+  std::ostringstream out;
+  write_adamw_state(out, s);
+  return out.str();
+}
+
 void check_same(adamw_state const& a, adamw_state const& b) {
   CHECK(a.size() == b.size());
   CHECK(a.step() == b.step());
@@ -253,11 +262,7 @@ TEST_CASE("checkpoint: a restored AdamW state continues the run bit for bit") {
 
 TEST_CASE("checkpoint: malformed and truncated AdamW state records are refused") {
   adamw_state s(300);
-  std::vector<float> w = random_values(300, 2);
-  run(s, w, 0, 2);
-  std::ostringstream out;
-  write_adamw_state(out, s);
-  std::string const record = out.str();
+  std::string const record = record_after(s, 2, 2);
   // The header: magic 0-7, version 8-11, size 12-19, step 20-27, seed 28-35, block 36-43, then
   // one byte each for m's and v's formats and roundings (44-47).
   check_refused(record,
@@ -298,11 +303,7 @@ TEST_CASE("checkpoint: sizes beyond what a seekable stream holds are refused bef
   // An AdamW record claiming 2^40 elements (8 TiB of f32 moments) in a stream of a few KiB: refused
   // from the stream's length, where it used to allocate (or fail to) first.
   adamw_state s(300);
-  std::vector<float> w = random_values(300, 4);
-  run(s, w, 0, 1);
-  std::ostringstream out;
-  write_adamw_state(out, s);
-  std::string record = out.str();
+  std::string record = record_after(s, 4, 1);
   put_le(record, 12, std::uint64_t{1} << 40);
   std::istringstream big(record);
   CHECK_THROWS_WITH_AS(read_adamw_state(big), doctest::Contains("bytes announced"),

@@ -870,47 +870,50 @@ AGOQ_HOST_WIDE_VECTORS void gelu_span(X const* x, Y* y, std::int64_t n) noexcept
 /// time when it did).
 inline constexpr std::int64_t count_piece = std::int64_t{1} << 30;
 
-/// SwiGLU's gradients of a row from dout d and the decoded gate g and up u; returns how many of
-/// d's values are not finite (counted in the same loop, in pieces of count_piece). Host only.
-template <class D, class DG, class DU>
-AGOQ_HOST_WIDE_VECTORS std::int64_t swiglu_grads_span(D const* d, float const* g, float const* u,
-                                                      DG* dg, DU* du, std::int64_t n) noexcept {
+/// Runs body(i, v) for i in [0, n), v = x[i] as a float, and returns how many v are not finite,
+/// counted in 32 bits per piece of count_piece. Always inlined, so that its loop is vectorized
+/// within its caller (the element loops' AGOQ_HOST_WIDE_VECTORS). Host only.
+template <class T, class Body>
+[[gnu::always_inline]] inline std::int64_t counting_loop(T const* x, std::int64_t n,
+                                                         Body&& body) noexcept {
   std::int64_t nonfinite = 0;
   for (std::int64_t b = 0; b < n; b += count_piece) {
     std::int64_t const e = std::min(n, b + count_piece);
     std::int32_t k = 0;
     AGOQ_HOST_IVDEP
     for (std::int64_t i = b; i < e; ++i) {
-      float const di = numeric::to_float(d[i]);
-      k += numeric::is_finite(di) ? 0 : 1;
-      float dgi, dui;
-      swiglu_grads(di, g[i], u[i], dgi, dui);
-      du[i] = numeric::from_float<DU>(dui);
-      dg[i] = numeric::from_float<DG>(dgi);
+      float const v = numeric::to_float(x[i]);
+      k += numeric::is_finite(v) ? 0 : 1;
+      body(i, v);
     }
     nonfinite += k;
   }
   return nonfinite;
 }
 
+/// SwiGLU's gradients of a row from dout d and the decoded gate g and up u; returns how many of
+/// d's values are not finite (counted in the same loop, counting_loop). Host only.
+template <class D, class DG, class DU>
+AGOQ_HOST_WIDE_VECTORS std::int64_t swiglu_grads_span(D const* d, float const* g, float const* u,
+                                                      DG* dg, DU* du, std::int64_t n) noexcept {
+  return counting_loop(
+      d, n, [&](std::int64_t i, float di) __attribute__((always_inline)) {
+        float dgi, dui;
+        swiglu_grads(di, g[i], u[i], dgi, dui);
+        du[i] = numeric::from_float<DU>(dui);
+        dg[i] = numeric::from_float<DG>(dgi);
+      });
+}
+
 /// GeLU's gradient of a row from dy and the decoded input x; returns how many of dy's values are
-/// not finite (counted in the same loop, in pieces of count_piece). Host only.
+/// not finite (counted in the same loop, counting_loop). Host only.
 template <class DY, class DX>
 AGOQ_HOST_WIDE_VECTORS std::int64_t gelu_grad_span(DY const* dy, float const* x, DX* dx,
                                                    std::int64_t n) noexcept {
-  std::int64_t nonfinite = 0;
-  for (std::int64_t b = 0; b < n; b += count_piece) {
-    std::int64_t const e = std::min(n, b + count_piece);
-    std::int32_t k = 0;
-    AGOQ_HOST_IVDEP
-    for (std::int64_t i = b; i < e; ++i) {
-      float const d = numeric::to_float(dy[i]);
-      k += numeric::is_finite(d) ? 0 : 1;
-      dx[i] = numeric::from_float<DX>(gelu_grad(d, x[i]));
-    }
-    nonfinite += k;
-  }
-  return nonfinite;
+  return counting_loop(
+      dy, n, [&](std::int64_t i, float d) __attribute__((always_inline)) {
+        dx[i] = numeric::from_float<DX>(gelu_grad(d, x[i]));
+      });
 }
 
 template <class In, class Out>
@@ -1277,17 +1280,10 @@ std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b, 
   return nonfinite + save_whole<S, Codes>(ex, saved, opt, sum.data_handle());
 }
 
-/// Counts the non-finite values of a gradient row, in pieces of count_piece.
+/// Counts the non-finite values of a gradient row (counting_loop).
 template <class T>
 std::int64_t count_nonfinite(T const* x, std::int64_t n) noexcept {
-  std::int64_t c = 0;
-  for (std::int64_t b = 0; b < n; b += count_piece) {
-    std::int64_t const e = std::min(n, b + count_piece);
-    std::int32_t k = 0;
-    for (std::int64_t i = b; i < e; ++i) k += numeric::is_finite(numeric::to_float(x[i])) ? 0 : 1;
-    c += k;
-  }
-  return c;
+  return counting_loop(x, n, [](std::int64_t, float) {});
 }
 
 /// RMSNorm backward of the rows [r0, r1) (of `cols` elements) of one block of dweight's rows, x̂

@@ -50,10 +50,12 @@
 /// Xeon: the plain GeLU forward 1.4x and the fused one 2x slower); on an AMD EPYC (Zen 5), where
 /// g++ takes 512-bit vectors already, only the fused GeLU's call per step shows (5-7% slower:
 /// docs/performance.md). Only the vector width changes, not the operations, so every bit stays
-/// the same. A function with it is not inlined into one without it (a call per row or per piece
-/// of a row). Empty on other compilers and without AVX-512.
+/// the same. A function with it is never inlined (a call per row or per piece of a row): g++
+/// does inline a small one into a caller without it, whose loops then take 256-bit vectors
+/// (swiglu_grads_span did once it became a call to fused_detail::counting_loop). Empty on other
+/// compilers and without AVX-512.
 #if defined(AGOQ_HOST_AVX512) && defined(__GNUC__) && !defined(__clang__)
-#define AGOQ_HOST_WIDE_VECTORS [[gnu::target("prefer-vector-width=512")]]
+#define AGOQ_HOST_WIDE_VECTORS [[gnu::target("prefer-vector-width=512"), gnu::noinline]]
 #else
 #define AGOQ_HOST_WIDE_VECTORS
 #endif
