@@ -202,13 +202,17 @@ struct model_shape {
   /// parameters any tensor-parallel rank holds of a layer, an embedding and a head (of either
   /// style), in long double so that no field's size overflows it.
   long double parameter_bound() const noexcept {
-    long double const h = static_cast<long double>(hidden);
-    long double const d = static_cast<long double>(head_size());
-    long double const q = static_cast<long double>(heads) * d;
-    long double const k = static_cast<long double>(kv_heads) * d;
-    long double const f = static_cast<long double>(ffn);
+    auto const [h, q, k, f] = width_bounds();
     long double const layer = 4 * h * (q + k + f) + 4 * (q + f) + 8 * h;
     return static_cast<long double>(layers) * layer + 2 * static_cast<long double>(vocab) * h;
+  }
+
+  /// hidden, q = heads * head_size(), k = kv_heads * head_size() and ffn in long double: the
+  /// widths of a layer on one rank are at most these, and no field's size overflows them.
+  std::array<long double, 4> width_bounds() const noexcept {
+    long double const d = static_cast<long double>(head_size());
+    return {static_cast<long double>(hidden), static_cast<long double>(heads) * d,
+            static_cast<long double>(kv_heads) * d, static_cast<long double>(ffn)};
   }
 
   /// Throws agoq::invalid_argument naming the first field out of range, or when the model is too
@@ -273,11 +277,9 @@ struct shard_shape {
   /// micro-batch's saved tensors of one layer (at most 6 bytes an element, plus 8 KiB of section
   /// alignment), of those of the output head, and of the working set of either's backward pass.
   long double byte_bound(model_shape const& m) const noexcept {
-    long double const d = static_cast<long double>(m.head_size());
-    long double const width =
-        4 * static_cast<long double>(m.hidden) + 2 * static_cast<long double>(m.heads) * d +
-        2 * static_cast<long double>(m.kv_heads) * d + 4 * static_cast<long double>(m.ffn) +
-        static_cast<long double>(m.heads) + 2 * static_cast<long double>(m.vocab);
+    auto const [h, q, k, f] = m.width_bounds();
+    long double const width = 4 * h + 2 * q + 2 * k + 4 * f + static_cast<long double>(m.heads) +
+                              2 * static_cast<long double>(m.vocab);
     return 64 * static_cast<long double>(micro_batch) * static_cast<long double>(seq) * width;
   }
 

@@ -251,18 +251,17 @@ inline resolved_schedule resolve(pipeline_schedule const& sc, std::int64_t stage
   r.v = v;
   r.rules = sc.rules;
   r.g = v == 1 || sc.group == 0 ? pp : sc.group;
-  // Every count below (m v units, the warm-up's 2 (p - 1) + (v - 1) g, 3 g) is at most one of
-  // these two.
-  long double const g_units = static_cast<long double>(v) * r.g + 2 * static_cast<long double>(pp);
-  long double const m_units = static_cast<long double>(v) *
-                              (sc.micro_batches > 0 ? static_cast<long double>(sc.micro_batches)
-                                                    : 3 * static_cast<long double>(r.g));
-  AGOQ_EXPECTS(g_units <= static_cast<long double>(max_size_count) &&
-                   m_units <= static_cast<long double>(max_size_count),
-               "in_flight: the schedule is too large to count in 64 bits: " +
-                   detail::approx(std::max(g_units, m_units)) +
-                   " units (virtual_stages x micro_batches, or x the group size), more than 2^62");
+  // Every count below (m v units, the warm-up's 2 (p - 1) + (v - 1) g, 3 g) is at most v g + 2 p
+  // or v m. With v g + 2 p <= 2^62, 3 g fits too (g <= 2^61 for v >= 2, g = p for v = 1).
+  auto const check_units = [](long double units) {
+    AGOQ_EXPECTS(
+        units <= static_cast<long double>(max_size_count),
+        "in_flight: the schedule is too large to count in 64 bits: " + detail::approx(units) +
+            " units (virtual_stages x micro_batches, or x the group size), more than 2^62");
+  };
+  check_units(static_cast<long double>(v) * r.g + 2 * static_cast<long double>(pp));
   r.m = sc.micro_batches > 0 ? sc.micro_batches : 3 * r.g;
+  check_units(static_cast<long double>(v) * r.m);
   std::int64_t const m = r.m;
   if (v > 1 && sc.rules == interleaved_rules::megatron_legacy) {
     AGOQ_EXPECTS(m % pp == 0, "in_flight: the legacy interleaved schedule needs micro_batches (" +
