@@ -50,17 +50,22 @@ BENCHMARK(plan_128_layers_16_stages_ragged)
     ->ArgNames({"m", "g"})
     ->Unit(benchmark::kMillisecond);
 
-// The walk's worst case: m micro-batches in one group (nothing repeats), v = 4, all 16 devices.
-// No plan fits such a step (chunk 0 holds all m), so this times in_flight_peaks alone.
-void in_flight_peaks_one_group(benchmark::State& state) {
-  act::pipeline_schedule const sc{16, 4, state.range(0), state.range(0)};
+// in_flight_peaks alone, all 16 devices: v chunks, two groups of 2^30 micro-batches and a last
+// one of 20 (the steps it once walked: about (g + r) v, here more than 2^32).
+void in_flight_peaks_huge_groups(benchmark::State& state) {
+  std::int64_t const g = std::int64_t{1} << 30;
+  act::pipeline_schedule const sc{16, state.range(0), 2 * g + 20, g};
   for (auto _ : state)
     for (std::int64_t s = 0; s < sc.pp; ++s) {
       auto peaks = act::in_flight_peaks(sc, s);
       benchmark::DoNotOptimize(peaks);
     }
 }
-BENCHMARK(in_flight_peaks_one_group)->Arg(4000)->ArgName("m")->Unit(benchmark::kMillisecond);
+BENCHMARK(in_flight_peaks_huge_groups)
+    ->Arg(4)
+    ->Arg(16)
+    ->ArgName("v")
+    ->Unit(benchmark::kMicrosecond);
 
 void plan_llama3_8b(benchmark::State& state) {
   act::planner_input in;

@@ -538,15 +538,16 @@ TEST_CASE("budgets and weighted bytes past 64-bit counts: refused or counted, ne
                        agoq::invalid_argument);
   in.budget_bytes = std::numeric_limits<std::int64_t>::max();
   CHECK_THROWS_AS(make_plan(in), agoq::invalid_argument);
-  // 150,001 peak moments a device (groups of 10^5 of 1.5 x 10^5 micro-batches over 4 x 4
-  // chunks): each tensor's bytes times its copies over them would pass 2^63. Estimated (about
-  // 2^50 bytes a device), refused by the planner.
-  in.parallel.pp = 4;
-  in.parallel.virtual_stages = 4;
-  in.parallel.vp_group = 100'000;
-  in.step.micro_batches = 150'000;
+  // 96 peak moments a device (128 layers over 2 x 64 chunks, groups of 10^6 of 1.5 x 10^6
+  // micro-batches, up to 63 x 10^6 in flight): each tensor's bytes times its copies over them
+  // could reach 6.9 x 10^18 > 2^62. Estimated (about 2^54.7 bytes a device), refused by the
+  // planner.
+  in.model.layers = 128;
+  in.parallel.pp = 2;
+  in.parallel.virtual_stages = 64;
+  in.parallel.vp_group = 1'000'000;
+  in.step.micro_batches = 1'500'000;
   in.budget_bytes = agoq::max_size_count;
   CHECK_NOTHROW(estimate_memory(in.model, in.parallel, in.step, in.states, in.policy));
-  CHECK_THROWS_WITH_AS(make_plan(in), doctest::Contains("150001 peak moments"),
-                       agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(make_plan(in), doctest::Contains("96 peak moments"), agoq::invalid_argument);
 }

@@ -313,11 +313,12 @@ inline std::int64_t units_on_chunk(std::int64_t n, resolved_schedule const& r, s
 }  // namespace detail
 
 /// The micro-batches each local model chunk of pipeline device `stage` holds (saved by a forward,
-/// not yet freed by its backward) at each moment the device holds the most, one vector of v
-/// counts per distinct moment, in schedule order. These moments are all that matter for memory:
-/// every other moment of the step holds at most as much in every chunk as one of them, so for
-/// any per-chunk sizes the device's peak is the largest of these vectors' sums weighted by the
-/// sizes.
+/// not yet freed by its backward) at the moments the device holds the most where its holdings
+/// turn, one vector of v counts per distinct moment, in schedule order. These moments are all
+/// that matter for memory: every other moment of the step holds at most as much in every chunk
+/// as a moment of the same total, and every such moment lies on the segment between two of these
+/// vectors, so for any per-chunk sizes the device's peak is the largest of these vectors' sums
+/// weighted by the sizes (and each chunk's largest count is among them).
 /// - 1F1B (v = 1; Narayanan et al. 2021, PipeDream-Flush): stage s of p runs w = p - s - 1
 ///   warm-up forwards, then alternates one forward and one backward; one moment, min(p - s, m).
 /// - Interleaved (v > 1; Megatron's forward_backward_pipelining_with_interleaving): device s runs
@@ -327,9 +328,13 @@ inline std::int64_t units_on_chunk(std::int64_t n, resolved_schedule const& r, s
 ///   from chunk v - 1. The peaks are the moments right after each steady-state forward, when
 ///   w + 1 units are alive (without a steady state, the end of the warm-up); after F forwards and
 ///   B backwards chunk c holds f_c(F) - f_{v-1-c}(B), f_c(n) the first n forward units on chunk
-///   c (detail::units_on_chunk). Within the whole groups they repeat every g v steps, so this
-///   visits at most g v steps there and every step of the last group: O((g + r) v^2 log) for a
-///   last group of r micro-batches, whatever m.
+///   c (detail::units_on_chunk). From one steady step to the next the counts move by one unit
+///   into the forward's chunk and one out of the backward's, the same move while neither crosses
+///   into another chunk (every g units in the whole groups, every r in a last group of r); the
+///   moments returned are the first and last steps and those where the move changes (p = 4,
+///   v = 2, device 1: (5, 4) and (8, 1), not the (6, 3) and (7, 2) between them). Within the
+///   whole groups the moments repeat every g v steps, so only the turns of one period there and
+///   those of the last group are visited: O(v) turns of O(v) counts each, whatever m and g.
 /// Throws agoq::invalid_argument for stage outside [0, pp) and for a schedule Megatron refuses
 /// (detail::resolve: under Megatron-Core rules g < p, m < g, or a last group shorter than p;
 /// under the legacy rules m not a multiple of p), and for one whose unit counts could exceed
@@ -346,17 +351,58 @@ inline std::vector<std::vector<std::int64_t>> in_flight_peaks(pipeline_schedule 
     return n;
   };
   if (warmup == r.total) return {alive(r.total, 0)};
+  std::int64_t const whole = r.last_start * r.v;  // units of the groups before the last
+  std::int64_t const period = r.g * r.v;
+  std::int64_t const steps = r.total - warmup;
+  // The chunk of forward unit n; backward unit n runs chunk v - 1 - chunk(n).
+  auto chunk = [&](std::int64_t n) {
+    return n < whole ? n % period / r.g : (n - whole) / r.last_size;
+  };
+  // Step i runs forward unit warmup + i and backward unit i - 1 before it; the move from step i
+  // to i + 1 is the same as from i - 1 to i unless one of them enters another chunk (a move with
+  // the forward and backward on the same chunk is none).
+  auto turns = [&](std::int64_t i) {
+    if (i == 0 || i == steps - 1) return true;
+    std::int64_t const f0 = chunk(warmup + i), f1 = chunk(warmup + i + 1);
+    std::int64_t const b0 = r.v - 1 - chunk(i - 1), b1 = r.v - 1 - chunk(i);
+    if (f0 == b0 && f1 == b1) return false;
+    return f0 != f1 || b0 != b1;
+  };
+  // Units n in [lo, hi] where the chunk changes: the multiples of g in the whole groups (their
+  // count is (hi - lo) / g + 1), every last_size units in the last group.
+  std::vector<std::int64_t> candidates;
+  auto add_turns = [&](std::int64_t lo, std::int64_t hi, std::int64_t step_of_unit) {
+    for (std::int64_t n = (std::max<std::int64_t>(lo, 1) + r.g - 1) / r.g * r.g;
+         n <= std::min(hi, whole); n += r.g)
+      candidates.push_back(n + step_of_unit);
+    for (std::int64_t k = 1; k < r.v; ++k) {
+      std::int64_t const n = whole + k * r.last_size;
+      if (n >= lo && n <= hi) candidates.push_back(n + step_of_unit);
+    }
+  };
+  // The steps [begin, end): the first and last, and where the forward unit after a step
+  // (warmup + i + 1) or the backward unit of a step (i) enters another chunk.
+  auto visit = [&](std::int64_t begin, std::int64_t end) {
+    candidates.push_back(begin);
+    candidates.push_back(end - 1);
+    add_turns(warmup + begin + 1, warmup + end, -warmup - 1);
+    add_turns(begin, end - 1, 0);
+  };
+  // While both units stay in the whole groups, f_c(n + g v) = f_c(n) + g: step i repeats step
+  // i - g v. Past the first period, skip to the first step whose forward enters the last group.
+  std::int64_t const last_part = whole - warmup;
+  if (last_part > period) {
+    visit(0, period);
+    visit(last_part, steps);
+  } else {
+    visit(0, steps);
+  }
+  std::sort(candidates.begin(), candidates.end());
   std::vector<std::vector<std::int64_t>> peaks;
   std::set<std::vector<std::int64_t>> seen;
-  std::int64_t const period = r.g * r.v;
-  std::int64_t const whole = r.last_start * r.v;
-  for (std::int64_t i = 0; i < r.total - warmup; ++i) {
-    // While both counts stay in the whole groups, f_c(n + g v) = f_c(n) + g: step i repeats
-    // step i - g v. Jump to the first step whose forward enters the last group.
-    if (i >= period && warmup + i + 1 <= whole) {
-      i = whole - warmup - 1;
-      continue;
-    }
+  for (std::size_t k = 0; k < candidates.size(); ++k) {
+    std::int64_t const i = candidates[k];
+    if ((k > 0 && i == candidates[k - 1]) || i < 0 || i >= steps || !turns(i)) continue;
     auto n = alive(warmup + i + 1, i);
     if (seen.insert(n).second) peaks.push_back(std::move(n));
   }

@@ -241,11 +241,12 @@ inline double moment_price_bound(std::vector<std::vector<plan_option>> const& hu
 
 /// Plans every saved tensor (see the file comment). Per pipeline device the problem is a
 /// multiple-choice knapsack: each (layer, kind) takes one candidate, its cost the weighted
-/// modelled error; the device must fit the budget at each of its peak moments (in_flight_peaks),
-/// where a tensor of local chunk c counts n_c times its stored size. Under 1F1B there is one
+/// modelled error; the device must fit the budget at each moment in_flight_peaks lists (and so at
+/// every peak moment, each on a segment between two listed), where a tensor of local chunk c
+/// counts n_c times its stored size. Under 1F1B there is one
 /// such moment. The planner takes each item's cheapest hull option, then applies hull upgrades in
 /// one fixed order while they fit at every peak moment, stopping at the first that does not. The
-/// order is by error removed per byte weighted by w_c, the sum of n_c over the peak moments (ties
+/// order is by error removed per byte weighted by w_c, the sum of n_c over those moments (ties
 /// by layer, kind, step): the order that solves the relaxation in which the moments share one
 /// budget. Besides the states, each device's budget holds its transient working memory
 /// (stage_memory::transient), reserved before the plan is made as if every kind with a quantized
