@@ -30,11 +30,15 @@ void plan_128_layers_16_stages(benchmark::State& state) {
     benchmark::DoNotOptimize(plan);
   }
 }
-BENCHMARK(plan_128_layers_16_stages)->Arg(1)->Arg(2)->ArgName("v")->Unit(benchmark::kMillisecond);
+BENCHMARK(plan_128_layers_16_stages)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(8)
+    ->ArgName("v")
+    ->Unit(benchmark::kMillisecond);
 
 // Megatron-Core's interleaved schedule (v = 2) with many micro-batches: m = 1000 in groups of 24
-// and m = 4016 in groups of 20 (the last groups hold 16); the in-flight moments come from walking
-// the steady state, which the repeating whole groups shorten.
+// and m = 4016 in groups of 20 (the last groups hold 16).
 void plan_128_layers_16_stages_ragged(benchmark::State& state) {
   act::planner_input in = input_128x16(2);
   in.step.micro_batches = state.range(0);

@@ -173,7 +173,7 @@ TEST_CASE("interleaved: the planner fits every peak moment and matches brute for
   CHECK(previous.total_error() == 0.0);
 }
 
-TEST_CASE("interleaved: a price per peak moment tightens the summed relaxation's bound") {
+TEST_CASE("interleaved: the LP with a row per moment tightens the summed relaxation's bound") {
   // interleaved_input(). Here every one of a device's 81 plans is taken through the planner's own
   // constraints: its activation bytes at each peak moment j (in_flight_peaks; one layer per chunk,
   // the output head's n_j,last copies on the last device) plus the states and the reserved
@@ -256,6 +256,126 @@ TEST_CASE("interleaved: a price per peak moment tightens the summed relaxation's
   CHECK(tighter > 0);
   MESSAGE("of 74 devices, " << gaps << " with a gap; tighter on " << tighter << ", closing "
                             << closed / std::max(tighter, 1) << " of the gap on average");
+}
+
+TEST_CASE("the LP with a row per moment: a certified optimum, below every plan that fits") {
+  // Random devices: chunks, moments with random in-flight counts, items with random options (their
+  // lower hulls, bytes weighted by w_c as make_plan builds them) and rooms. The simplex's
+  // fractional plan is checked here to fit every moment; its error, less the bound, certifies both
+  // optimal (the bound is L at the simplex's prices, at most the LP optimum, at most the plan's
+  // error). The bound is also at least L at other prices, and at most the best whole plan.
+  std::uint64_t seed = 12345;
+  auto const next = [&](std::int64_t n) {  // uniform in [0, n)
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<std::int64_t>((seed >> 33) % static_cast<std::uint64_t>(n));
+  };
+  int brute_forced = 0;
+  int most_iterations = 0;
+  double worst_gap = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    CAPTURE(trial);
+    std::size_t const chunks = static_cast<std::size_t>(1 + next(4));
+    std::size_t const moments = static_cast<std::size_t>(1 + next(6));
+    std::vector<std::vector<std::int64_t>> peaks(moments, std::vector<std::int64_t>(chunks));
+    std::vector<std::int64_t> weight(chunks, 0);
+    for (auto& n : peaks)
+      for (std::size_t c = 0; c < chunks; ++c) weight[c] += n[c] = next(9);
+    for (std::size_t c = 0; c < chunks; ++c)
+      if (weight[c] == 0) weight[c] = peaks[0][c] = 1;  // every chunk in flight somewhere
+    // Bytes of one copy: small, or like a real tensor's (2^20 to 2^28).
+    std::int64_t const unit = trial % 2 == 0 ? 1 : std::int64_t{1} << (20 + next(9));
+    std::size_t const items = static_cast<std::size_t>(1 + next(trial < 200 ? 6 : 40));
+    std::vector<std::vector<detail::plan_option>> hulls;
+    std::vector<std::size_t> chunk_of;
+    for (std::size_t i = 0; i < items; ++i) {
+      std::size_t const c = static_cast<std::size_t>(next(static_cast<std::int64_t>(chunks)));
+      std::vector<detail::plan_option> opts;
+      std::size_t const options = static_cast<std::size_t>(1 + next(4));
+      for (std::size_t o = 0; o < options; ++o)
+        opts.push_back({(1 + next(50)) * unit * weight[c], static_cast<double>(next(1000)) / 7, o});
+      hulls.push_back(detail::lower_hull(std::move(opts)));
+      chunk_of.push_back(c);
+    }
+    // Rooms from 0 to the bytes every last hull point would add.
+    std::vector<std::int64_t> room(moments, 0);
+    for (std::size_t j = 0; j < moments; ++j) {
+      std::int64_t most = 0;
+      for (std::size_t i = 0; i < items; ++i)
+        most += peaks[j][chunk_of[i]] * (hulls[i].back().bytes - hulls[i].front().bytes) /
+                weight[chunk_of[i]];
+      room[j] = most == 0 ? 0 : next(most + 1);
+    }
+    auto const lp = detail::moment_lp_bound(hulls, chunk_of, weight, peaks, room);
+    std::size_t steps = 0;
+    for (auto const& h : hulls) steps += h.size() - 1;
+    CHECK(lp.iterations < static_cast<int>(50 * (steps + moments)));  // ended optimal, not capped
+    most_iterations = std::max(most_iterations, lp.iterations);
+    // The fractional plan: shares in [0, 1] that fit every moment, and its error.
+    double primal = 0;
+    std::vector<double> used(moments, 0);
+    REQUIRE(lp.taken.size() == items);
+    for (std::size_t i = 0; i < items; ++i) {
+      primal += hulls[i][0].error;
+      REQUIRE(lp.taken[i].size() + 1 == hulls[i].size());
+      for (std::size_t s = 0; s + 1 < hulls[i].size(); ++s) {
+        double const x = lp.taken[i][s];
+        CHECK(x >= -1e-9);
+        CHECK(x <= 1 + 1e-9);
+        primal -= (hulls[i][s].error - hulls[i][s + 1].error) * x;
+        double const copy =
+            static_cast<double>((hulls[i][s + 1].bytes - hulls[i][s].bytes) / weight[chunk_of[i]]);
+        for (std::size_t j = 0; j < moments; ++j)
+          used[j] += static_cast<double>(peaks[j][chunk_of[i]]) * copy * x;
+      }
+    }
+    double scale = 1;  // the errors' size
+    for (auto const& h : hulls) scale = std::max(scale, h.front().error);
+    for (std::size_t j = 0; j < moments; ++j)
+      CHECK(used[j] <=
+            static_cast<double>(room[j]) * (1 + 1e-9) + 1e-6 * static_cast<double>(unit));
+    CHECK(primal == doctest::Approx(lp.primal).epsilon(1e-12).scale(scale));
+    CHECK(lp.bound <= lp.primal + 1e-9 * scale);
+    CHECK(lp.primal - lp.bound <= 1e-9 * scale);
+    worst_gap = std::max(worst_gap, (lp.primal - lp.bound) / scale);
+    CHECK(lp.bound ==
+          doctest::Approx(detail::moment_lagrangian(hulls, chunk_of, weight, peaks, room, lp.mu)));
+    // Other prices give no more: the simplex's scaled up and down, a single price, random ones.
+    for (int t = 0; t < 8; ++t) {
+      std::vector<double> mu = lp.mu;
+      for (std::size_t j = 0; j < moments; ++j) {
+        double const f = t < 2 ? (t == 0 ? 0.5 : 2.0) : static_cast<double>(next(2001)) / 1000;
+        mu[j] = t == 2 ? lp.mu[0] : mu[j] * f + (t > 4 ? static_cast<double>(next(3)) / 1e6 : 0);
+      }
+      CHECK(detail::moment_lagrangian(hulls, chunk_of, weight, peaks, room, mu) <=
+            lp.bound + 1e-9 * scale);
+    }
+    // Every whole plan that fits, for the small devices: none below the bound.
+    std::int64_t plans = 1;
+    for (auto const& h : hulls) plans *= static_cast<std::int64_t>(h.size());
+    if (plans > 5000) continue;
+    ++brute_forced;
+    double best = std::numeric_limits<double>::infinity();
+    for (std::int64_t code = 0; code < plans; ++code) {
+      std::int64_t c = code;
+      double e = 0;
+      std::vector<std::int64_t> at(moments, 0);
+      for (std::size_t i = 0; i < items; ++i) {
+        auto const o = static_cast<std::size_t>(c % static_cast<std::int64_t>(hulls[i].size()));
+        c /= static_cast<std::int64_t>(hulls[i].size());
+        e += hulls[i][o].error;
+        for (std::size_t j = 0; j < moments; ++j)
+          at[j] +=
+              peaks[j][chunk_of[i]] * (hulls[i][o].bytes - hulls[i][0].bytes) / weight[chunk_of[i]];
+      }
+      bool fits = true;
+      for (std::size_t j = 0; j < moments; ++j) fits = fits && at[j] <= room[j];
+      if (fits) best = std::min(best, e);
+    }
+    CHECK(lp.bound <= best + 1e-9 * scale);
+  }
+  CHECK(brute_forced > 150);
+  MESSAGE("largest primal - bound, relative to the largest error: "
+          << worst_gap << "; most simplex iterations " << most_iterations);
 }
 
 TEST_CASE("more memory never lowers a bit width, and stages with fewer micro-batches get more") {

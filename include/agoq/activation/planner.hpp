@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -151,90 +152,198 @@ struct plan_upgrade {
   std::size_t step = 0;  ///< from hull[step] to hull[step + 1]
 };
 
-/// A lower bound on the exact optimum of a device with several peak moments (make_plan's items:
-/// their hulls, chunks and chunk weights w_c; the moments' in-flight counts n_jc and their room
-/// with every item at its cheapest option), by Lagrangian duality: for prices mu_j >= 0 of the
-/// moments' bytes,
+/// The Lagrangian of a device with several peak moments (make_plan's items: their hulls, chunks
+/// and chunk weights w_c; the moments' in-flight counts n_jc and their room with every item at its
+/// cheapest option) at prices mu_j >= 0 of the moments' bytes:
 ///   L(mu) = sum_i min_o (e_io + pi_c(i) beta_io) - sum_j mu_j room_j,  pi_c = sum_j mu_j n_jc,
-/// with beta_io the bytes of one copy of option o above the cheapest, is at most the error of any
-/// plan that fits every moment. `price` on every moment gives the relaxation that sums the
-/// moments' constraints, and that relaxation's optimum when `price` is its last upgrade's gain
-/// (make_plan). From there, rounds of coordinate ascent set each mu_j in turn to the maximizer of
-/// L along it, exactly: L is concave and piecewise linear in mu_j, and its slope (the bytes moment
-/// j takes, less its room) falls by n_jc times a hull step's bytes wherever mu_j passes the price
-/// at which that step stops paying. Returns the largest L met, so never less than L at the start;
-/// deterministic (fixed orders throughout).
-inline double moment_price_bound(std::vector<std::vector<plan_option>> const& hulls,
+/// with beta_io the bytes of one copy of option o above the cheapest. By weak duality it is at most
+/// the error of any plan that fits every moment, whatever the prices.
+inline double moment_lagrangian(std::vector<std::vector<plan_option>> const& hulls,
+                                std::vector<std::size_t> const& chunk_of,
+                                std::vector<std::int64_t> const& weight,
+                                std::vector<std::vector<std::int64_t>> const& peaks,
+                                std::vector<std::int64_t> const& room,
+                                std::vector<double> const& mu) {
+  std::vector<double> pi(weight.size(), 0);
+  for (std::size_t c = 0; c < pi.size(); ++c)
+    for (std::size_t j = 0; j < peaks.size(); ++j)
+      pi[c] += mu[j] * static_cast<double>(peaks[j][c]);
+  double l = 0;
+  for (std::size_t i = 0; i < hulls.size(); ++i) {
+    std::int64_t const w = weight[chunk_of[i]];
+    double best = hulls[i][0].error;
+    for (std::size_t o = 1; o < hulls[i].size(); ++o)
+      best = std::min(best, hulls[i][o].error +
+                                pi[chunk_of[i]] * static_cast<double>(
+                                                      (hulls[i][o].bytes - hulls[i][0].bytes) / w));
+    l += best;
+  }
+  for (std::size_t j = 0; j < peaks.size(); ++j) l -= mu[j] * static_cast<double>(room[j]);
+  return l;
+}
+
+/// What moment_lp_bound finds.
+struct moment_lp {
+  double bound = 0;        ///< moment_lagrangian at `mu`: at most the error of any fitting plan
+  double primal = 0;       ///< the error of the fractional plan `taken`
+  std::vector<double> mu;  ///< a price per moment, from the simplex's last basis
+  std::vector<std::vector<double>> taken;  ///< per item, the share of each hull step taken
+  int iterations = 0;  ///< simplex iterations (at the cap, 50 (steps + moments), not optimal)
+};
+
+/// The LP relaxation of a device's plan with several peak moments (arguments as
+/// moment_lagrangian): take a share x_is in [0, 1] of each hull step s of each item i, which
+/// removes its error de_is and adds n_jc(i) db_is bytes at moment j (db_is: one copy), so that
+/// every moment fits its room. An item's steps all add bytes in the proportions n_jc(i) and remove
+/// less error per byte one after the other, so an optimum takes them in order: the relaxation of
+/// the item's options' convex hull, whose optimum equals max over mu >= 0 of L(mu) (LP duality).
+/// Solved by a bounded-variable primal simplex (one row per moment, rows and costs scaled to at
+/// most 1, Dantzig's rule, at most 50 (steps + moments) iterations); the bound is L at the last
+/// basis's dual prices, so it holds whatever the arithmetic's rounding, and equals the LP optimum
+/// where the simplex ends optimal (then `primal` - `bound` is rounding: tested). Needs every room
+/// >= 0 (the plan with every item at its cheapest option fits). Deterministic.
+inline moment_lp moment_lp_bound(std::vector<std::vector<plan_option>> const& hulls,
                                  std::vector<std::size_t> const& chunk_of,
                                  std::vector<std::int64_t> const& weight,
                                  std::vector<std::vector<std::int64_t>> const& peaks,
-                                 std::vector<std::int64_t> const& room, double price) {
-  std::size_t const moments = peaks.size();
-  std::vector<double> mu(moments, price);
-  std::vector<double> pi(weight.size(), 0);
-  std::vector<std::vector<double>> beta(hulls.size());  // beta_io
+                                 std::vector<std::int64_t> const& room) {
+  std::size_t const rows = peaks.size();
+  struct column {
+    std::size_t item;
+    std::size_t step;
+    std::size_t chunk;
+    double gain;   // de_is
+    double bytes;  // db_is, one copy
+  };
+  std::vector<column> cols;
   for (std::size_t i = 0; i < hulls.size(); ++i)
-    for (plan_option const& o : hulls[i])
-      beta[i].push_back(static_cast<double>((o.bytes - hulls[i][0].bytes) / weight[chunk_of[i]]));
-  auto const set_prices = [&] {  // pi from mu
-    for (std::size_t c = 0; c < pi.size(); ++c) {
-      pi[c] = 0;
-      for (std::size_t j = 0; j < moments; ++j) pi[c] += mu[j] * static_cast<double>(peaks[j][c]);
-    }
-  };
-  auto const lagrangian = [&] {
-    set_prices();
-    double l = 0;
-    for (std::size_t i = 0; i < hulls.size(); ++i) {
-      double best = hulls[i][0].error;
-      for (std::size_t o = 1; o < hulls[i].size(); ++o)
-        best = std::min(best, hulls[i][o].error + pi[chunk_of[i]] * beta[i][o]);
-      l += best;
-    }
-    for (std::size_t j = 0; j < moments; ++j) l -= mu[j] * static_cast<double>(room[j]);
-    return l;
-  };
-  double bound = lagrangian();
-  struct step {
-    double price;  // the mu_j below which the step pays
-    double bytes;  // what it adds at moment j
-  };
-  std::vector<step> steps;
-  // Until a round gains nothing: 1 to 33 rounds for the interleaved LLaMA-3-8B and 32B plans.
-  for (int round = 0; round < 64; ++round) {
-    double const before = bound;
-    for (std::size_t j = 0; j < moments; ++j) {
-      set_prices();
-      steps.clear();
-      for (std::size_t i = 0; i < hulls.size(); ++i) {
-        std::size_t const c = chunk_of[i];
-        auto const n = static_cast<double>(peaks[j][c]);
-        if (peaks[j][c] == 0) continue;           // its choice does not depend on mu_j
-        double const others = pi[c] - mu[j] * n;  // the other moments' price of a copy byte
-        for (std::size_t o = 0; o + 1 < hulls[i].size(); ++o) {
-          double const db = beta[i][o + 1] - beta[i][o];
-          double const de = hulls[i][o].error - hulls[i][o + 1].error;
-          steps.push_back({(de - others * db) / (n * db), n * db});
-        }
-      }
-      std::sort(steps.begin(), steps.end(),
-                [](step const& a, step const& b) { return a.price > b.price; });
-      double taken = 0;
-      double best_mu = 0;
-      for (step const& st : steps) {
-        if (st.price <= 0) break;
-        taken += st.bytes;
-        if (taken > static_cast<double>(room[j])) {
-          best_mu = st.price;
-          break;
-        }
-      }
-      mu[j] = best_mu;
-      bound = std::max(bound, lagrangian());
-    }
-    if (!(bound > before)) break;
+    for (std::size_t s = 0; s + 1 < hulls[i].size(); ++s)
+      cols.push_back(
+          {i, s, chunk_of[i], hulls[i][s].error - hulls[i][s + 1].error,
+           static_cast<double>((hulls[i][s + 1].bytes - hulls[i][s].bytes) / weight[chunk_of[i]])});
+  std::size_t const n = cols.size();
+  std::size_t const chunks = weight.size();
+  // Row j of column k is n_jc db_k / scale_j; costs -de_k / cost_scale.
+  std::vector<double> scale(rows, 0);
+  double cost_scale = 0;
+  for (column const& k : cols) {
+    cost_scale = std::max(cost_scale, k.gain);
+    for (std::size_t j = 0; j < rows; ++j)
+      scale[j] = std::max(scale[j], static_cast<double>(peaks[j][k.chunk]) * k.bytes);
   }
-  return bound;
+  for (double& x : scale) x = x > 0 ? x : 1;
+  cost_scale = cost_scale > 0 ? cost_scale : 1;
+  auto const cost = [&](std::size_t v) { return v < n ? -cols[v].gain / cost_scale : 0.0; };
+  auto const entry = [&](std::size_t j, std::size_t v) {  // row j of variable v (v >= n: slacks)
+    if (v >= n) return v - n == j ? 1.0 : 0.0;
+    return static_cast<double>(peaks[j][cols[v].chunk]) * cols[v].bytes / scale[j];
+  };
+
+  // The basis: a variable per row (slacks first), its inverse, and the basic values. Nonbasic
+  // variables sit at 0, or at 1 for a step marked `full`.
+  std::vector<std::size_t> basis(rows);
+  std::vector<char> basic(n + rows, 0);
+  std::vector<char> full(n, 0);
+  std::vector<double> inverse(rows * rows, 0);
+  std::vector<double> value(rows);
+  for (std::size_t j = 0; j < rows; ++j) {
+    basis[j] = n + j;
+    basic[n + j] = 1;
+    inverse[j * rows + j] = 1;
+    value[j] = static_cast<double>(room[j]) / scale[j];
+  }
+  std::vector<double> dual(rows);
+  std::vector<double> per_chunk(chunks);
+  std::vector<double> alpha(rows);
+  auto const set_duals = [&] {  // dual = c_B B^-1
+    for (std::size_t j = 0; j < rows; ++j) {
+      dual[j] = 0;
+      for (std::size_t r = 0; r < rows; ++r) dual[j] += cost(basis[r]) * inverse[r * rows + j];
+    }
+  };
+  double constexpr eps = 1e-12;
+  moment_lp lp;
+  int const cap = static_cast<int>(50 * (n + rows));
+  for (; lp.iterations < cap; ++lp.iterations) {
+    set_duals();
+    for (std::size_t c = 0; c < chunks; ++c) {
+      per_chunk[c] = 0;
+      for (std::size_t j = 0; j < rows; ++j)
+        per_chunk[c] += dual[j] * static_cast<double>(peaks[j][c]) / scale[j];
+    }
+    // The entering variable: the largest reduced cost against its direction.
+    std::size_t in = n + rows;
+    double most = eps;
+    for (std::size_t v = 0; v < n + rows; ++v) {
+      if (basic[v]) continue;
+      double const reduced =
+          v < n ? cost(v) - per_chunk[cols[v].chunk] * cols[v].bytes : -dual[v - n];
+      double const gain = v < n && full[v] ? reduced : -reduced;
+      if (gain > most) {
+        most = gain;
+        in = v;
+      }
+    }
+    if (in == n + rows) break;  // optimal
+    double const dir = in < n && full[in] ? -1.0 : 1.0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      alpha[r] = 0;
+      for (std::size_t j = 0; j < rows; ++j) alpha[r] += inverse[r * rows + j] * entry(j, in);
+    }
+    // Ratio test: the entering variable moves by dir t, basic r by -dir t alpha_r.
+    double step = in < n ? 1.0 : std::numeric_limits<double>::infinity();
+    std::size_t out = rows;  // rows: the entering step goes to its other bound
+    bool out_full = false;
+    for (std::size_t r = 0; r < rows; ++r) {
+      double const a = dir * alpha[r];
+      if (a > eps && value[r] / a < step) {
+        step = std::max(0.0, value[r] / a);
+        out = r;
+        out_full = false;
+      } else if (a < -eps && basis[r] < n && (1 - value[r]) / -a < step) {
+        step = std::max(0.0, (1 - value[r]) / -a);
+        out = r;
+        out_full = true;
+      }
+    }
+    if (!(step < std::numeric_limits<double>::infinity())) break;  // cannot happen: bounded
+    for (std::size_t r = 0; r < rows; ++r) value[r] -= dir * step * alpha[r];
+    if (out == rows) {
+      full[in] = !full[in];
+      continue;
+    }
+    std::size_t const left = basis[out];
+    basic[left] = 0;
+    if (left < n) full[left] = out_full;
+    basic[in] = 1;
+    basis[out] = in;
+    value[out] = (in < n && full[in] ? 1.0 : 0.0) + dir * step;
+    double const pivot = alpha[out];
+    for (std::size_t j = 0; j < rows; ++j) inverse[out * rows + j] /= pivot;
+    for (std::size_t r = 0; r < rows; ++r) {
+      if (r == out || alpha[r] == 0) continue;
+      for (std::size_t j = 0; j < rows; ++j)
+        inverse[r * rows + j] -= alpha[r] * inverse[out * rows + j];
+    }
+  }
+  set_duals();
+  lp.mu.resize(rows);
+  for (std::size_t j = 0; j < rows; ++j) lp.mu[j] = std::max(0.0, -dual[j]) * cost_scale / scale[j];
+  lp.bound = moment_lagrangian(hulls, chunk_of, weight, peaks, room, lp.mu);
+  lp.taken.resize(hulls.size());
+  for (std::size_t i = 0; i < hulls.size(); ++i) {
+    lp.taken[i].assign(hulls[i].size() - 1, 0.0);
+    lp.primal += hulls[i][0].error;
+  }
+  std::vector<double> x(n);
+  for (std::size_t v = 0; v < n; ++v) x[v] = full[v] ? 1.0 : 0.0;
+  for (std::size_t r = 0; r < rows; ++r)
+    if (basis[r] < n) x[basis[r]] = value[r];
+  for (std::size_t v = 0; v < n; ++v) {
+    lp.taken[cols[v].item][cols[v].step] = x[v];
+    lp.primal -= cols[v].gain * x[v];
+  }
+  return lp;
 }
 
 }  // namespace detail
@@ -254,9 +363,9 @@ inline double moment_price_bound(std::vector<std::vector<plan_option>> const& hu
 /// plan needs; the plan's stage_memory then reports the working memory of the storage chosen.
 /// Consequences (docs/activations.md): the plan is deterministic; a larger budget never lowers
 /// any tensor's choice; `error_lower_bound` (that relaxation's optimum; with several peak moments
-/// the best of it and of a price per moment, detail::moment_price_bound) bounds from below the
-/// exact optimum of the budget less the reservation, and under 1F1B the plan is exact whenever it
-/// stops on a hull point. Stages holding fewer micro-batches pay less per upgrade, so they get
+/// the best of it and of the LP with a row per moment, detail::moment_lp_bound) bounds from below
+/// the exact optimum of the budget less the reservation, and under 1F1B the plan is exact whenever
+/// it stops on a hull point. Stages holding fewer micro-batches pay less per upgrade, so they get
 /// more bits.
 ///
 /// Throws agoq::invalid_argument for an invalid configuration, a budget outside (0, 2^62], one
@@ -383,11 +492,9 @@ inline activation_plan make_plan(planner_input const& in) {
     for (std::int64_t const x : room) relaxed_room = std::min(relaxed_room + x, max_size_count);
     bool fits = true;
     double relaxed_gain = 0;
-    double relaxed_price = 0;  // the relaxation's last upgrade's gain (0: it took them all)
     for (detail::plan_upgrade const& u : ups) {
       if (u.bytes > relaxed_room) {
         relaxed_gain += u.error * static_cast<double>(relaxed_room) / static_cast<double>(u.bytes);
-        relaxed_price = u.gain;
         break;
       }
       relaxed_room -= u.bytes;
@@ -423,13 +530,13 @@ inline activation_plan make_plan(planner_input const& in) {
           return quantized[static_cast<std::size_t>(l * tensor_kind_count + index_of(k))] != 0;
         });
     sp.error_lower_bound = std::max(0.0, sp.error - relaxed_gain);
-    // Several peak moments (interleaving): the moments' rooms do not pool, so a price per moment
-    // (detail::moment_price_bound) tightens the summed relaxation's bound.
+    // Several peak moments (interleaving): the moments' rooms do not pool, so the LP with a row
+    // per moment (detail::moment_lp_bound) tightens the summed relaxation's bound.
     if (peaks.size() > 1 && used <= in.budget_bytes)
       sp.error_lower_bound = std::min(
           sp.error,
-          std::max(sp.error_lower_bound, detail::moment_price_bound(hulls, chunk_of, weight, peaks,
-                                                                    start_room, relaxed_price)));
+          std::max(sp.error_lower_bound,
+                   detail::moment_lp_bound(hulls, chunk_of, weight, peaks, start_room).bound));
     sp.unused_bytes = in.budget_bytes - sp.memory.total();
     sp.tensors = std::move(items);
     stages.push_back(std::move(sp));
