@@ -33,6 +33,7 @@ struct options {
   act::parallel_config parallel;
   act::step_config step;
   act::state_formats agoq_states{act::gradient_format::int8_g128, act::optimizer_format::fp32};
+  act::error_model errors;
   double budget_gib = 0;
   bool verbose = false;
   bool json = false;
@@ -45,7 +46,8 @@ void usage() {
       "  [--head-dim N] [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N]\n"
       "  [--vp-rules core|legacy] [--dp N] [--zero 0-3] [--sp] [--no-sp] [--micro-batch N]\n"
       "  [--seq N] [--micro-batches N] [--grad fp32|bf16|int8] [--optim fp32|int8]\n"
-      "  [--bucket N] [--reserved-gib X] [--budget-gib X] [--verbose] [--json]\n"
+      "  [--bucket N] [--reserved-gib X] [--budget-gib X] [--sensitivity KIND=W]...\n"
+      "  [--outlier KIND=K]... [--verbose] [--json]\n"
       "--vp N > 1 runs Megatron's interleaved schedule: by default Megatron-Core's, in groups of\n"
       "--vp-group micro-batches (its microbatch_group_size_per_vp_stage; default pp), which\n"
       "needs pp <= group <= micro-batches and micro-batches mod group either 0 or >= pp;\n"
@@ -55,6 +57,9 @@ void usage() {
       "head) backward phase, gradient staging and 8-bit reduction buffers of one --bucket of\n"
       "parameters (default 0: Megatron-Core's max(40M, 1M dp)), and --reserved-gib (default 1)\n"
       "for the CUDA context, GEMM workspaces and NCCL; --verbose splits it.\n"
+      "--sensitivity and --outlier set one saved tensor kind's weight in the planner's\n"
+      "objective and its outlier factor (docs/activations.md section 3; measured sensitivities:\n"
+      "examples/pytorch/sensitivity.py --plan-config); repeat them for more kinds.\n"
       "A config file holds the same keys as key=value lines (sp=1, verbose=1; # comments).");
 }
 
@@ -75,16 +80,27 @@ std::int64_t to_int(std::string const& key, std::string const& v) {
                      [](std::string const& s, std::size_t* used) { return std::stoll(s, used); });
 }
 
+double to_number(std::string const& key, std::string const& v) {
+  return parse_whole(key, v, "number",
+                     [](std::string const& s, std::size_t* used) { return std::stod(s, used); });
+}
+
 /// A finite number of GiB below 2^32 from v: above 0 where `positive`, else at least 0.
 double to_gib(std::string const& key, std::string const& v, bool positive) {
-  double const x = parse_whole(
-      key, v, "number", [](std::string const& s, std::size_t* used) { return std::stod(s, used); });
+  double const x = to_number(key, v);
   if (!std::isfinite(x) || x < 0.0 || (positive && x == 0.0) || x >= 0x1p32) {
     throw std::invalid_argument(key + " must be a number of GiB " +
                                 (positive ? "above 0" : "of at least 0") +
                                 " and below 2^32, got '" + v + "'");
   }
   return x;
+}
+
+/// KIND=X from v: the kind and the number, or an error naming the key.
+std::pair<act::tensor_kind, double> kind_value(std::string const& key, std::string const& v) {
+  auto const eq = v.find('=');
+  if (eq == std::string::npos) throw std::invalid_argument(key + " is KIND=X, got '" + v + "'");
+  return {act::tensor_kind_named(v.substr(0, eq)), to_number(key, v.substr(eq + 1))};
 }
 
 void apply(options& o, std::string const& key, std::string const& v) {
@@ -148,6 +164,12 @@ void apply(options& o, std::string const& key, std::string const& v) {
     o.step.reserved_bytes = static_cast<std::int64_t>(to_gib(key, v, false) * gib);
   } else if (key == "budget-gib") {
     o.budget_gib = to_gib(key, v, true);
+  } else if (key == "sensitivity") {
+    auto const [k, w] = kind_value(key, v);
+    o.errors.set_sensitivity(k, w);
+  } else if (key == "outlier") {
+    auto const [k, f] = kind_value(key, v);
+    o.errors.set_outlier(k, f);
   } else if (key == "verbose") {
     o.verbose = v != "0";
   } else if (key == "json") {
@@ -208,6 +230,13 @@ std::string storage_name(act::planned_tensor const& t) {
 
 void print_plan(options const& o, act::activation_plan const& plan) {
   std::printf("\nplan for a budget of %.2f GiB per GPU\n", g(plan.budget_bytes()));
+  std::printf("error model, kind sensitivity/outlier:");
+  for (act::tensor_kind const k : act::block_tensors(o.model.style)) {
+    if (!act::is_alias(k))
+      std::printf(" %s %g/%g", std::string(act::name_of(k)).c_str(), o.errors.sensitivity(k),
+                  o.errors.outlier(k));
+  }
+  std::printf("\n");
   for (auto const& s : plan.stages()) {
     std::printf(
         "stage %lld: total %.2f GiB (activations %.2f, transient %.2f), unused %.2f GiB, "
@@ -336,6 +365,18 @@ std::string json_plan(act::activation_plan const& plan) {
       {{"budget_bytes", json_number(plan.budget_bytes())}, {"stages", json_array(stages)}});
 }
 
+/// {kind: {"sensitivity": w, "outlier": k}} of the block's saved kinds (aliases left out).
+std::string json_error_model(options const& o) {
+  std::vector<std::pair<std::string_view, std::string>> kinds;
+  for (act::tensor_kind const k : act::block_tensors(o.model.style)) {
+    if (act::is_alias(k)) continue;
+    kinds.emplace_back(act::name_of(k),
+                       json_object({{"sensitivity", json_number(o.errors.sensitivity(k))},
+                                    {"outlier", json_number(o.errors.outlier(k))}}));
+  }
+  return json_object(kinds);
+}
+
 void print_json(options const& o, std::vector<act::stage_memory> const& baseline,
                 std::vector<act::stage_memory> const& agoq, act::activation_plan const* plan) {
   act::model_shape const& m = o.model;
@@ -366,6 +407,7 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
       {"agoq_states",
        json_object({{"gradients", json_string(act::name_of(o.agoq_states.gradients))},
                     {"optimizer", json_string(act::name_of(o.agoq_states.optimizer))}})},
+      {"error_model", json_error_model(o)},
       {"baseline", json_stages(baseline)},
       {"agoq", json_stages(agoq)},
       {"peak_bytes", json_object({{"baseline", json_number(act::peak_total(baseline))},
@@ -415,6 +457,7 @@ int run(int argc, char** argv) {
     in.step = o.step;
     in.states = o.agoq_states;
     in.budget_bytes = static_cast<std::int64_t>(o.budget_gib * gib);
+    in.errors = o.errors;
     return act::make_plan(in);
   };
   if (o.json) {

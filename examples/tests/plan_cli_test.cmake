@@ -83,6 +83,34 @@ check(infeasible_budget 1
   "agoq_plan: .*the budget of 2147483648 bytes falls short by [0-9]+ bytes on pipeline stage 0"
   --budget-gib 2)
 
+# The error model's per-kind weights: printed with the plan and steering it. With SwiGLU's output
+# weighing nothing, stage 0 of the README's command stores it at int4 in every layer (int8 in layers
+# 0-4 by default) and spends the bytes on the gate and up outputs. A config file says the same as
+# the flags (the lines examples/pytorch/sensitivity.py --plan-config writes).
+set(readme_args --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 16)
+string(CONCAT default_weights
+  "kind sensitivity/outlier: attn_norm_input 4/6 qkv_input 1/3 query 8/2 .* swiglu_output 1/4\n.*"
+  "swiglu_output     int8_g128_sym_rne_f32\\[0-4\\] int4_g128_sym_rne_f32\\[5-7\\]")
+check(default_weights 0 "${default_weights}" ${readme_args})
+string(CONCAT no_swiglu_weight "swiglu_output 0/4\n.*stage 0:[^\n]*\n.*"
+  "gate_output       int8_g128_sym_rne_f32\\[0-2\\] int4_g128_sym_rne_f32\\[3-7\\].*"
+  "swiglu_output     int4_g128_sym_rne_f32\\[0-7\\]\nstage 1")
+check(sensitivity_flag 0 "${no_swiglu_weight}" ${readme_args} --sensitivity swiglu_output=0)
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_sensitivity.conf
+  "# measured sensitivities\nsensitivity = swiglu_output=0\noutlier=qkv_input=4.5\n")
+check(sensitivity_config 0 "qkv_input 1/4.5 .*${no_swiglu_weight}" ${readme_args}
+  --config ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_sensitivity.conf)
+check(sensitivity_no_value 1 "agoq_plan: sensitivity is KIND=X, got 'qkv_input'"
+  --sensitivity qkv_input)
+check(sensitivity_unknown_kind 1 "agoq_plan: .*unknown tensor kind 'qkv'" --sensitivity qkv=1)
+check(sensitivity_bad_number 1 "agoq_plan: bad number for sensitivity: '1x'"
+  --sensitivity qkv_input=1x)
+check(sensitivity_negative 1 "agoq_plan: .*sensitivity must be finite and >= 0"
+  --sensitivity qkv_input=-1)
+check(sensitivity_nan 1 "agoq_plan: .*sensitivity must be finite and >= 0"
+  --sensitivity qkv_input=nan)
+check(outlier_below_one 1 "agoq_plan: .*outlier factor must be >= 1" --outlier key=0.5)
+
 # --json: the same figures in bytes, one document that CMake's own parser reads.
 # json_get(<var> <args...>): string(JSON <var> GET <document> <args...>), an error if absent.
 function(json_get var)
@@ -127,6 +155,13 @@ else()
       message(SEND_ERROR "json: stage ${i}: total ${total}, parts ${sum}, budget ${budget}")
     endif()
   endforeach()
+  json_get(w error_model qkv_input sensitivity)
+  json_get(k error_model attn_norm_input outlier)
+  string(JSON lse_alias ERROR_VARIABLE no_alias GET "${doc}" error_model o_proj_input)
+  if(NOT w EQUAL 1 OR NOT k EQUAL 6 OR NOT no_alias)
+    message(SEND_ERROR "json: error model qkv_input sensitivity ${w}, attn_norm_input outlier "
+                       "${k}, o_proj_input '${lse_alias}'")
+  endif()
   json_get(kind plan stages 0 tensors 0 kind)
   json_get(layer plan stages 0 tensors 0 layer)
   if(NOT kind STREQUAL "attn_norm_input" OR NOT layer EQUAL 0)

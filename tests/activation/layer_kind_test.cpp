@@ -22,6 +22,14 @@ TEST_CASE("every kind has a name, a category and belongs to a block") {
   CHECK(name_of(block_style::gpt) == "gpt");
 }
 
+TEST_CASE("tensor_kind_named: each kind by its name, and a clear error for any other name") {
+  for (tensor_kind const k : all_tensor_kinds) CHECK(tensor_kind_named(name_of(k)) == k);
+  CHECK_THROWS_WITH_AS(tensor_kind_named("qkv"), doctest::Contains("unknown tensor kind 'qkv'"),
+                       agoq::invalid_argument);
+  CHECK_THROWS_AS(tensor_kind_named(""), agoq::invalid_argument);
+  CHECK_THROWS_AS(tensor_kind_named("QKV_INPUT"), agoq::invalid_argument);
+}
+
 TEST_CASE("model presets: published shapes by name, and a clear error for any other name") {
   for (model_preset const& p : model_presets) {
     CHECK_NOTHROW(p.shape.validate());

@@ -457,6 +457,42 @@ class PlanningTest(unittest.TestCase):
         with self.assertRaises((RuntimeError, ValueError)):
             agoq.measure(x[0], INT4)
 
+    def test_sensitivities_and_outlier_factors_steer_the_plan(self):
+        # qkv_input and mlp_input have the same shape and defaults, and each may be int4 or int8;
+        # the budget pays for int8 in every layer for one of them. The kind weighted more gets it.
+        policy = {k: (d, [d]) for k, (d, _) in agoq.default_policy().items()}
+        for kind in ("qkv_input", "mlp_input"):
+            policy[kind] = (INT4, [INT4, INT8])
+        rows, cols, _ = agoq.saved_shapes(LLAMA, 8, 128)["qkv_input"]
+        self.assertEqual(agoq.saved_shapes(LLAMA, 8, 128)["mlp_input"][:2], (rows, cols))
+        need = agoq.estimate_memory(LLAMA, 8, 128, gradients="int8", policy=policy)[0]
+        delta = agoq.quantized_bytes(INT8, rows, cols) - agoq.quantized_bytes(INT4, rows, cols)
+        budget = need["total"] + delta * need["in_flight"][0] * LLAMA["layers"]
+
+        def chosen(**kw):
+            plan = agoq.make_plan(LLAMA, 8, 128, budget, policy=policy, **kw)
+            kinds = ("qkv_input", "mlp_input")
+            return {k: {layer[k] for layer in plan["layers"]} for k in kinds}, plan["error"]
+
+        more_qkv, e1 = chosen(sensitivity={"qkv_input": 3.0})
+        self.assertEqual(more_qkv, {"qkv_input": {INT8}, "mlp_input": {INT4}})
+        more_mlp, e2 = chosen(sensitivity={"mlp_input": 3.0})
+        self.assertEqual(more_mlp, {"qkv_input": {INT4}, "mlp_input": {INT8}})
+        self.assertAlmostEqual(e1, e2, delta=1e-12 * e1)  # the same choice, mirrored
+        # A larger outlier factor means larger scales, so more error at int4: that kind gets int8.
+        outliers, _ = chosen(outlier={"mlp_input": 6.0})
+        self.assertEqual(outliers, {"qkv_input": {INT4}, "mlp_input": {INT8}})
+        # The error is in units of the weights: each kind's term grows with its own weight.
+        _, half_more = chosen(sensitivity={"qkv_input": 3.0, "mlp_input": 1.5})
+        _, one_more = chosen(sensitivity={"qkv_input": 3.0, "mlp_input": 2.0})
+        self.assertGreater(half_more, e1)
+        self.assertAlmostEqual(one_more - e1, 2 * (half_more - e1), delta=1e-12 * e1)
+        for bad in ({"no_such_kind": 1.0}, {"qkv_input": -1.0}, {"qkv_input": math.nan}):
+            with self.assertRaises(ValueError):
+                agoq.make_plan(LLAMA, 8, 128, budget, policy=policy, sensitivity=bad)
+        with self.assertRaises(ValueError):
+            agoq.make_plan(LLAMA, 8, 128, budget, policy=policy, outlier={"mlp_input": 0.5})
+
     def test_measured_statistics_steer_the_plan(self):
         # Only qkv_input may change (int4 or int8); the budget pays for one layer's int8. With
         # measured statistics, the layer whose groups hold outliers gets it.

@@ -123,6 +123,14 @@ inline constexpr std::string_view name_of(tensor_kind k) noexcept {
   return names[static_cast<std::size_t>(index_of(k))];
 }
 
+/// The kind whose name_of is `name`; throws agoq::invalid_argument for any other name.
+inline tensor_kind tensor_kind_named(std::string_view name) {
+  for (tensor_kind const k : all_tensor_kinds)
+    if (name_of(k) == name) return k;
+  agoq::detail::throw_invalid(__FILE__, __LINE__,
+                              "unknown tensor kind '" + std::string(name) + "'");
+}
+
 /// The name of a category.
 inline constexpr std::string_view name_of(tensor_category c) noexcept {
   switch (c) {

@@ -14,12 +14,6 @@ namespace {
 namespace py = pybind11;
 namespace act = agoq::activation;
 
-act::tensor_kind kind_of(std::string const& name) {
-  for (act::tensor_kind const k : act::all_tensor_kinds)
-    if (act::name_of(k) == name) return k;
-  throw agoq::invalid_argument("unknown tensor kind '" + name + "'");
-}
-
 act::block_style style_of(std::string const& s) {
   if (s == "llama") return act::block_style::llama;
   if (s == "gpt") return act::block_style::gpt;
@@ -98,7 +92,8 @@ act::policy_table policy_of(py::object const& p) {
     std::vector<act::storage> candidates;
     for (auto const& c : entry[1].cast<py::list>())
       candidates.push_back(storage_of(c.cast<std::string>()));
-    t.set(kind_of(key.cast<std::string>()), storage_of(entry[0].cast<std::string>()), candidates);
+    t.set(act::tensor_kind_named(key.cast<std::string>()), storage_of(entry[0].cast<std::string>()),
+          candidates);
   }
   return t;
 }
@@ -196,7 +191,7 @@ std::int64_t layer_activation_bytes(py::dict const& model, std::int64_t micro_ba
   std::vector<act::storage> chosen(act::tensor_kind_count);
   std::vector<bool> given(act::tensor_kind_count, false);
   for (auto const& [key, value] : storages) {
-    act::tensor_kind const k = kind_of(key.cast<std::string>());
+    act::tensor_kind const k = act::tensor_kind_named(key.cast<std::string>());
     chosen[static_cast<std::size_t>(act::index_of(k))] = storage_of(value.cast<std::string>());
     given[static_cast<std::size_t>(act::index_of(k))] = true;
   }
@@ -251,13 +246,24 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
                    std::int64_t micro_batches, std::string const& gradients,
                    std::string const& optimizer, py::object const& statistics,
                    std::int64_t vp_group, std::string const& vp_rules,
-                   std::int64_t bucket_parameters, std::int64_t reserved_bytes) {
+                   std::int64_t bucket_parameters, std::int64_t reserved_bytes,
+                   py::object const& sensitivity, py::object const& outlier) {
   act::planner_input in;
+  // {kind: weight} and {kind: factor}: the error model's per-kind overrides.
+  auto const per_kind = [&](py::object const& d,
+                            void (act::error_model::*set)(act::tensor_kind, double)) {
+    if (d.is_none()) return;
+    for (auto const& [key, value] : d.cast<py::dict>())
+      (in.errors.*set)(act::tensor_kind_named(key.cast<std::string>()), value.cast<double>());
+  };
+  per_kind(sensitivity, &act::error_model::set_sensitivity);
+  per_kind(outlier, &act::error_model::set_outlier);
   if (!statistics.is_none()) {
     for (auto const& [key, value] : statistics.cast<py::dict>()) {
       auto const k = key.cast<py::tuple>();
       if (k.size() != 2) throw agoq::invalid_argument("statistics: keys are (layer, kind)");
-      in.errors.set_statistics(k[0].cast<std::int64_t>(), kind_of(k[1].cast<std::string>()),
+      in.errors.set_statistics(k[0].cast<std::int64_t>(),
+                               act::tensor_kind_named(k[1].cast<std::string>()),
                                stats_of(value.cast<py::dict>()));
     }
   }
@@ -337,12 +343,16 @@ void register_planning(py::module_& m) {
         py::arg("optimizer") = "fp32", py::arg("statistics") = py::none(), py::arg("vp_group") = 0,
         py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
         py::arg("reserved_bytes") = act::default_reserved_bytes,
+        py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(),
         "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], 'stages': "
         "[memory], 'error': float}. The budget holds each stage's transient working memory "
         "too (memory keys 'working', 'gradient_buffers', 'reserved', summed in 'transient'; "
         "bucket_parameters: the gradient bucket, 0: Megatron-Core's default; reserved_bytes: "
         "the fixed allowance, 1 GiB by default). `statistics` maps (layer, kind) to a dict from "
-        "measure(), which replaces the Gaussian prior of that tensor's error. With vp > 1, "
+        "measure(), which replaces the Gaussian prior of that tensor's error; `sensitivity` and "
+        "`outlier` map kinds to the error model's weights and outlier factors (defaults: "
+        "docs/activations.md section 3; measured ones: examples/pytorch/sensitivity.py). With "
+        "vp > 1, "
         "Megatron's interleaved schedule: Megatron-Core's ('core') in groups of vp_group "
         "micro-batches (0: pp), or older Megatron-LM's ('legacy'). Raises ValueError with the "
         "shortfall when nothing fits, and for a schedule Megatron refuses.");

@@ -1,0 +1,243 @@
+"""Measures the planner's per-kind sensitivities on the small GPT (gpt.py), on the CPU.
+
+agoq's planner minimises the sum over saved tensors of sensitivity x relative quantization error
+(docs/activations.md, section 3); the defaults are per category (linear input 1, activation input
+2, residual stream 4, attention core 8). This script measures them instead: for each saved-tensor
+kind and scheme it quantizes that kind alone, in every layer (the others kept in fp32), and takes
+
+    sensitivity = gradient error / (sum ||x^ - x||^2 / sum ||x||^2)
+
+the gradient's relative error per unit of relative error in the kind's saved tensors, both summed
+over the same batches. The gradient error is measured two ways (``--metric``):
+
+- ``global``: ||g - g_ref||^2 / ||g_ref||^2 over all parameters at once (what SGD sees);
+- ``per_tensor``: the mean over parameter tensors of their own relative errors (closer to what
+  Adam sees, which normalises each parameter's update: a small weight gradient counts as much as
+  a large one).
+
+Both are printed, over the linear inputs' mean (the planner's scale, the category defaults beside
+them). A sensitivity that holds for the error model's purpose is the same at 8 and 4 bits (the
+gradient error grows in proportion to the activation error); the tables show both and their ratio.
+
+``--plan-config FILE`` writes the sensitivities of one scheme and metric as ``agoq_plan --config``
+lines (``sensitivity = kind=weight``); ``--json FILE`` writes every figure. The model trains first
+for ``--steps`` steps of fp32 AdamW on the Python standard library's sources (train.py's corpus).
+Run with any python that can import torch: ``/usr/bin/python3 examples/pytorch/sensitivity.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import torch_check  # noqa: E402
+
+torch_check.require_torch()
+
+import torch  # noqa: E402
+
+from gpt import GPT, KINDS, ActivationSaver, ModelConfig, SavedTensor, uniform_plan  # noqa: E402
+from train import corpus, split, windows  # noqa: E402
+
+#: The kinds measured: every kind that owns bytes but the fp32 logsumexp, which the default
+#: policy keeps as is (a [tokens x heads, 1] tensor, one value a row).
+MEASURED = tuple(k for k in KINDS if k != "softmax_lse")
+
+#: Category of each measured kind (agoq's category_of) and each category's default sensitivity
+#: (error_model.hpp, default_sensitivity).
+CATEGORY = {
+    "attn_norm_input": "residual_stream", "mlp_norm_input": "residual_stream",
+    "qkv_input": "linear_input", "mlp_input": "linear_input", "swiglu_output": "linear_input",
+    "gate_output": "activation_input", "up_output": "activation_input",
+    "query": "attention_core", "key": "attention_core", "value": "attention_core",
+    "attention_output": "attention_core",
+}
+DEFAULT = {"linear_input": 1.0, "activation_input": 2.0, "residual_stream": 4.0,
+           "attention_core": 8.0}
+
+SCHEMES = ("int8_g128_sym_rne_f32", "int4_g128_sym_rne_f32")
+METRICS = ("global", "per_tensor")
+
+
+class RecordingSaver(ActivationSaver):
+    """An ActivationSaver that also keeps what it saved, per (layer, kind), for comparison."""
+
+    def __init__(self, plan: list[dict]):
+        super().__init__(plan)
+        self.saved: dict[tuple[int, str], SavedTensor] = {}
+        self._layer_of: dict[str, int] = {}
+
+    # Every saved tensor is recorded right after save() or, from a fused op, after stream().
+    def save(self, x, layer, kind):
+        self._layer_of[kind] = layer
+        return super().save(x, layer, kind)
+
+    def stream(self, layer, kind):
+        self._layer_of[kind] = layer
+        return super().stream(layer, kind)
+
+    def record(self, kind, saved):
+        self.saved[(self._layer_of.pop(kind), kind)] = saved
+        return super().record(kind, saved)
+
+
+def gradients(model: GPT, plan: list[dict], idx, tgt) -> tuple[list[torch.Tensor], RecordingSaver]:
+    """(the gradient of every parameter, in model.parameters() order; the saver) of one batch
+    with the activations saved as ``plan`` says."""
+    saver = RecordingSaver(plan)
+    saver.begin_micro_batch(0)
+    loss = model(idx, tgt, saver)
+    return list(torch.autograd.grad(loss, list(model.parameters()))), saver
+
+
+def with_kind(plan: list[dict], kind: str, storage: str, layers=None) -> list[dict]:
+    """``plan`` with ``kind`` stored as ``storage`` in ``layers`` (default: all)."""
+    return [dict(p, **{kind: storage}) if layers is None or i in layers else dict(p)
+            for i, p in enumerate(plan)]
+
+
+def warm_up(model: GPT, batch, steps: int, log=print) -> None:
+    """``steps`` steps of fp32 AdamW (train.py's settings) on ``batch()``'s batches."""
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
+    for step in range(steps):
+        loss = model(*batch())
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 50 == 0 or step == steps - 1:
+            log(f"  warm-up step {step}: loss {loss.item():.4f}")
+
+
+def measure(model: GPT, batches: list, kinds=MEASURED, schemes=SCHEMES, log=print) -> dict:
+    """{kind: {scheme: {"activation": rel, "gradient": {metric: rel},
+    "sensitivity": {metric: gradient / activation}}}}, every error summed over ``batches``
+    ((inputs, targets) pairs) before the ratios are taken."""
+    layers = model.cfg.layers
+    exact = uniform_plan(model.cfg, "fp32")
+    # Per kind and scheme: per parameter tensor (squared error, squared reference), then the
+    # activations' (squared error, squared reference).
+    n = len(list(model.parameters()))
+    sums = {k: {s: ([[0.0, 0.0] for _ in range(n)], [0.0, 0.0]) for s in schemes} for k in kinds}
+    for b, (idx, tgt) in enumerate(batches):
+        g_ref, ref = gradients(model, exact, idx, tgt)
+        for kind in kinds:
+            for scheme in schemes:
+                g, saver = gradients(model, with_kind(exact, kind, scheme), idx, tgt)
+                per_param, act = sums[kind][scheme]
+                for p, (a, r) in enumerate(zip(g, g_ref)):
+                    per_param[p][0] += float((a - r).square().sum())
+                    per_param[p][1] += float(r.square().sum())
+                for layer in range(layers):
+                    x = ref.saved[(layer, kind)].load()
+                    act[0] += float((saver.saved[(layer, kind)].load() - x).square().sum())
+                    act[1] += float(x.square().sum())
+        log(f"  batch {b + 1} of {len(batches)} measured")
+    out: dict = {}
+    for kind in kinds:
+        out[kind] = {}
+        for scheme in schemes:
+            per_param, (dx, x2) = sums[kind][scheme]
+            grad = {"global": sum(e for e, _ in per_param) / sum(r for _, r in per_param),
+                    "per_tensor": sum(e / r for e, r in per_param if r > 0)
+                    / sum(1 for _, r in per_param if r > 0)}
+            act = dx / x2
+            out[kind][scheme] = dict(
+                activation=act, gradient=grad,
+                sensitivity={m: grad[m] / act if act > 0 else math.nan for m in METRICS})
+    return out
+
+
+def relative(result: dict, scheme: str, metric: str) -> dict:
+    """{kind: sensitivity} at ``scheme`` and ``metric`` over the linear inputs' mean (the
+    planner's scale: its default for linear inputs is 1)."""
+    linear = [result[k][scheme]["sensitivity"][metric] for k in result
+              if CATEGORY[k] == "linear_input"]
+    if not linear:
+        raise ValueError("relative sensitivities need at least one linear-input kind measured")
+    unit = sum(linear) / len(linear)
+    return {k: result[k][scheme]["sensitivity"][metric] / unit for k in result}
+
+
+def plan_config(weights: dict, comment: str) -> str:
+    """``agoq_plan --config`` lines setting each kind's sensitivity, after a comment line."""
+    lines = [f"# {line}" for line in comment.splitlines()]
+    lines += [f"sensitivity = {k}={w:.6g}" for k, w in weights.items()]
+    return "\n".join(lines) + "\n"
+
+
+def table(result: dict, metric: str) -> str:
+    """The measurements at every scheme for one metric, one row a kind."""
+    rel = {s: relative(result, s, metric) for s in SCHEMES}
+    head = f"{'kind':<18}{'category':<18}{'default':>8}" + "".join(
+        f"{s[:4] + ' act':>12}{s[:4] + ' grad':>12}{s[:4] + ' rel':>10}" for s in SCHEMES)
+    rows = [f"gradient error: {metric}", head + f"{'8/4':>7}"]
+    for k in result:
+        row = f"{k:<18}{CATEGORY[k]:<18}{DEFAULT[CATEGORY[k]]:>8.1f}"
+        for s in SCHEMES:
+            r = result[k][s]
+            row += f"{r['activation']:>12.3e}{r['gradient'][metric]:>12.3e}{rel[s][k]:>10.3g}"
+        ratio = result[k][SCHEMES[0]]["sensitivity"][metric] / \
+            result[k][SCHEMES[1]]["sensitivity"][metric]
+        rows.append(row + f"{ratio:>7.2f}")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--ffn", type=int, default=384)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--steps", type=int, default=300, help="fp32 training steps before measuring")
+    p.add_argument("--batches", type=int, default=4)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--json", help="write every measurement here")
+    p.add_argument("--plan-config", help="write agoq_plan --config lines with the sensitivities")
+    p.add_argument("--scheme", choices=SCHEMES, default=SCHEMES[0],
+                   help="the scheme whose sensitivities --plan-config writes")
+    p.add_argument("--metric", choices=METRICS, default="per_tensor",
+                   help="the gradient error --plan-config's sensitivities use")
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    cfg = ModelConfig(layers=a.layers, hidden=a.hidden, heads=a.heads, ffn=a.ffn, seq=a.seq)
+    torch.manual_seed(a.seed)
+    model = GPT(cfg)
+    train_data, _ = split(corpus())
+    gen = torch.Generator().manual_seed(a.seed)
+
+    def batch():
+        starts = torch.randint(0, train_data.numel() - cfg.seq - 1, (a.micro_batch,),
+                               generator=gen)
+        return windows(train_data, starts, cfg.seq)
+
+    warm_up(model, batch, a.steps)
+    result = measure(model, [batch() for _ in range(a.batches)])
+    for metric in METRICS:
+        print("\n" + table(result, metric))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(model=vars(a), measured=result,
+                           relative={m: {s: relative(result, s, m) for s in SCHEMES}
+                                     for m in METRICS}), f, indent=1)
+    if a.plan_config:
+        with open(a.plan_config, "w") as f:
+            f.write(plan_config(relative(result, a.scheme, a.metric),
+                                f"sensitivity.py {' '.join(sys.argv[1:] if argv is None else argv)}"
+                                f"\n{a.scheme}, gradient error {a.metric}, linear inputs' mean 1"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
