@@ -19,6 +19,10 @@ Both are printed, over the linear inputs' mean (the planner's scale, the categor
 them). A sensitivity that holds for the error model's purpose is the same at 8 and 4 bits (the
 gradient error grows in proportion to the activation error); the tables show both and their ratio.
 
+``--per-layer`` also quantizes each layer alone (at ``--scheme`` and ``--metric``) and prints each
+layer's sensitivity and how the layers' gradient errors add up against all layers' at once (the
+error model assumes per-kind weights and errors that add).
+
 ``--plan-config FILE`` writes the sensitivities of one scheme and metric as ``agoq_plan --config``
 lines (``sensitivity = kind=weight``); ``--json FILE`` writes every figure. The model trains first
 for ``--steps`` steps of fp32 AdamW on the Python standard library's sources (train.py's corpus).
@@ -116,11 +120,13 @@ def warm_up(model: GPT, batch, steps: int, log=print) -> None:
             log(f"  warm-up step {step}: loss {loss.item():.4f}")
 
 
-def measure(model: GPT, batches: list, kinds=MEASURED, schemes=SCHEMES, log=print) -> dict:
+def measure(model: GPT, batches: list, kinds=MEASURED, schemes=SCHEMES, layers=None,
+            log=print) -> dict:
     """{kind: {scheme: {"activation": rel, "gradient": {metric: rel},
     "sensitivity": {metric: gradient / activation}}}}, every error summed over ``batches``
-    ((inputs, targets) pairs) before the ratios are taken."""
-    layers = model.cfg.layers
+    ((inputs, targets) pairs) before the ratios are taken. Each kind is quantized in
+    ``layers`` (default: all), whose saved tensors make the activation error."""
+    layers = range(model.cfg.layers) if layers is None else sorted(layers)
     exact = uniform_plan(model.cfg, "fp32")
     # Per kind and scheme: per parameter tensor (squared error, squared reference), then the
     # activations' (squared error, squared reference).
@@ -130,12 +136,12 @@ def measure(model: GPT, batches: list, kinds=MEASURED, schemes=SCHEMES, log=prin
         g_ref, ref = gradients(model, exact, idx, tgt)
         for kind in kinds:
             for scheme in schemes:
-                g, saver = gradients(model, with_kind(exact, kind, scheme), idx, tgt)
+                g, saver = gradients(model, with_kind(exact, kind, scheme, set(layers)), idx, tgt)
                 per_param, act = sums[kind][scheme]
                 for p, (a, r) in enumerate(zip(g, g_ref)):
                     per_param[p][0] += float((a - r).square().sum())
                     per_param[p][1] += float(r.square().sum())
-                for layer in range(layers):
+                for layer in layers:
                     x = ref.saved[(layer, kind)].load()
                     act[0] += float((saver.saved[(layer, kind)].load() - x).square().sum())
                     act[1] += float(x.square().sum())
@@ -164,6 +170,24 @@ def relative(result: dict, scheme: str, metric: str) -> dict:
         raise ValueError("relative sensitivities need at least one linear-input kind measured")
     unit = sum(linear) / len(linear)
     return {k: result[k][scheme]["sensitivity"][metric] / unit for k in result}
+
+
+def per_layer_table(result: dict, per_layer: list, scheme: str, metric: str) -> str:
+    """Each kind's sensitivity measured in one layer at a time, in the units of ``relative``
+    (times the number of layers, so that their mean is comparable with the kind's), and the
+    sum of the layers' gradient errors over the gradient error of all layers at once (1 where
+    the errors of different layers add, the error model's assumption)."""
+    unit = relative(result, scheme, metric)
+    scale = {k: len(per_layer) * unit[k] / result[k][scheme]["sensitivity"][metric]
+             for k in result}
+    head = f"{'kind':<18}" + "".join(f"{'layer ' + str(i):>10}" for i in range(len(per_layer)))
+    rows = [f"per layer: {scheme}, gradient error {metric}", head + f"{'sum/all':>9}"]
+    for k in result:
+        row = f"{k:<18}" + "".join(
+            f"{r[k][scheme]['sensitivity'][metric] * scale[k]:>10.3g}" for r in per_layer)
+        added = sum(r[k][scheme]["gradient"][metric] for r in per_layer)
+        rows.append(row + f"{added / result[k][scheme]['gradient'][metric]:>9.3f}")
+    return "\n".join(rows)
 
 
 def plan_config(weights: dict, comment: str) -> str:
@@ -208,6 +232,8 @@ def main(argv=None) -> int:
                    help="the scheme whose sensitivities --plan-config writes")
     p.add_argument("--metric", choices=METRICS, default="per_tensor",
                    help="the gradient error --plan-config's sensitivities use")
+    p.add_argument("--per-layer", action="store_true",
+                   help="also measure each layer alone (at --scheme and --metric)")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -223,12 +249,18 @@ def main(argv=None) -> int:
         return windows(train_data, starts, cfg.seq)
 
     warm_up(model, batch, a.steps)
-    result = measure(model, [batch() for _ in range(a.batches)])
+    batches = [batch() for _ in range(a.batches)]
+    result = measure(model, batches)
     for metric in METRICS:
         print("\n" + table(result, metric))
+    per_layer = None
+    if a.per_layer:
+        per_layer = [measure(model, batches, schemes=(a.scheme,), layers={layer})
+                     for layer in range(cfg.layers)]
+        print("\n" + per_layer_table(result, per_layer, a.scheme, a.metric))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(model=vars(a), measured=result,
+            json.dump(dict(model=vars(a), measured=result, per_layer=per_layer,
                            relative={m: {s: relative(result, s, m) for s in SCHEMES}
                                      for m in METRICS}), f, indent=1)
     if a.plan_config:

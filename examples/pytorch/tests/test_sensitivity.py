@@ -86,7 +86,10 @@ class MeasureTest(unittest.TestCase):
 
         # A few steps, so that attention is no longer uniform (query and key then matter).
         sens.warm_up(model, batch, 20, log=lambda *_: None)
-        cls.result = sens.measure(model, [batch() for _ in range(2)], log=lambda *_: None)
+        batches = [batch() for _ in range(2)]
+        cls.result = sens.measure(model, batches, log=lambda *_: None)
+        cls.per_layer = [sens.measure(model, batches, schemes=sens.SCHEMES[:1], layers={layer},
+                                      log=lambda *_: None) for layer in range(CFG.layers)]
 
     def test_every_kind_at_every_scheme(self):
         self.assertEqual(tuple(self.result), sens.MEASURED)
@@ -110,6 +113,31 @@ class MeasureTest(unittest.TestCase):
             for m in sens.METRICS:
                 s8, s4 = (self.result[kind][s]["sensitivity"][m] for s in sens.SCHEMES)
                 self.assertTrue(0.5 < s8 / s4 < 2.0, f"{kind} {m}: {s8} / {s4}")
+
+    def test_errors_of_different_layers_add(self):
+        # Exactly for the linear inputs (each layer's error lands in its own weight's gradient,
+        # unchanged by the others): the error model's assumption that errors add holds there to
+        # the summation's rounding. For the other kinds only roughly (their errors meet in the
+        # gradients of the earlier layers; 0.985-1.052 here).
+        s8 = sens.SCHEMES[0]
+        for kind in sens.MEASURED:
+            for m in sens.METRICS:
+                added = sum(r[kind][s8]["gradient"][m] for r in self.per_layer)
+                whole = self.result[kind][s8]["gradient"][m]
+                if sens.CATEGORY[kind] == "linear_input":
+                    self.assertAlmostEqual(added, whole, delta=1e-12 * whole)
+                else:
+                    self.assertTrue(0.8 < added / whole < 1.25, f"{kind} {m}: {added} / {whole}")
+        table = sens.per_layer_table(self.result, self.per_layer, s8, "global")
+        rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[2:]}
+        self.assertEqual(tuple(rows), sens.MEASURED)
+        self.assertEqual(rows["qkv_input"][-1], "1.000")
+        # Each layer's weight, in the kind table's units: their mean is the kind's weight where
+        # the errors add and every layer's activation error is the same.
+        rel = sens.relative(self.result, s8, "global")
+        for kind in ("qkv_input", "mlp_input", "swiglu_output"):
+            mean = sum(float(v) for v in rows[kind][:-1]) / CFG.layers
+            self.assertTrue(0.5 < mean / rel[kind] < 2.0, f"{kind}: {mean} against {rel[kind]}")
 
     def test_relative_sensitivities_and_plan_config(self):
         for m in sens.METRICS:
@@ -140,10 +168,11 @@ class MeasureTest(unittest.TestCase):
             conf, js = os.path.join(d, "s.conf"), os.path.join(d, "s.json")
             args = ["--layers", "1", "--hidden", "128", "--ffn", "256", "--seq", "16",
                     "--steps", "2", "--batches", "1", "--micro-batch", "2", "--json", js,
-                    "--plan-config", conf, "--scheme", INT4, "--metric", "global"]
+                    "--plan-config", conf, "--scheme", INT4, "--metric", "global", "--per-layer"]
             with contextlib.redirect_stdout(io.StringIO()) as out:
                 self.assertEqual(sens.main(args), 0)
             self.assertIn("gradient error: per_tensor", out.getvalue())
+            self.assertIn(f"per layer: {INT4}, gradient error global", out.getvalue())
             with open(conf) as f:
                 lines = f.read().splitlines()
             self.assertTrue(lines[0].startswith("# sensitivity.py --layers 1"))
