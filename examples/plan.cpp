@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -46,7 +47,7 @@ void usage() {
       "  [--head-dim N] [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N]\n"
       "  [--vp-rules core|legacy] [--dp N] [--zero 0-3] [--sp] [--no-sp] [--micro-batch N]\n"
       "  [--seq N] [--micro-batches N] [--grad fp32|bf16|int8] [--optim fp32|int8]\n"
-      "  [--bucket N] [--reserved-gib X] [--budget-gib X] [--sensitivity KIND=W]...\n"
+      "  [--bucket N] [--reserved-gib X] [--budget-gib X] [--sensitivity KIND[@LAYER]=W]...\n"
       "  [--outlier KIND=K]... [--verbose] [--json]\n"
       "--vp N > 1 runs Megatron's interleaved schedule: by default Megatron-Core's, in groups of\n"
       "--vp-group micro-batches (its microbatch_group_size_per_vp_stage; default pp), which\n"
@@ -59,7 +60,8 @@ void usage() {
       "for the CUDA context, GEMM workspaces and NCCL; --verbose splits it.\n"
       "--sensitivity and --outlier set one saved tensor kind's weight in the planner's\n"
       "objective and its outlier factor (docs/activations.md section 3; measured sensitivities:\n"
-      "examples/pytorch/sensitivity.py --plan-config); repeat them for more kinds.\n"
+      "examples/pytorch/sensitivity.py --plan-config); KIND@LAYER=W weighs one layer's tensor\n"
+      "alone. Repeat them for more kinds and layers.\n"
       "A config file holds the same keys as key=value lines (sp=1, verbose=1; # comments).");
 }
 
@@ -96,11 +98,27 @@ double to_gib(std::string const& key, std::string const& v, bool positive) {
   return x;
 }
 
-/// KIND=X from v: the kind and the number, or an error naming the key.
-std::pair<act::tensor_kind, double> kind_value(std::string const& key, std::string const& v) {
+/// KIND=X or, where `per_layer`, KIND@LAYER=X from v.
+struct kind_value {
+  act::tensor_kind kind;
+  std::optional<std::int64_t> layer;  ///< none: every layer
+  double value;
+};
+
+/// v read as a kind_value, or an error naming the key and the form it takes.
+kind_value read_kind_value(std::string const& key, std::string const& v, bool per_layer) {
+  std::string const form = per_layer ? "KIND=X or KIND@LAYER=X" : "KIND=X";
   auto const eq = v.find('=');
-  if (eq == std::string::npos) throw std::invalid_argument(key + " is KIND=X, got '" + v + "'");
-  return {act::tensor_kind_named(v.substr(0, eq)), to_number(key, v.substr(eq + 1))};
+  if (eq == std::string::npos)
+    throw std::invalid_argument(key + " is " + form + ", got '" + v + "'");
+  std::string name = v.substr(0, eq);
+  std::optional<std::int64_t> layer;
+  if (auto const at = name.find('@'); at != std::string::npos) {
+    if (!per_layer) throw std::invalid_argument(key + " is " + form + ", got '" + v + "'");
+    layer = to_int(key, name.substr(at + 1));
+    name.resize(at);
+  }
+  return {act::tensor_kind_named(name), layer, to_number(key, v.substr(eq + 1))};
 }
 
 void apply(options& o, std::string const& key, std::string const& v) {
@@ -165,11 +183,15 @@ void apply(options& o, std::string const& key, std::string const& v) {
   } else if (key == "budget-gib") {
     o.budget_gib = to_gib(key, v, true);
   } else if (key == "sensitivity") {
-    auto const [k, w] = kind_value(key, v);
-    o.errors.set_sensitivity(k, w);
+    auto const [k, layer, w] = read_kind_value(key, v, true);
+    if (layer) {
+      o.errors.set_sensitivity(*layer, k, w);
+    } else {
+      o.errors.set_sensitivity(k, w);
+    }
   } else if (key == "outlier") {
-    auto const [k, f] = kind_value(key, v);
-    o.errors.set_outlier(k, f);
+    kind_value const kv = read_kind_value(key, v, false);
+    o.errors.set_outlier(kv.kind, kv.value);
   } else if (key == "verbose") {
     o.verbose = v != "0";
   } else if (key == "json") {
@@ -237,6 +259,13 @@ void print_plan(options const& o, act::activation_plan const& plan) {
                   o.errors.outlier(k));
   }
   std::printf("\n");
+  if (!o.errors.layer_sensitivities().empty()) {
+    std::printf("sensitivity per layer, kind@layer:");
+    for (auto const& [at, w] : o.errors.layer_sensitivities())
+      std::printf(" %s@%lld %g", std::string(act::name_of(at.second)).c_str(),
+                  static_cast<long long>(at.first), w);
+    std::printf("\n");
+  }
   for (auto const& s : plan.stages()) {
     std::printf(
         "stage %lld: total %.2f GiB (activations %.2f, transient %.2f), unused %.2f GiB, "
@@ -365,7 +394,8 @@ std::string json_plan(act::activation_plan const& plan) {
       {{"budget_bytes", json_number(plan.budget_bytes())}, {"stages", json_array(stages)}});
 }
 
-/// {kind: {"sensitivity": w, "outlier": k}} of the block's saved kinds (aliases left out).
+/// {kind: {"sensitivity": w, "outlier": k}} of the block's saved kinds (aliases left out), and
+/// "per_layer": [{"layer", "kind", "sensitivity"}] of the weights set per layer.
 std::string json_error_model(options const& o) {
   std::vector<std::pair<std::string_view, std::string>> kinds;
   for (act::tensor_kind const k : act::block_tensors(o.model.style)) {
@@ -374,6 +404,13 @@ std::string json_error_model(options const& o) {
                        json_object({{"sensitivity", json_number(o.errors.sensitivity(k))},
                                     {"outlier", json_number(o.errors.outlier(k))}}));
   }
+  std::vector<std::string> layers;
+  for (auto const& [at, w] : o.errors.layer_sensitivities()) {
+    layers.push_back(json_object({{"layer", json_number(at.first)},
+                                  {"kind", json_string(act::name_of(at.second))},
+                                  {"sensitivity", json_number(w)}}));
+  }
+  kinds.emplace_back("per_layer", json_array(layers));
   return json_object(kinds);
 }
 

@@ -24,7 +24,8 @@ layer's sensitivity and how the layers' gradient errors add up against all layer
 error model assumes per-kind weights and errors that add).
 
 ``--plan-config FILE`` writes the sensitivities of one scheme and metric as ``agoq_plan --config``
-lines (``sensitivity = kind=weight``); ``--json FILE`` writes every figure. The model trains first
+lines (``sensitivity = kind=weight``, and with ``--per-layer`` each layer's ``kind@layer=weight``
+too); ``--json FILE`` writes every figure. The model trains first
 for ``--steps`` steps of fp32 AdamW on the Python standard library's sources (train.py's corpus).
 Run with any python that can import torch: ``/usr/bin/python3 examples/pytorch/sensitivity.py``.
 """
@@ -161,39 +162,52 @@ def measure(model: GPT, batches: list, kinds=MEASURED, schemes=SCHEMES, layers=N
     return out
 
 
-def relative(result: dict, scheme: str, metric: str) -> dict:
-    """{kind: sensitivity} at ``scheme`` and ``metric`` over the linear inputs' mean (the
-    planner's scale: its default for linear inputs is 1)."""
+def linear_unit(result: dict, scheme: str, metric: str) -> float:
+    """The mean sensitivity of the linear inputs measured, the planner's unit (its default for
+    linear inputs is 1)."""
     linear = [result[k][scheme]["sensitivity"][metric] for k in result
               if CATEGORY[k] == "linear_input"]
     if not linear:
         raise ValueError("relative sensitivities need at least one linear-input kind measured")
-    unit = sum(linear) / len(linear)
+    return sum(linear) / len(linear)
+
+
+def relative(result: dict, scheme: str, metric: str) -> dict:
+    """{kind: sensitivity} at ``scheme`` and ``metric`` in the planner's unit."""
+    unit = linear_unit(result, scheme, metric)
     return {k: result[k][scheme]["sensitivity"][metric] / unit for k in result}
 
 
+def per_layer_relative(result: dict, per_layer: list, scheme: str, metric: str) -> dict:
+    """{(layer, kind): sensitivity} from ``per_layer`` (measure's results with one layer
+    quantized each) in the units of ``relative``, times the number of layers: one layer's
+    tensor weighs that much in the planner's objective, and their mean is comparable with the
+    kind's weight."""
+    unit = linear_unit(result, scheme, metric) / len(per_layer)
+    return {(layer, k): r[k][scheme]["sensitivity"][metric] / unit
+            for layer, r in enumerate(per_layer) for k in r}
+
+
 def per_layer_table(result: dict, per_layer: list, scheme: str, metric: str) -> str:
-    """Each kind's sensitivity measured in one layer at a time, in the units of ``relative``
-    (times the number of layers, so that their mean is comparable with the kind's), and the
-    sum of the layers' gradient errors over the gradient error of all layers at once (1 where
-    the errors of different layers add, the error model's assumption)."""
-    unit = relative(result, scheme, metric)
-    scale = {k: len(per_layer) * unit[k] / result[k][scheme]["sensitivity"][metric]
-             for k in result}
+    """per_layer_relative as a table, one row a kind, and the sum of the layers' gradient errors
+    over the gradient error of all layers at once (1 where the errors of different layers add,
+    the error model's assumption)."""
+    w = per_layer_relative(result, per_layer, scheme, metric)
     head = f"{'kind':<18}" + "".join(f"{'layer ' + str(i):>10}" for i in range(len(per_layer)))
     rows = [f"per layer: {scheme}, gradient error {metric}", head + f"{'sum/all':>9}"]
     for k in result:
-        row = f"{k:<18}" + "".join(
-            f"{r[k][scheme]['sensitivity'][metric] * scale[k]:>10.3g}" for r in per_layer)
+        row = f"{k:<18}" + "".join(f"{w[(layer, k)]:>10.3g}" for layer in range(len(per_layer)))
         added = sum(r[k][scheme]["gradient"][metric] for r in per_layer)
         rows.append(row + f"{added / result[k][scheme]['gradient'][metric]:>9.3f}")
     return "\n".join(rows)
 
 
-def plan_config(weights: dict, comment: str) -> str:
-    """``agoq_plan --config`` lines setting each kind's sensitivity, after a comment line."""
+def plan_config(weights: dict, comment: str, per_layer: dict | None = None) -> str:
+    """``agoq_plan --config`` lines setting each kind's sensitivity and, from ``per_layer``
+    ({(layer, kind): weight}), each layer's (``kind@layer=weight``), after comment lines."""
     lines = [f"# {line}" for line in comment.splitlines()]
     lines += [f"sensitivity = {k}={w:.6g}" for k, w in weights.items()]
+    lines += [f"sensitivity = {k}@{layer}={w:.6g}" for (layer, k), w in (per_layer or {}).items()]
     return "\n".join(lines) + "\n"
 
 
@@ -265,9 +279,11 @@ def main(argv=None) -> int:
                                      for m in METRICS}), f, indent=1)
     if a.plan_config:
         with open(a.plan_config, "w") as f:
+            layers = per_layer and per_layer_relative(result, per_layer, a.scheme, a.metric)
             f.write(plan_config(relative(result, a.scheme, a.metric),
                                 f"sensitivity.py {' '.join(sys.argv[1:] if argv is None else argv)}"
-                                f"\n{a.scheme}, gradient error {a.metric}, linear inputs' mean 1"))
+                                f"\n{a.scheme}, gradient error {a.metric}, linear inputs' mean 1",
+                                layers))
     return 0
 
 

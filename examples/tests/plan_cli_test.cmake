@@ -100,8 +100,22 @@ file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_sensitivity.conf
   "# measured sensitivities\nsensitivity = swiglu_output=0\noutlier=qkv_input=4.5\n")
 check(sensitivity_config 0 "qkv_input 1/4.5 .*${no_swiglu_weight}" ${readme_args}
   --config ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_sensitivity.conf)
-check(sensitivity_no_value 1 "agoq_plan: sensitivity is KIND=X, got 'qkv_input'"
-  --sensitivity qkv_input)
+# One layer's weight alone: layers 0 and 7 of stage 0 keep their gate outputs at int8.
+string(CONCAT per_layer "sensitivity per layer, kind@layer: gate_output@0 40 gate_output@7 40\n"
+  ".*gate_output       int8_g128_sym_rne_f32\\[0\\] int4_g128_sym_rne_f32\\[1-6\\] "
+  "int8_g128_sym_rne_f32\\[7\\]\n")
+check(sensitivity_per_layer 0 "${per_layer}" ${readme_args} --sensitivity gate_output@7=40
+  --sensitivity gate_output@0=40)
+check(sensitivity_past_the_layers 1
+  "agoq_plan: .*per-layer sensitivity or statistics for layer 32, past the model's 32 layers"
+  ${readme_args} --sensitivity gate_output@32=1)
+check(sensitivity_negative_layer 1 "agoq_plan: .*the layer must be >= 0, got -1"
+  --sensitivity gate_output@-1=1)
+check(sensitivity_bad_layer 1 "agoq_plan: bad integer for sensitivity: 'x'"
+  --sensitivity gate_output@x=1)
+check(outlier_per_layer 1 "agoq_plan: outlier is KIND=X, got 'key@1=4'" --outlier key@1=4)
+check(sensitivity_no_value 1
+  "agoq_plan: sensitivity is KIND=X or KIND@LAYER=X, got 'qkv_input'" --sensitivity qkv_input)
 check(sensitivity_unknown_kind 1 "agoq_plan: .*unknown tensor kind 'qkv'" --sensitivity qkv=1)
 check(sensitivity_bad_number 1 "agoq_plan: bad number for sensitivity: '1x'"
   --sensitivity qkv_input=1x)
@@ -158,9 +172,10 @@ else()
   json_get(w error_model qkv_input sensitivity)
   json_get(k error_model attn_norm_input outlier)
   string(JSON lse_alias ERROR_VARIABLE no_alias GET "${doc}" error_model o_proj_input)
-  if(NOT w EQUAL 1 OR NOT k EQUAL 6 OR NOT no_alias)
+  string(JSON per_layer LENGTH "${doc}" error_model per_layer)
+  if(NOT w EQUAL 1 OR NOT k EQUAL 6 OR NOT no_alias OR NOT per_layer EQUAL 0)
     message(SEND_ERROR "json: error model qkv_input sensitivity ${w}, attn_norm_input outlier "
-                       "${k}, o_proj_input '${lse_alias}'")
+                       "${k}, o_proj_input '${lse_alias}', ${per_layer} per layer")
   endif()
   json_get(kind plan stages 0 tensors 0 kind)
   json_get(layer plan stages 0 tensors 0 layer)
@@ -178,4 +193,20 @@ if(NOT rc EQUAL 0 OR NOT missing OR NOT stages EQUAL 2)
   message(SEND_ERROR "json_no_budget: exit status ${rc}, plan '${plan_type}', ${stages} stages")
 else()
   message(STATUS "json_no_budget: ok")
+endif()
+
+# The per-layer weights in the JSON document.
+execute_process(COMMAND ${PLAN} --pp 2 --json --sensitivity key@1=3 --sensitivity key=0.5
+                RESULT_VARIABLE rc OUTPUT_VARIABLE doc)
+string(JSON n ERROR_VARIABLE e1 LENGTH "${doc}" error_model per_layer)
+string(JSON layer ERROR_VARIABLE e2 GET "${doc}" error_model per_layer 0 layer)
+string(JSON kind ERROR_VARIABLE e3 GET "${doc}" error_model per_layer 0 kind)
+string(JSON w ERROR_VARIABLE e4 GET "${doc}" error_model per_layer 0 sensitivity)
+string(JSON kw ERROR_VARIABLE e5 GET "${doc}" error_model key sensitivity)
+if(NOT rc EQUAL 0 OR NOT n EQUAL 1 OR NOT layer EQUAL 1 OR NOT kind STREQUAL "key" OR
+   NOT w EQUAL 3 OR NOT kw STREQUAL "0.5")
+  message(SEND_ERROR "json_per_layer: exit status ${rc}, ${n} entries, layer ${layer}, kind "
+                     "${kind}, weight ${w}, the kind's ${kw}")
+else()
+  message(STATUS "json_per_layer: ok")
 endif()

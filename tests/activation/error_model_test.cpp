@@ -174,4 +174,47 @@ TEST_CASE("error_model: sensitivities, outliers and recorded statistics") {
   CHECK(e.sensitivity(tensor_kind::qkv_input) == 0.5);
   CHECK_THROWS_AS(e.set_sensitivity(tensor_kind::qkv_input, -1), agoq::invalid_argument);
   CHECK_THROWS_AS(e.set_outlier(tensor_kind::qkv_input, 0.9), agoq::invalid_argument);
+  CHECK_THROWS_AS(e.set_statistics(-1, tensor_kind::qkv_input, st), agoq::invalid_argument);
+}
+
+TEST_CASE("error model: a sensitivity per layer replaces its kind's in that layer only") {
+  error_model e;
+  saved_shape const sh{64, 4096, 2};
+  storage const q = storage::with(int4_g128);
+  CHECK(e.last_layer() == -1);
+  e.set_sensitivity(5, tensor_kind::gate_output, 7.5);
+  CHECK(e.sensitivity(5, tensor_kind::gate_output) == 7.5);
+  CHECK(e.sensitivity(4, tensor_kind::gate_output) == 2.0);  // the category's default
+  CHECK(e.sensitivity(5, tensor_kind::up_output) == 2.0);
+  CHECK(e.sensitivity(tensor_kind::gate_output) == 2.0);
+  // The kind's weight moves the other layers, not the one set per layer.
+  e.set_sensitivity(tensor_kind::gate_output, 3.0);
+  CHECK(e.sensitivity(4, tensor_kind::gate_output) == 3.0);
+  CHECK(e.sensitivity(5, tensor_kind::gate_output) == 7.5);
+  CHECK(e.weighted(5, tensor_kind::gate_output, sh, q) ==
+        doctest::Approx(7.5 * e.relative(5, tensor_kind::gate_output, sh, q)));
+  CHECK(e.weighted(4, tensor_kind::gate_output, sh, q) ==
+        doctest::Approx(3.0 * e.relative(4, tensor_kind::gate_output, sh, q)));
+  // An alias reads the weight of the buffer it names.
+  e.set_sensitivity(2, tensor_kind::o_proj_input, 0.25);
+  CHECK(e.sensitivity(2, tensor_kind::attention_output) == 0.25);
+  // The last layer any per-layer entry names, statistics included.
+  CHECK(e.last_layer() == 5);
+  tensor_stats st;
+  st.elements = 1;
+  st.sum_squares = 1;
+  st.add_group(1, 1.0);
+  e.set_statistics(9, tensor_kind::qkv_input, st);
+  CHECK(e.last_layer() == 9);
+  e.clear_statistics();
+  CHECK(e.last_layer() == 5);
+  e.clear_layer_sensitivities();
+  CHECK(e.last_layer() == -1);
+  CHECK(e.sensitivity(5, tensor_kind::gate_output) == 3.0);
+  CHECK_THROWS_WITH_AS(e.set_sensitivity(-1, tensor_kind::key, 1.0),
+                       doctest::Contains("the layer must be >= 0, got -1"), agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(e.set_sensitivity(0, tensor_kind::key, std::nan("")),
+                       doctest::Contains("sensitivity must be finite and >= 0"),
+                       agoq::invalid_argument);
+  CHECK_THROWS_AS(e.set_sensitivity(0, tensor_kind::key, -0.5), agoq::invalid_argument);
 }

@@ -491,6 +491,42 @@ TEST_CASE("observed statistics move bits to the layers that need them") {
   CHECK(plan.storage_of(2 * s, tensor_kind::qkv_input).bits() == 4);
 }
 
+TEST_CASE("a sensitivity per layer moves bits to the layer weighted more") {
+  planner_input in = small_input();
+  in.policy.set(tensor_kind::gate_output, storage::with(int4_g128),
+                {storage::with(int4_g128), storage::with(int8_g128)});
+  auto const need = minimum(in);
+  std::int64_t const s = need[0] >= need[1] ? 0 : 1;
+  shard_shape const sh = shard_of(in.parallel, in.step);
+  saved_shape const shape = shape_of(tensor_kind::gate_output, in.model, sh);
+  std::int64_t const delta =
+      storage::with(int8_g128).bytes(shape) - storage::with(int4_g128).bytes(shape);
+  // Room for one of the stage's two layers at int8 (the last stage holds one micro-batch, the
+  // first two); the layers are alike but for their weights.
+  in.budget_bytes = need[static_cast<std::size_t>(s)] + (2 - s) * delta;
+  for (std::int64_t const heavy : {2 * s, 2 * s + 1}) {
+    in.errors.clear_layer_sensitivities();
+    in.errors.set_sensitivity(heavy, tensor_kind::gate_output, 3.0);
+    auto const plan = make_plan(in);
+    CHECK(plan.storage_of(heavy, tensor_kind::gate_output).bits() == 8);
+    CHECK(plan.storage_of(4 * s + 1 - heavy, tensor_kind::gate_output).bits() == 4);
+  }
+  // An entry for a layer the model does not have is refused, not ignored.
+  in.errors.set_sensitivity(in.model.layers, tensor_kind::gate_output, 3.0);
+  CHECK_THROWS_WITH_AS(make_plan(in),
+                       doctest::Contains("per-layer sensitivity or statistics for layer 4, past "
+                                         "the model's 4 layers"),
+                       agoq::invalid_argument);
+  in.errors.clear_layer_sensitivities();
+  tensor_stats st;
+  st.elements = 1;
+  st.sum_squares = 1;
+  st.add_group(1, 1.0);
+  in.errors.set_statistics(7, tensor_kind::qkv_input, st);
+  CHECK_THROWS_WITH_AS(make_plan(in), doctest::Contains("for layer 7, past the model's 4 layers"),
+                       agoq::invalid_argument);
+}
+
 TEST_CASE("ZeRO-3's gathered weights count against the budget") {
   planner_input in = small_input();
   in.policy = policy_table{};

@@ -487,6 +487,18 @@ class PlanningTest(unittest.TestCase):
         _, one_more = chosen(sensitivity={"qkv_input": 3.0, "mlp_input": 2.0})
         self.assertGreater(half_more, e1)
         self.assertAlmostEqual(one_more - e1, 2 * (half_more - e1), delta=1e-12 * e1)
+        # One layer's weight: that layer's mlp_input is the one tensor kept at int8 beside
+        # qkv_input's, which the budget now lacks room for in one other layer.
+        per_layer, _ = chosen(sensitivity={"qkv_input": 3.0, (2, "mlp_input"): 30.0})
+        self.assertEqual(per_layer["mlp_input"], {INT4, INT8})
+        plan = agoq.make_plan(LLAMA, 8, 128, budget, policy=policy,
+                              sensitivity={"qkv_input": 3.0, (2, "mlp_input"): 30.0})
+        self.assertEqual([layer["mlp_input"] for layer in plan["layers"]],
+                         [INT4, INT4, INT8, INT4])
+        for bad in ({(LLAMA["layers"], "mlp_input"): 1.0}, {(-1, "mlp_input"): 1.0},
+                    {(0, "mlp_input", 1): 1.0}):
+            with self.assertRaises(ValueError):
+                agoq.make_plan(LLAMA, 8, 128, budget, policy=policy, sensitivity=bad)
         for bad in ({"no_such_kind": 1.0}, {"qkv_input": -1.0}, {"qkv_input": math.nan}):
             with self.assertRaises(ValueError):
                 agoq.make_plan(LLAMA, 8, 128, budget, policy=policy, sensitivity=bad)

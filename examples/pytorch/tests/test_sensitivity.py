@@ -157,8 +157,13 @@ class MeasureTest(unittest.TestCase):
         self.assertEqual(tuple(read), sens.MEASURED)
         for k, w in read.items():
             self.assertAlmostEqual(w, rel[k], delta=1e-5 * rel[k])
-        # The planner takes them as they are.
-        plan = agoq.make_plan(CFG.planner_model(), 4, CFG.seq, 1 << 34, sensitivity=read)
+        # The planner takes them as they are, and the per-layer ones keyed (layer, kind).
+        layers = sens.per_layer_relative(self.result, self.per_layer, sens.SCHEMES[0], "global")
+        self.assertEqual(set(layers), {(i, k) for i in range(CFG.layers) for k in sens.MEASURED})
+        text = sens.plan_config(rel, "per layer", layers)
+        self.assertIn(f"sensitivity = swiglu_output@1={layers[(1, 'swiglu_output')]:.6g}", text)
+        plan = agoq.make_plan(CFG.planner_model(), 4, CFG.seq, 1 << 34,
+                              sensitivity={**read, **layers})
         self.assertEqual(plan["error"], 0.0)  # a budget that keeps everything precise
         with self.assertRaises(ValueError):
             sens.relative({"query": self.result["query"]}, sens.SCHEMES[0], "global")
@@ -177,7 +182,11 @@ class MeasureTest(unittest.TestCase):
                 lines = f.read().splitlines()
             self.assertTrue(lines[0].startswith("# sensitivity.py --layers 1"))
             self.assertEqual(lines[1], f"# {INT4}, gradient error global, linear inputs' mean 1")
-            self.assertEqual(len(lines), 2 + len(sens.MEASURED))
+            # A line per kind, then one per kind and layer (one layer here).
+            self.assertEqual(len(lines), 2 + 2 * len(sens.MEASURED))
+            self.assertTrue(lines[2].startswith("sensitivity = attn_norm_input="))
+            self.assertTrue(lines[2 + len(sens.MEASURED)].startswith(
+                "sensitivity = attn_norm_input@0="))
             self.assertTrue(os.path.getsize(js) > 0)
 
 

@@ -233,7 +233,8 @@ inline constexpr double default_outlier(tensor_kind k) noexcept {
   }
 }
 
-/// The error model a planner uses: per-kind sensitivities and outlier factors, and optional
+/// The error model a planner uses: per-kind sensitivities and outlier factors, optional
+/// sensitivities per (layer, kind) that replace their kind's for that tensor, and optional
 /// observed statistics per (layer, kind) that replace the distribution assumption for that
 /// tensor. Host only.
 class error_model {
@@ -252,9 +253,29 @@ class error_model {
   }
   /// Sets kind `k`'s sensitivity. Throws agoq::invalid_argument unless it is finite and >= 0.
   void set_sensitivity(tensor_kind k, double w) {
-    AGOQ_EXPECTS(std::isfinite(w) && w >= 0, "error model: sensitivity must be finite and >= 0");
+    check_sensitivity(w);
     sensitivity_[static_cast<std::size_t>(index_of(storage_kind(k)))] = w;
   }
+  /// Weight of layer `layer`'s tensor `k`: the one set for that layer, else the kind's.
+  double sensitivity(std::int64_t layer, tensor_kind k) const {
+    auto const it = layer_sensitivity_.find({layer, storage_kind(k)});
+    return it != layer_sensitivity_.end() ? it->second : sensitivity(k);
+  }
+  /// Sets the sensitivity of layer `layer`'s tensor `k` alone (e.g. measured per layer; it
+  /// replaces the kind's there, whatever the kind's is set to later). Throws
+  /// agoq::invalid_argument for a negative layer or a weight that is not finite and >= 0.
+  void set_sensitivity(std::int64_t layer, tensor_kind k, double w) {
+    AGOQ_EXPECTS(layer >= 0, "error model: the layer must be >= 0, got " + std::to_string(layer));
+    check_sensitivity(w);
+    layer_sensitivity_[{layer, storage_kind(k)}] = w;
+  }
+  /// The per-layer sensitivities set, keyed by (layer, kind), in that order.
+  std::map<std::pair<std::int64_t, tensor_kind>, double> const& layer_sensitivities()
+      const noexcept {
+    return layer_sensitivity_;
+  }
+  /// Forgets every per-layer sensitivity.
+  void clear_layer_sensitivities() noexcept { layer_sensitivity_.clear(); }
   /// Outlier factor of kind `k` under the distribution assumption.
   double outlier(tensor_kind k) const noexcept {
     return outlier_[static_cast<std::size_t>(index_of(storage_kind(k)))];
@@ -265,12 +286,23 @@ class error_model {
     outlier_[static_cast<std::size_t>(index_of(storage_kind(k)))] = f;
   }
 
-  /// Records observed statistics of layer `layer`'s tensor `k` (replacing earlier ones).
+  /// Records observed statistics of layer `layer`'s tensor `k` (replacing earlier ones). Throws
+  /// agoq::invalid_argument for a negative layer.
   void set_statistics(std::int64_t layer, tensor_kind k, tensor_stats const& st) {
+    AGOQ_EXPECTS(layer >= 0, "error model: the layer must be >= 0, got " + std::to_string(layer));
     stats_[{layer, storage_kind(k)}] = st;
   }
   /// Forgets every recorded statistic.
   void clear_statistics() noexcept { stats_.clear(); }
+
+  /// The largest layer a per-layer sensitivity or a statistic is recorded for, -1 if none (a
+  /// planner refuses one past the model's layers).
+  std::int64_t last_layer() const noexcept {
+    std::int64_t last = -1;
+    if (!layer_sensitivity_.empty()) last = layer_sensitivity_.rbegin()->first.first;
+    if (!stats_.empty()) last = std::max(last, stats_.rbegin()->first.first);
+    return last;
+  }
 
   /// Relative error of storing layer `layer`'s tensor `k` of shape `shape` as `s`: 0 when kept
   /// precise, from recorded statistics when there are some, else from the distribution
@@ -282,15 +314,20 @@ class error_model {
     if (it != stats_.end()) return relative_error(*s.quantized, it->second, shape.rows, shape.cols);
     return relative_error_gaussian(*s.quantized, shape.rows, shape.cols, outlier(k));
   }
-  /// sensitivity(k) * relative(...): the planner's objective term.
+  /// sensitivity(layer, k) * relative(...): the planner's objective term.
   double weighted(std::int64_t layer, tensor_kind k, saved_shape const& shape,
                   storage const& s) const {
-    return sensitivity(k) * relative(layer, k, shape, s);
+    return sensitivity(layer, k) * relative(layer, k, shape, s);
   }
 
  private:
+  static void check_sensitivity(double w) {
+    AGOQ_EXPECTS(std::isfinite(w) && w >= 0, "error model: sensitivity must be finite and >= 0");
+  }
+
   std::array<double, tensor_kind_count> sensitivity_{};
   std::array<double, tensor_kind_count> outlier_{};
+  std::map<std::pair<std::int64_t, tensor_kind>, double> layer_sensitivity_;
   std::map<std::pair<std::int64_t, tensor_kind>, tensor_stats> stats_;
 };
 

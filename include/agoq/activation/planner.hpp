@@ -381,6 +381,10 @@ inline activation_plan make_plan(planner_input const& in) {
   AGOQ_EXPECTS(in.budget_bytes > 0 && in.budget_bytes <= max_size_count,
                "planner: the budget must be positive and at most 2^62 bytes, got " +
                    std::to_string(in.budget_bytes));
+  AGOQ_EXPECTS(in.errors.last_layer() < m.layers,
+               "planner: the error model holds a per-layer sensitivity or statistics for layer " +
+                   std::to_string(in.errors.last_layer()) + ", past the model's " +
+                   std::to_string(m.layers) + " layers");
   shard_shape const sh = shard_of(p, in.step);
   std::int64_t const lc = p.layers_per_chunk(m);
 

@@ -249,15 +249,25 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
                    std::int64_t bucket_parameters, std::int64_t reserved_bytes,
                    py::object const& sensitivity, py::object const& outlier) {
   act::planner_input in;
-  // {kind: weight} and {kind: factor}: the error model's per-kind overrides.
-  auto const per_kind = [&](py::object const& d,
-                            void (act::error_model::*set)(act::tensor_kind, double)) {
-    if (d.is_none()) return;
-    for (auto const& [key, value] : d.cast<py::dict>())
-      (in.errors.*set)(act::tensor_kind_named(key.cast<std::string>()), value.cast<double>());
-  };
-  per_kind(sensitivity, &act::error_model::set_sensitivity);
-  per_kind(outlier, &act::error_model::set_outlier);
+  // The error model's overrides: {kind or (layer, kind): weight} and {kind: factor}.
+  if (!sensitivity.is_none()) {
+    for (auto const& [key, value] : sensitivity.cast<py::dict>()) {
+      double const w = value.cast<double>();
+      if (py::isinstance<py::tuple>(key)) {
+        auto const k = key.cast<py::tuple>();
+        if (k.size() != 2)
+          throw agoq::invalid_argument("sensitivity: keys are kind or (layer, kind)");
+        in.errors.set_sensitivity(k[0].cast<std::int64_t>(),
+                                  act::tensor_kind_named(k[1].cast<std::string>()), w);
+      } else {
+        in.errors.set_sensitivity(act::tensor_kind_named(key.cast<std::string>()), w);
+      }
+    }
+  }
+  if (!outlier.is_none()) {
+    for (auto const& [key, value] : outlier.cast<py::dict>())
+      in.errors.set_outlier(act::tensor_kind_named(key.cast<std::string>()), value.cast<double>());
+  }
   if (!statistics.is_none()) {
     for (auto const& [key, value] : statistics.cast<py::dict>()) {
       auto const k = key.cast<py::tuple>();
@@ -349,9 +359,10 @@ void register_planning(py::module_& m) {
         "too (memory keys 'working', 'gradient_buffers', 'reserved', summed in 'transient'; "
         "bucket_parameters: the gradient bucket, 0: Megatron-Core's default; reserved_bytes: "
         "the fixed allowance, 1 GiB by default). `statistics` maps (layer, kind) to a dict from "
-        "measure(), which replaces the Gaussian prior of that tensor's error; `sensitivity` and "
-        "`outlier` map kinds to the error model's weights and outlier factors (defaults: "
-        "docs/activations.md section 3; measured ones: examples/pytorch/sensitivity.py). With "
+        "measure(), which replaces the Gaussian prior of that tensor's error; `sensitivity` maps "
+        "kinds, or (layer, kind) for one layer's tensor, to the error model's weights and "
+        "`outlier` kinds to its outlier factors (defaults: docs/activations.md section 3; "
+        "measured ones: examples/pytorch/sensitivity.py). With "
         "vp > 1, "
         "Megatron's interleaved schedule: Megatron-Core's ('core') in groups of vp_group "
         "micro-batches (0: pp), or older Megatron-LM's ('legacy'). Raises ValueError with the "
