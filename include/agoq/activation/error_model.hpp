@@ -2,8 +2,8 @@
 /// A model of the error quantizing a saved activation introduces, relative to the tensor's mean
 /// square, computed either from statistics the quantize kernels produce as a by-product (group
 /// absmax) or, before training starts, from a distribution assumption (Gaussian elements times an
-/// outlier factor). Weighted per tensor kind by a sensitivity, so a planner can compare schemes
-/// and kinds on one scale. Host only. Assumptions are listed in docs/activations.md.
+/// outlier factor). Weighted per tensor kind (or per layer's tensor) by a sensitivity, so a
+/// planner can compare schemes and kinds on one scale. Host only. Assumptions are listed in docs/activations.md.
 #pragma once
 
 #include <algorithm>
