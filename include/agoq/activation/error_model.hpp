@@ -3,7 +3,8 @@
 /// square, computed either from statistics the quantize kernels produce as a by-product (group
 /// absmax) or, before training starts, from a distribution assumption (Gaussian elements times an
 /// outlier factor). Weighted per tensor kind (or per layer's tensor) by a sensitivity, so a
-/// planner can compare schemes and kinds on one scale. Host only. Assumptions are listed in docs/activations.md.
+/// planner can compare schemes and kinds on one scale. Host only. Assumptions are listed in
+/// docs/activations.md.
 #pragma once
 
 #include <algorithm>
