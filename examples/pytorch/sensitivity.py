@@ -211,6 +211,28 @@ def plan_config(weights: dict, comment: str, per_layer: dict | None = None) -> s
     return "\n".join(lines) + "\n"
 
 
+def read_plan_config(text: str) -> dict:
+    """{kind or (layer, kind): weight} from plan_config's lines (``#`` comments and blank lines
+    skipped), the form ``make_plan(sensitivity=...)`` takes. Raises ValueError on a line that is
+    not ``sensitivity = kind=w`` or ``sensitivity = kind@layer=w``."""
+    out: dict = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, _, value = (part.strip() for part in line.partition("="))
+        name, eq, weight = value.partition("=")
+        if key != "sensitivity" or not eq:
+            raise ValueError(f"line {n}: expected 'sensitivity = kind[@layer]=weight', "
+                             f"got {line!r}")
+        kind, at, layer = name.strip().partition("@")
+        try:
+            out[(int(layer), kind) if at else kind] = float(weight)
+        except ValueError:
+            raise ValueError(f"line {n}: bad layer or weight in {line!r}") from None
+    return out
+
+
 def table(result: dict, metric: str) -> str:
     """The measurements at every scheme for one metric, one row a kind."""
     rel = {s: relative(result, s, metric) for s in SCHEMES}

@@ -68,6 +68,7 @@ class TrainConfig:
     name: str = "baseline"
     activations: str = "fp32"
     budget_headroom: float = 0.05
+    sensitivity: str = ""
     gradients: str = "fp32"
     optimizer: str = "fp32"
     ranks: int = 4
@@ -186,8 +187,17 @@ def _memory_formats(cfg: TrainConfig) -> dict:
 def agoq_plan(cfg: TrainConfig) -> dict:
     """agoq's plan for this model with the default policy, data-parallel over ``ranks``, under a
     budget of the default policy's memory plus ``budget_headroom`` of the room between its
-    activations and bf16 activations (0: the default policy itself; 1: everything bf16)."""
+    activations and bf16 activations (0: the default policy itself; 1: everything bf16), with
+    the error model's default sensitivities or, where ``sensitivity`` names a file, those its
+    lines set (sensitivity.py --plan-config)."""
     import agoq_torch
+
+    weights = None
+    if cfg.sensitivity:
+        from sensitivity import read_plan_config
+
+        with open(cfg.sensitivity) as f:
+            weights = read_plan_config(f.read())
 
     model, mb, seq = cfg.model.planner_model(), cfg.micro_batch, cfg.model.seq
     formats = _memory_formats(cfg)
@@ -196,7 +206,7 @@ def agoq_plan(cfg: TrainConfig) -> dict:
         model, mb, seq, uniform_plan(cfg.model, "bf16")[0])
     budget = least["total"] + cfg.budget_headroom * (bf16 - least["activations"])
     return agoq_torch.make_plan(model, mb, seq, int(budget), dp=cfg.ranks,
-                                micro_batches=cfg.micro_batches, **formats)
+                                micro_batches=cfg.micro_batches, sensitivity=weights, **formats)
 
 
 def predicted_activation_bytes(cfg: TrainConfig, plan: list[dict]) -> int:

@@ -190,5 +190,34 @@ class MeasureTest(unittest.TestCase):
             self.assertTrue(os.path.getsize(js) > 0)
 
 
+class PlanConfigTest(unittest.TestCase):
+    def test_read_back(self):
+        weights = {"qkv_input": 1.25, "gate_output": 0.5}
+        layers = {(0, "gate_output"): 3.0, (3, "key"): 1e-7}
+        read = sens.read_plan_config(sens.plan_config(weights, "a\nb", layers) + "\n  # end\n")
+        self.assertEqual(read, {**weights, **layers})
+        for bad in ("tp = 2", "sensitivity = qkv_input", "sensitivity = qkv_input@x=1",
+                    "sensitivity = qkv_input=lots", "sensitivity qkv_input=1"):
+            with self.subTest(line=bad), self.assertRaisesRegex(ValueError, "line 2"):
+                sens.read_plan_config("# ok\n" + bad)
+
+    def test_train_plans_with_the_file(self):
+        # train.py --activations agoq --sensitivity FILE: the weights reach the plan. By default
+        # every gate output stays int4; weighted 50 in layer 3 alone, that one gets int8.
+        import train
+
+        base = dict(activations="agoq", gradients="agoq8", optimizer="adam8")
+        gates = [layer["gate_output"] for layer in train.agoq_plan(
+            train.TrainConfig(**base))["layers"]]
+        self.assertEqual(gates, [INT4] * 4)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "s.conf")
+            with open(path, "w") as f:
+                f.write("# measured\nsensitivity = gate_output@3=50\n")
+            plan = train.agoq_plan(train.TrainConfig(**base, sensitivity=path))
+        self.assertEqual([layer["gate_output"] for layer in plan["layers"]],
+                         [INT4, INT4, INT4, "int8_g128_sym_rne_f32"])
+
+
 if __name__ == "__main__":
     unittest.main()
