@@ -49,7 +49,7 @@ torch_check.require_torch()
 import torch  # noqa: E402
 
 from gpt import GPT, KINDS, ActivationSaver, ModelConfig, SavedTensor, uniform_plan  # noqa: E402
-from train import corpus, split, windows  # noqa: E402
+from train import TrainConfig, corpus, split, windows  # noqa: E402
 
 #: The kinds measured: every kind that owns bytes but the fp32 logsumexp, which the default
 #: policy keeps as is (a [tokens x heads, 1] tensor, one value a row).
@@ -109,13 +109,16 @@ def with_kind(plan: list[dict], kind: str, storage: str, layers=None) -> list[di
 
 
 def warm_up(model: GPT, batch, steps: int, log=print) -> None:
-    """``steps`` steps of fp32 AdamW (train.py's settings) on ``batch()``'s batches."""
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
+    """``steps`` steps of fp32 AdamW (train.py's default settings, at its peak learning rate) on
+    ``batch()``'s batches."""
+    d = TrainConfig()
+    opt = torch.optim.AdamW(model.parameters(), lr=d.lr, betas=(d.beta1, d.beta2),
+                            weight_decay=d.weight_decay)
     for step in range(steps):
         loss = model(*batch())
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), d.clip)
         opt.step()
         if step % 50 == 0 or step == steps - 1:
             log(f"  warm-up step {step}: loss {loss.item():.4f}")
