@@ -55,17 +55,14 @@ from train import TrainConfig, corpus, split, windows  # noqa: E402
 #: policy keeps as is (a [tokens x heads, 1] tensor, one value a row).
 MEASURED = tuple(k for k in KINDS if k != "softmax_lse")
 
-#: Category of each measured kind (agoq's category_of) and each category's default sensitivity
-#: (error_model.hpp, default_sensitivity).
-CATEGORY = {
-    "attn_norm_input": "residual_stream", "mlp_norm_input": "residual_stream",
-    "qkv_input": "linear_input", "mlp_input": "linear_input", "swiglu_output": "linear_input",
-    "gate_output": "activation_input", "up_output": "activation_input",
-    "query": "attention_core", "key": "attention_core", "value": "attention_core",
-    "attention_output": "attention_core",
-}
-DEFAULT = {"linear_input": 1.0, "activation_input": 2.0, "residual_stream": 4.0,
-           "attention_core": 8.0}
+
+def defaults() -> dict:
+    """{kind: (category, default sensitivity, default outlier factor)}: agoq's error model
+    defaults (category_of, default_sensitivity, default_outlier), from the extension."""
+    import agoq_torch
+
+    return agoq_torch.error_model_defaults()
+
 
 SCHEMES = ("int8_g128_sym_rne_f32", "int4_g128_sym_rne_f32")
 METRICS = ("global", "per_tensor")
@@ -168,8 +165,9 @@ def measure(model: GPT, batches: list, kinds=MEASURED, schemes=SCHEMES, layers=N
 def linear_unit(result: dict, scheme: str, metric: str) -> float:
     """The mean sensitivity of the linear inputs measured, the planner's unit (its default for
     linear inputs is 1)."""
+    category = defaults()
     linear = [result[k][scheme]["sensitivity"][metric] for k in result
-              if CATEGORY[k] == "linear_input"]
+              if category[k][0] == "linear_input"]
     if not linear:
         raise ValueError("relative sensitivities need at least one linear-input kind measured")
     return sum(linear) / len(linear)
@@ -242,8 +240,10 @@ def table(result: dict, metric: str) -> str:
     head = f"{'kind':<18}{'category':<18}{'default':>8}" + "".join(
         f"{s[:4] + ' act':>12}{s[:4] + ' grad':>12}{s[:4] + ' rel':>10}" for s in SCHEMES)
     rows = [f"gradient error: {metric}", head + f"{'8/4':>7}"]
+    known = defaults()
     for k in result:
-        row = f"{k:<18}{CATEGORY[k]:<18}{DEFAULT[CATEGORY[k]]:>8.1f}"
+        category, default, _ = known[k]
+        row = f"{k:<18}{category:<18}{default:>8.1f}"
         for s in SCHEMES:
             r = result[k][s]
             row += f"{r['activation']:>12.3e}{r['gradient'][metric]:>12.3e}{rel[s][k]:>10.3g}"

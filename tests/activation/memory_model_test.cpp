@@ -343,6 +343,20 @@ TEST_CASE("the schedule replayed unit by unit agrees with the closed forms") {
     CAPTURE(s);
     replayed const r = replay(p, v, s, m, g, sc.rules);
     auto const peaks = in_flight_peaks(sc, s);
+    // The closed forms of the schedule table: each forward unit's chunk is the table's and the
+    // one whose count it raises.
+    if (m > 0) {
+      auto const rs = agoq::activation::detail::resolve(sc, s);
+      auto const table = schedule_table(m, v, v == 1 ? 1 : g);
+      for (std::int64_t n = 0; n < m * v; ++n) {
+        std::int64_t const c = agoq::activation::detail::chunk_of_unit(n, rs);
+        CHECK(c == table[static_cast<std::size_t>(n)].second);
+        for (std::int64_t k = 0; k < v; ++k)
+          CHECK(agoq::activation::detail::units_on_chunk(n + 1, rs, k) -
+                    agoq::activation::detail::units_on_chunk(n, rs, k) ==
+                (k == c ? 1 : 0));
+      }
+    }
     // Moments of the replay's peak, none twice, at most 3 v - 2 of them; every peak moment of
     // the replay lies on the segment between two of them.
     for (auto const& n : peaks) {

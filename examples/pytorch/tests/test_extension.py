@@ -339,6 +339,18 @@ class PlanningTest(unittest.TestCase):
         self.assertEqual(agoq.layer_activation_bytes(LLAMA, 8, 128, store),
                          expected - bf16 + quant)
 
+    def test_error_model_defaults(self):
+        defaults = agoq.error_model_defaults()
+        # Every kind that owns storage, of both styles; o_proj_input is the attention output's.
+        owned = set(agoq.tensor_kinds("llama") + agoq.tensor_kinds("gpt")) - {"o_proj_input"}
+        self.assertEqual(set(defaults), owned)
+        self.assertEqual(defaults["qkv_input"], ("linear_input", 1.0, 3.0))
+        self.assertEqual(defaults["gate_output"], ("activation_input", 2.0, 2.0))
+        self.assertEqual(defaults["attn_norm_input"], ("residual_stream", 4.0, 6.0))
+        self.assertEqual(defaults["swiglu_output"], ("linear_input", 1.0, 4.0))
+        self.assertEqual(defaults["query"], ("attention_core", 8.0, 2.0))
+        self.assertEqual(defaults["gelu_input"], ("activation_input", 2.0, 2.0))
+
     def test_memory_counts_the_transient_working_memory(self):
         mem = agoq.estimate_memory(LLAMA, 8, 128, gradients="int8")[0]
         self.assertEqual(mem["transient"],

@@ -124,7 +124,7 @@ class MeasureTest(unittest.TestCase):
             for m in sens.METRICS:
                 added = sum(r[kind][s8]["gradient"][m] for r in self.per_layer)
                 whole = self.result[kind][s8]["gradient"][m]
-                if sens.CATEGORY[kind] == "linear_input":
+                if sens.defaults()[kind][0] == "linear_input":
                     self.assertAlmostEqual(added, whole, delta=1e-12 * whole)
                 else:
                     self.assertTrue(0.8 < added / whole < 1.25, f"{kind} {m}: {added} / {whole}")
@@ -142,7 +142,7 @@ class MeasureTest(unittest.TestCase):
     def test_relative_sensitivities_and_plan_config(self):
         for m in sens.METRICS:
             rel = sens.relative(self.result, sens.SCHEMES[0], m)
-            linear = [rel[k] for k in rel if sens.CATEGORY[k] == "linear_input"]
+            linear = [rel[k] for k in rel if sens.defaults()[k][0] == "linear_input"]
             self.assertAlmostEqual(sum(linear) / len(linear), 1.0, places=12)
         rel = sens.relative(self.result, sens.SCHEMES[0], "per_tensor")
         text = sens.plan_config(rel, "measured\non a test model")

@@ -310,6 +310,14 @@ inline std::int64_t units_on_chunk(std::int64_t n, resolved_schedule const& r, s
   return r.last_start + std::clamp<std::int64_t>(n - whole - chunk * r.last_size, 0, r.last_size);
 }
 
+/// The local chunk that forward unit `n` (from 0) of a device's forward order runs, in the
+/// schedule table of units_on_chunk (whose count for that chunk it is the one to raise); backward
+/// unit n runs chunk v - 1 - chunk_of_unit(n, r).
+inline std::int64_t chunk_of_unit(std::int64_t n, resolved_schedule const& r) noexcept {
+  std::int64_t const whole = r.last_start * r.v;  // units of the groups before the last
+  return n < whole ? n % (r.g * r.v) / r.g : (n - whole) / r.last_size;
+}
+
 }  // namespace detail
 
 /// The micro-batches each local model chunk of pipeline device `stage` holds (saved by a forward,
@@ -354,10 +362,7 @@ inline std::vector<std::vector<std::int64_t>> in_flight_peaks(pipeline_schedule 
   std::int64_t const whole = r.last_start * r.v;  // units of the groups before the last
   std::int64_t const period = r.g * r.v;
   std::int64_t const steps = r.total - warmup;
-  // The chunk of forward unit n; backward unit n runs chunk v - 1 - chunk(n).
-  auto chunk = [&](std::int64_t n) {
-    return n < whole ? n % period / r.g : (n - whole) / r.last_size;
-  };
+  auto chunk = [&](std::int64_t n) { return detail::chunk_of_unit(n, r); };
   // Step i runs forward unit warmup + i and backward unit i - 1 before it; the move from step i
   // to i + 1 is the same as from i - 1 to i unless one of them enters another chunk (a move with
   // the forward and backward on the same chunk is none).

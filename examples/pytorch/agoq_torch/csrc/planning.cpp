@@ -185,6 +185,17 @@ py::dict default_policy() {
   return out;
 }
 
+py::dict error_model_defaults() {
+  py::dict out;
+  for (act::tensor_kind const k : act::all_tensor_kinds) {
+    if (act::is_alias(k)) continue;
+    act::tensor_category const c = act::category_of(k);
+    out[py::str(std::string(act::name_of(k)))] = py::make_tuple(
+        std::string(act::name_of(c)), act::default_sensitivity(c), act::default_outlier(k));
+  }
+  return out;
+}
+
 std::int64_t layer_activation_bytes(py::dict const& model, std::int64_t micro_batch,
                                     std::int64_t seq, py::dict const& storages) {
   act::model_shape const m = model_of(model);
@@ -342,6 +353,9 @@ void register_planning(py::module_& m) {
         "{kind: (rows, cols, precise_bytes)} of one layer's saved tensors for one micro-batch.");
   m.def("default_policy", &default_policy,
         "agoq's default policy: {kind: (default storage, [candidates])}.");
+  m.def("error_model_defaults", &error_model_defaults,
+        "The error model's defaults: {kind: (category, sensitivity, outlier factor)} "
+        "(docs/activations.md section 3).");
   m.def("layer_activation_bytes", &layer_activation_bytes, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("storages"),
         "Bytes one layer saves for one micro-batch with {kind: storage} (precise: bf16, the "
