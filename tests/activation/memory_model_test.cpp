@@ -517,6 +517,96 @@ TEST_CASE("activations of a whole pipeline, by hand") {
   CHECK(peak_total(q) < peak_total(s));
 }
 
+TEST_CASE("activation recomputation, by hand") {
+  // 8 layers on 2 devices under 1F1B: chunks of 4 layers, 2 and 1 micro-batches in flight.
+  model_shape const m{block_style::llama, 8, 256, 512, 4, 2, 0, 1000, false};
+  parallel_config p;
+  p.pp = 2;
+  std::int64_t const layer = 128 * (6 * 256 * 2 + 2 * 128 * 2 + 3 * 512 * 2) + 4 * 128 * 4;
+  std::int64_t const input = 2 * 128 * 256;  // a checkpoint's input: [128, 256] bf16
+  CHECK(residual_stream_bytes(m, {1, 128, 1, false}) == input);
+  CHECK(residual_stream_bytes(m, {1, 128, 2, true}) == input / 2);  // [T / t, h] under SP
+  auto const with = [](recompute_method r, std::int64_t n) {
+    step_config st{1, 128, 0};
+    st.recompute = r;
+    st.recompute_layers = n;
+    return st;
+  };
+  auto const base =
+      estimate_memory(m, p, with(recompute_method::none, 0), {}, policy_table::all_precise());
+  CHECK(base[0].activations == 2 * 4 * layer);
+  CHECK(base[0].recompute == 0);
+  // {method, N, checkpoints of a chunk, layers recomputed}
+  struct expect {
+    recompute_method method;
+    std::int64_t n;
+    std::vector<std::int64_t> checkpoints;
+    std::int64_t recomputed;
+  };
+  for (auto const& [method, n, checkpoints, recomputed] : std::vector<expect>{
+           {recompute_method::block, 1, {1}, 1},
+           {recompute_method::block, 3, {1, 1, 1}, 3},
+           {recompute_method::block, 6, {1, 1, 1, 1}, 4},  // more than the chunk holds: all
+           {recompute_method::uniform, 1, {1, 1, 1, 1}, 4},
+           {recompute_method::uniform, 3, {3, 1}, 4},  // the last checkpoint holds what is left
+           {recompute_method::uniform, 4, {4}, 4},
+           {recompute_method::uniform, 9, {4}, 4}}) {
+    CAPTURE(name_of(method));
+    CAPTURE(n);
+    step_config const st = with(method, n);
+    CHECK(recompute_checkpoints(st, 4) == checkpoints);
+    CHECK(recomputed_layers(st, 4) == recomputed);
+    for (std::int64_t l = 0; l < 8; ++l) CHECK(is_recomputed(m, p, st, l) == (l % 4 < recomputed));
+    auto const b = estimate_memory(m, p, st, {}, policy_table::all_precise());
+    std::int64_t const chunk =
+        (4 - recomputed) * layer + static_cast<std::int64_t>(checkpoints.size()) * input;
+    std::int64_t const largest = *std::max_element(checkpoints.begin(), checkpoints.end());
+    for (std::size_t s = 0; s < 2; ++s) {
+      CHECK(b[s].activations == (2 - static_cast<std::int64_t>(s)) * chunk);
+      CHECK(b[s].recompute == largest * layer);
+      CHECK(b[s].transient() == base[s].transient() + largest * layer);
+      CHECK(b[s].total() ==
+            base[s].total() - base[s].activations + b[s].activations + largest * layer);
+    }
+  }
+  // Every layer its own checkpoint keeps 2 s b h a layer (Korthikanti et al. 2022, §5: full
+  // recomputation stores only each layer's input).
+  CHECK(
+      estimate_memory(m, p, with(recompute_method::uniform, 1), {}, policy_table::all_precise())[1]
+          .activations == 4 * 2 * 128 * 256);
+  // The recomputed layers save their tensors again as `choose` stores them: the default policy's
+  // quantized layer (as in "activations of a whole pipeline, by hand").
+  std::int64_t const i8 = 128 * 256 + 128 * 2 * 4;
+  std::int64_t const i4h = 128 * 128 + 128 * 2 * 4;
+  std::int64_t const i4f = 128 * 256 + 128 * 4 * 4;
+  std::int64_t const attn = 128 * 256 * 2 * 2 + 2 * 128 * 128 * 2 + 4 * 128 * 4;
+  std::int64_t const q = 2 * i8 + 2 * i4h + 3 * i4f + attn;
+  auto const d = estimate_memory(m, p, with(recompute_method::uniform, 2), {}, policy_table{});
+  CHECK(d[0].activations == 2 * 2 * input);
+  CHECK(d[0].recompute == 2 * q);
+
+  // Interleaved (v = 2, m = 4): chunks of 2 layers, each recomputing its first; device 0's
+  // peak moments (3,2) and (4,1) hold 5 chunk units.
+  p.virtual_stages = 2;
+  step_config st = with(recompute_method::block, 1);
+  st.micro_batches = 4;
+  auto const v = estimate_memory(m, p, st, {}, policy_table::all_precise());
+  CHECK(v[0].activations == 5 * (layer + input));
+  CHECK(v[0].recompute == layer);
+  for (std::int64_t l = 0; l < 8; ++l) CHECK(is_recomputed(m, p, st, l) == (l % 2 == 0));
+
+  // Settings Megatron refuses: a method without N, N without a method.
+  CHECK_THROWS_AS(estimate_memory(m, p, with(recompute_method::uniform, 0), {}, policy_table{}),
+                  agoq::invalid_argument);
+  CHECK_THROWS_AS(estimate_memory(m, p, with(recompute_method::block, -1), {}, policy_table{}),
+                  agoq::invalid_argument);
+  CHECK_THROWS_AS(estimate_memory(m, p, with(recompute_method::none, 2), {}, policy_table{}),
+                  agoq::invalid_argument);
+  CHECK_THROWS_AS(recompute_checkpoints(with(recompute_method::none, 1), 4),
+                  agoq::invalid_argument);
+  CHECK_THROWS_AS(is_recomputed(m, p, with(recompute_method::block, 1), 8), agoq::invalid_argument);
+}
+
 TEST_CASE("activations of an interleaved pipeline, by hand") {
   // 8 layers, p = 2, v = 2, m = 4: chunks of 2 layers; device 0 holds layers 0-1 (chunk 0) and
   // 4-5 (chunk 1), device 1 layers 2-3 and 6-7 with the output head. Peak moments (previous

@@ -22,10 +22,12 @@ planner_input small_input() {
   return in;
 }
 
-/// Memory of every stage with every tensor at its smallest candidate.
+/// Memory of every stage with every tensor at its smallest candidate (but those of recomputed
+/// layers, which the planner keeps precise).
 std::vector<std::int64_t> minimum(planner_input const& in) {
-  auto const s =
-      estimate_memory(in.model, in.parallel, in.step, in.states, [&](std::int64_t, tensor_kind k) {
+  auto const s = estimate_memory(
+      in.model, in.parallel, in.step, in.states, [&](std::int64_t l, tensor_kind k) -> storage {
+        if (is_recomputed(in.model, in.parallel, in.step, l)) return storage::precise();
         auto const& c = in.policy.candidates(k);
         auto const sh = shape_of(k, in.model, shard_of(in.parallel, in.step));
         return *std::min_element(c.begin(), c.end(), [&](storage const& a, storage const& b) {
@@ -524,6 +526,69 @@ TEST_CASE("a sensitivity per layer moves bits to the layer weighted more") {
   st.add_group(1, 1.0);
   in.errors.set_statistics(7, tensor_kind::qkv_input, st);
   CHECK_THROWS_WITH_AS(make_plan(in), doctest::Contains("for layer 7, past the model's 4 layers"),
+                       agoq::invalid_argument);
+}
+
+TEST_CASE("recomputed layers are not planned: precise, held only while recomputed") {
+  // 16 layers on 8 stages, each recomputing the first of its 2 (block, N = 1): the even layers.
+  planner_input in = small_input();
+  in.model.layers = 16;
+  in.parallel.pp = 8;
+  in.step.seq = 4096;
+  in.policy = policy_table{};
+  in.step.recompute = recompute_method::block;
+  in.step.recompute_layers = 1;
+  auto const need = minimum(in);
+  planner_input plain = in;
+  plain.step.recompute = recompute_method::none;
+  plain.step.recompute_layers = 0;
+  auto const need_plain = minimum(plain);
+  // Stage 0 holds 8 micro-batches of a layer and a checkpoint's input instead of 2 layers, and
+  // one layer in bf16 while it is recomputed: less than the smallest plan without recomputation.
+  CHECK(need[0] < need_plain[0]);
+  CHECK(need[7] > need_plain[7]);  // the last stage, 1 micro-batch in flight: more
+  in.budget_bytes = std::max(need[0], need[1]) + (std::int64_t{1} << 20);
+  plain.budget_bytes = in.budget_bytes;
+  CHECK(in.budget_bytes < need_plain[0]);
+  CHECK_THROWS_AS(make_plan(plain), agoq::invalid_argument);
+  auto const plan = make_plan(in);
+  CHECK(plan.total_error() > 0.0);
+  auto const check =
+      estimate_memory(in.model, in.parallel, in.step, in.states,
+                      [&](std::int64_t l, tensor_kind k) { return plan.storage_of(l, k); });
+  shard_shape const sh = shard_of(in.parallel, in.step);
+  for (std::size_t s = 0; s < 8; ++s) {
+    auto const& st = plan.stages()[s];
+    CHECK(st.memory.total() == check[s].total());
+    CHECK(st.memory.activations == check[s].activations);
+    CHECK(st.memory.recompute == check[s].recompute);
+    CHECK(st.memory.working == check[s].working);
+    CHECK(st.unused_bytes == in.budget_bytes - st.memory.total());
+    std::int64_t recomputed = 0;
+    double error = 0;
+    for (auto const& t : st.tensors) {
+      CAPTURE(t.layer);
+      CAPTURE(name_of(t.kind));
+      CHECK(t.recomputed == (t.layer % 2 == 0));
+      error += t.error;
+      if (t.recomputed) {
+        CHECK(t.choice.is_precise());
+        CHECK(t.error == 0.0);
+        CHECK(t.in_flight == 0);
+        CHECK(t.bytes == storage::precise().bytes(shape_of(t.kind, in.model, sh)));
+        recomputed += t.bytes;
+      } else {
+        CHECK(t.in_flight == st.memory.in_flight[0]);
+      }
+    }
+    CHECK(st.memory.recompute == recomputed);  // one layer a checkpoint, held in bf16
+    CHECK(st.error == error);
+  }
+  // At the smallest budget that fits, the planner finds the minimum.
+  in.budget_bytes = std::max(need[0], need[1]);
+  CHECK_NOTHROW(make_plan(in));
+  in.budget_bytes -= 1000;
+  CHECK_THROWS_WITH_AS(make_plan(in), doctest::Contains("falls short by 1000 bytes"),
                        agoq::invalid_argument);
 }
 

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
@@ -111,6 +112,27 @@ inline void parallel_config::validate(model_shape const& m) const {
   detail::check_group(pp, virtual_stages, vp_group, vp_rules);
 }
 
+/// Megatron's full activation recomputation (`--recompute-granularity full`,
+/// TransformerConfig.recompute_method; megatron/core/transformer/transformer_block.py,
+/// _checkpointed_forward): the layers whose forward runs again in the backward keep only the
+/// input of their checkpoint (the residual stream entering it, [T, h] bf16, T = tokens / tp under
+/// SP) until then. Applied to each model chunk (Megatron's TransformerBlock of a pipeline device or
+/// virtual stage), with N = step_config::recompute_layers.
+enum class recompute_method : std::uint8_t {
+  none,     ///< every layer saves its tensors
+  uniform,  ///< every layer, in checkpoints of N consecutive layers from the chunk's first (the
+            ///< last may hold fewer, as Megatron-Core clamps it at the chunk's end)
+  block,    ///< the chunk's first N layers (all if N is larger), a checkpoint each; the others
+            ///< save their tensors
+};
+
+/// The name of a recomputation method: "none", "uniform" or "block" (Megatron's values).
+inline std::string name_of(recompute_method r) {
+  return r == recompute_method::none      ? "none"
+         : r == recompute_method::uniform ? "uniform"
+                                          : "block";
+}
+
 /// The default of step_config::reserved_bytes: 1 GiB per GPU (docs/activations.md §4.2).
 inline constexpr std::int64_t default_reserved_bytes = std::int64_t{1} << 30;
 
@@ -127,6 +149,10 @@ struct step_config {
   /// Fixed allowance per GPU for what the model does not size: the CUDA context, GEMM
   /// workspaces, NCCL's own buffers.
   std::int64_t reserved_bytes = default_reserved_bytes;
+  /// Full activation recomputation (recompute_method): the method, and N, Megatron's
+  /// recompute_num_layers per model chunk (at least 1 with a method, 0 without).
+  recompute_method recompute = recompute_method::none;
+  std::int64_t recompute_layers = 0;
 };
 
 /// How gradients are kept between the backward pass and the optimizer.
@@ -501,14 +527,21 @@ struct stage_memory {
   std::int64_t gradient_buffers = 0;    ///< one bucket's bf16 gradient staging and agoq's 8-bit
                                         ///< collective workspace (gradient_buffer_bytes)
   std::int64_t reserved = 0;            ///< step_config::reserved_bytes
+  std::int64_t recompute = 0;           ///< under recomputation (step_config::recompute), the
+                                        ///< saved tensors of its largest checkpoint, for one
+                                        ///< micro-batch: its layers' forward runs again in the
+                                        ///< backward and holds them until their backward is done
 
   /// Everything but the activations and the transient memory: weights (stored and gathered) +
   /// master + gradients + optimizer.
   std::int64_t states() const noexcept {
     return weights + gathered_weights + master_weights + gradients + optimizer;
   }
-  /// The transient working memory at the peak: working + gradient_buffers + reserved.
-  std::int64_t transient() const noexcept { return working + gradient_buffers + reserved; }
+  /// The transient working memory at the peak: working + gradient_buffers + reserved +
+  /// recompute.
+  std::int64_t transient() const noexcept {
+    return working + gradient_buffers + reserved + recompute;
+  }
   /// Everything counted.
   std::int64_t total() const noexcept {
     return states() + activations + head_activations + transient();
@@ -532,14 +565,64 @@ std::int64_t layer_activation_bytes(model_shape const& m, shard_shape const& sh,
   return bytes;
 }
 
-/// Bytes the last pipeline device saves for the output head per micro-batch, kept precise: the
-/// final norm's input [T, h] bf16, the LM head's input [T, h] bf16 (T = tokens / tp under SP,
-/// else tokens) and the fp32 softmax of the vocabulary-parallel cross entropy
-/// [tokens, vocab / tp] (Megatron's 4 s b h / t (1 + v / h) with SP).
-inline std::int64_t head_activation_bytes(model_shape const& m, shard_shape const& sh) {
+/// Bytes of one micro-batch's residual stream [T, h] in bf16 on one rank, T = tokens / tp under
+/// SP, else tokens: what a checkpoint of recomputed layers keeps (its input), and each of the
+/// output head's two saved inputs. Throws agoq::invalid_argument as shard_shape::validate.
+inline std::int64_t residual_stream_bytes(model_shape const& m, shard_shape const& sh) {
   sh.validate(m);
   std::int64_t const rows = sh.sp ? sh.tokens() / sh.tp : sh.tokens();
-  return 2 * 2 * rows * m.hidden + 4 * sh.tokens() * vocab_per_rank(m, sh.tp);
+  return 2 * rows * m.hidden;
+}
+
+/// Bytes the last pipeline device saves for the output head per micro-batch, kept precise: the
+/// final norm's input [T, h] bf16, the LM head's input [T, h] bf16 (residual_stream_bytes) and
+/// the fp32 softmax of the vocabulary-parallel cross entropy [tokens, vocab / tp] (Megatron's
+/// 4 s b h / t (1 + v / h) with SP).
+inline std::int64_t head_activation_bytes(model_shape const& m, shard_shape const& sh) {
+  return 2 * residual_stream_bytes(m, sh) + 4 * sh.tokens() * vocab_per_rank(m, sh.tp);
+}
+
+/// Throws agoq::invalid_argument unless st.recompute_layers suits st.recompute: at least 1 with a
+/// method (Megatron's recompute_num_layers), 0 without.
+inline void check_recompute(step_config const& st) {
+  AGOQ_EXPECTS(
+      st.recompute == recompute_method::none ? st.recompute_layers == 0 : st.recompute_layers >= 1,
+      "step_config: recompute_layers (Megatron's recompute_num_layers) must be at least 1 "
+      "with recompute " +
+          name_of(st.recompute) + " and 0 without, got " + std::to_string(st.recompute_layers));
+}
+
+/// How many of the first layers of a model chunk of `chunk_layers` layers are recomputed under
+/// st.recompute (recompute_method): none 0, uniform all, block min(N, chunk_layers). Throws as
+/// check_recompute.
+inline std::int64_t recomputed_layers(step_config const& st, std::int64_t chunk_layers) {
+  check_recompute(st);
+  if (st.recompute == recompute_method::none) return 0;
+  return st.recompute == recompute_method::uniform ? chunk_layers
+                                                   : std::min(st.recompute_layers, chunk_layers);
+}
+
+/// True when global layer `layer` is recomputed (recomputed_layers of its model chunk). Throws
+/// agoq::invalid_argument for a layer outside the model, or as check_recompute.
+inline bool is_recomputed(model_shape const& m, parallel_config const& p, step_config const& st,
+                          std::int64_t layer) {
+  AGOQ_EXPECTS(layer >= 0 && layer < m.layers, "is_recomputed: layer " + std::to_string(layer) +
+                                                   " outside [0, " + std::to_string(m.layers) +
+                                                   ")");
+  std::int64_t const lc = p.layers_per_chunk(m);
+  return layer % lc < recomputed_layers(st, lc);
+}
+
+/// The checkpoints of a model chunk of `chunk_layers` layers, in layer order, each as its number
+/// of layers (recomputed in its backward all at once): uniform, N at a time (the last what is
+/// left); block, one each. Throws as check_recompute.
+inline std::vector<std::int64_t> recompute_checkpoints(step_config const& st,
+                                                       std::int64_t chunk_layers) {
+  std::int64_t const end = recomputed_layers(st, chunk_layers);
+  std::int64_t const each = st.recompute == recompute_method::uniform ? st.recompute_layers : 1;
+  std::vector<std::int64_t> out;
+  for (std::int64_t j = 0; j < end; j += out.back()) out.push_back(std::min(each, end - j));
+  return out;
 }
 
 /// Parameters of the largest weight matrix of one transformer layer on one tensor-parallel rank, in
@@ -662,16 +745,18 @@ namespace detail {
 /// 512 bytes a rank), B = shard_shape::byte_bound (the working set; B/8 bounds one micro-batch's
 /// saved tensors of a layer, 8 KiB their section alignments, or of the output head), c the layers
 /// of a model chunk and U the chunk units the first device holds at once, the most of any
-/// (peak_in_flight_units). The bound is loose (LLaMA-3-8B with bf16 activations: about 21 times
-/// the total), so a device needing more than about 2^57 bytes may be refused. `m`, `p` and `sh`
-/// are valid.
+/// (peak_in_flight_units), plus one under recomputation (its checkpoint's layers). The bound is
+/// loose (LLaMA-3-8B with bf16 activations: about 21 times the total), so a device needing more
+/// than about 2^57 bytes may be refused. `m`, `p` and `sh` are valid.
 inline void check_step_size(model_shape const& m, parallel_config const& p, step_config const& st,
                             shard_shape const& sh) {
   auto const units = static_cast<long double>(peak_in_flight_units(schedule_of(p, st), 0));
   long double const b = sh.byte_bound(m);
+  // Recomputation adds at most a chunk's layers of one micro-batch (and keeps less).
+  long double const copies = units + (st.recompute == recompute_method::none ? 0 : 1);
   long double const bound =
       64 * m.parameter_bound() +
-      units * (static_cast<long double>(p.layers_per_chunk(m)) * (b / 8 + 8192) + b / 8) + b +
+      copies * (static_cast<long double>(p.layers_per_chunk(m)) * (b / 8 + 8192) + b / 8) + b +
       512 * static_cast<long double>(p.dp) + 4096 + static_cast<long double>(st.reserved_bytes);
   AGOQ_EXPECTS(bound <= static_cast<long double>(max_size_count),
                "estimate_memory: the step is too large to count in 64-bit bytes: a device could "
@@ -735,7 +820,11 @@ std::int64_t device_working_bytes(model_shape const& m, parallel_config const& p
 /// (and output head) hold the most bytes; chunks may differ in size when their layers are stored
 /// differently, and the head lives in the last device's last chunk. The transient memory is that
 /// of the same moment: the working set of the device's largest layer (or head) phase with the
-/// storage chosen, the gradient buffers and the reserved allowance. Throws
+/// storage chosen, the gradient buffers and the reserved allowance. Under recomputation
+/// (step_config::recompute) the recomputed layers of each chunk keep their checkpoints' inputs
+/// instead of their tensors; in the backward a checkpoint's layers save theirs again (as `choose`
+/// stores them) for one micro-batch, the largest checkpoint's counted in the transient memory
+/// (stage_memory::recompute). Throws
 /// agoq::invalid_argument for an invalid configuration, and for one too large to count in 64-bit
 /// bytes (detail::check_step_size: more than 2^62 bytes on a device, by a generous bound).
 template <class Choose>
@@ -747,12 +836,19 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
                    st.bucket_parameters >= 0 && st.reserved_bytes >= 0,
                "step_config: micro_batch and seq must be positive, micro_batches, "
                "bucket_parameters and reserved_bytes >= 0");
+  check_recompute(st);
   shard_shape const sh = shard_of(p, st);
   sh.validate(m);
   detail::check_step_size(m, p, st, sh);
   std::int64_t const lc = p.layers_per_chunk(m);
   std::int64_t const per_layer = layer_parameters(m, p.tp);
   std::int64_t const embedding = vocab_per_rank(m, p.tp) * m.hidden;
+  // Recomputation: the first `recomputed` layers of each chunk keep only their checkpoints'
+  // inputs.
+  std::int64_t const recomputed = recomputed_layers(st, lc);
+  std::vector<std::int64_t> const checkpoints = recompute_checkpoints(st, lc);
+  std::int64_t const checkpoint_bytes =
+      static_cast<std::int64_t>(checkpoints.size()) * residual_stream_bytes(m, sh);
   std::int64_t const final_norm = m.style == block_style::llama ? m.hidden : 2 * m.hidden;
   std::vector<stage_memory> out;
   for (std::int64_t r = 0; r < p.pp; ++r) {
@@ -782,9 +878,16 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
     std::vector<std::int64_t> chunk_bytes(static_cast<std::size_t>(p.virtual_stages), 0);
     for (std::int64_t c = 0; c < p.virtual_stages; ++c) {
       std::int64_t const first = first_layer_of(m, p, r, c);
+      std::vector<std::int64_t> bytes;  // one micro-batch's saved tensors of each layer
       for (std::int64_t l = first; l < first + lc; ++l)
-        chunk_bytes[static_cast<std::size_t>(c)] +=
-            layer_activation_bytes(m, sh, [&](tensor_kind k) { return choose(l, k); });
+        bytes.push_back(layer_activation_bytes(m, sh, [&](tensor_kind k) { return choose(l, k); }));
+      chunk_bytes[static_cast<std::size_t>(c)] =
+          checkpoint_bytes +
+          std::accumulate(bytes.begin() + recomputed, bytes.end(), std::int64_t{0});
+      for (auto at = bytes.begin(); std::int64_t const n : checkpoints) {
+        s.recompute = std::max(s.recompute, std::accumulate(at, at + n, std::int64_t{0}));
+        at += n;
+      }
     }
     detail::set_activation_peak(s, in_flight_peaks(schedule_of(p, st), r), chunk_bytes,
                                 last ? head_activation_bytes(m, sh) : 0);

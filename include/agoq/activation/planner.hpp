@@ -41,6 +41,9 @@ struct planned_tensor {
   std::int64_t in_flight = 0;  ///< copies held at its device's activation peak (micro-batches of
                                ///< its chunk then in flight, stage_memory::in_flight)
   double error = 0;            ///< weighted modelled error (sensitivity x relative error)
+  bool recomputed = false;     ///< its layer is recomputed (step_config::recompute): kept precise
+                               ///< (`choice`, `bytes`) only while its checkpoint's backward runs
+                               ///< (stage_memory::recompute), so in_flight 0 and error 0
 };
 
 /// The plan of one pipeline device.
@@ -366,7 +369,10 @@ inline moment_lp moment_lp_bound(std::vector<std::vector<plan_option>> const& hu
 /// the best of it and of the LP with a row per moment, detail::moment_lp_bound) bounds from below
 /// the exact optimum of the budget less the reservation, and under 1F1B the plan is exact whenever
 /// it stops on a hull point. Stages holding fewer micro-batches pay less per upgrade, so they get
-/// more bits.
+/// more bits. Under recomputation (step_config::recompute) the recomputed layers are not planned:
+/// their tensors are kept precise (planned_tensor::recomputed; error 0), held only in the
+/// transient memory of their checkpoint's backward, and their chunks hold the checkpoints'
+/// inputs.
 ///
 /// Throws agoq::invalid_argument for an invalid configuration, a budget outside (0, 2^62], one
 /// too large to count in 64-bit bytes (estimate_memory; a device whose tensors' bytes weighted by
@@ -387,11 +393,19 @@ inline activation_plan make_plan(planner_input const& in) {
                    std::to_string(m.layers) + " layers");
   shard_shape const sh = shard_of(p, in.step);
   std::int64_t const lc = p.layers_per_chunk(m);
+  // Recomputed layers (the first `recomputed` of each chunk) are not planned: kept precise, they
+  // cost transient memory only, and their checkpoints' inputs are fixed.
+  std::int64_t const recomputed = recomputed_layers(in.step, lc);
+  std::int64_t const checkpoint_bytes =
+      static_cast<std::int64_t>(recompute_checkpoints(in.step, lc).size()) *
+      residual_stream_bytes(m, sh);
 
   // Memory that does not depend on the plan, per device: the states, and the transient memory
-  // reserved for it, every kind with a quantized candidate taken quantized.
+  // reserved for it, every kind with a quantized candidate taken quantized (but in the recomputed
+  // layers).
   auto const fixed =
-      estimate_memory(m, p, in.step, in.states, [&](std::int64_t, tensor_kind k) -> storage {
+      estimate_memory(m, p, in.step, in.states, [&](std::int64_t l, tensor_kind k) -> storage {
+        if (l % lc < recomputed) return storage::precise();
         auto const& c = in.policy.candidates(k);
         auto const q =
             std::find_if(c.begin(), c.end(), [](storage const& x) { return !x.is_precise(); });
@@ -442,12 +456,19 @@ inline activation_plan make_plan(planner_input const& in) {
     std::vector<planned_tensor> items;
     std::vector<std::size_t> chunk_of;
     std::vector<std::vector<detail::plan_option>> hulls;
-    std::vector<std::int64_t> chunk_bytes(weight.size(), 0);
+    std::vector<std::int64_t> chunk_bytes(weight.size(), checkpoint_bytes);
     for (std::size_t c = 0; c < weight.size(); ++c) {
       std::int64_t const first = first_layer_of(m, p, r, static_cast<std::int64_t>(c));
       for (std::int64_t l = first; l < first + lc; ++l) {
         for (std::size_t ki = 0; ki < owned.size(); ++ki) {
           tensor_kind const k = owned[ki];
+          if (l - first < recomputed) {  // one option: precise, no bytes held, no error
+            hulls.push_back({{0, 0.0, 0}});
+            items.push_back(
+                {l, k, storage::precise(), storage::precise().bytes(shapes[ki]), 0, 0.0, true});
+            chunk_of.push_back(c);
+            continue;
+          }
           auto const& cands = in.policy.candidates(k);
           std::vector<detail::plan_option> opts;
           for (std::size_t i = 0; i < cands.size(); ++i)
@@ -513,8 +534,9 @@ inline activation_plan make_plan(planner_input const& in) {
       at[u.item] = u.step + 1;
     }
 
-    std::fill(chunk_bytes.begin(), chunk_bytes.end(), 0);
+    std::fill(chunk_bytes.begin(), chunk_bytes.end(), checkpoint_bytes);
     for (std::size_t i = 0; i < items.size(); ++i) {
+      if (items[i].recomputed) continue;
       detail::plan_option const& o = hulls[i][at[i]];
       planned_tensor& t = items[i];
       t.choice = in.policy.candidates(t.kind)[o.candidate];
@@ -525,7 +547,7 @@ inline activation_plan make_plan(planner_input const& in) {
     }
     detail::set_activation_peak(sp.memory, peaks, chunk_bytes, head_bytes);
     for (std::size_t i = 0; i < items.size(); ++i) {
-      items[i].in_flight = sp.memory.in_flight[chunk_of[i]];
+      if (!items[i].recomputed) items[i].in_flight = sp.memory.in_flight[chunk_of[i]];
       quantized[static_cast<std::size_t>(items[i].layer * tensor_kind_count +
                                          index_of(items[i].kind))] = !items[i].choice.is_precise();
     }
