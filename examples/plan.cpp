@@ -47,7 +47,8 @@ void usage() {
       "  [--head-dim N] [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N]\n"
       "  [--vp-rules core|legacy] [--dp N] [--zero 0-3] [--sp] [--no-sp] [--micro-batch N]\n"
       "  [--seq N] [--micro-batches N] [--grad fp32|bf16|int8] [--optim fp32|int8]\n"
-      "  [--bucket N] [--reserved-gib X] [--budget-gib X] [--sensitivity KIND[@LAYER]=W]...\n"
+      "  [--bucket N] [--reserved-gib X] [--recompute none|uniform|block]\n"
+      "  [--recompute-layers N] [--budget-gib X] [--sensitivity KIND[@LAYER]=W]...\n"
       "  [--outlier KIND=K]... [--verbose] [--json]\n"
       "--vp N > 1 runs Megatron's interleaved schedule: by default Megatron-Core's, in groups of\n"
       "--vp-group micro-batches (its microbatch_group_size_per_vp_stage; default pp), which\n"
@@ -58,6 +59,11 @@ void usage() {
       "head) backward phase, gradient staging and 8-bit reduction buffers of one --bucket of\n"
       "parameters (default 0: Megatron-Core's max(40M, 1M dp)), and --reserved-gib (default 1)\n"
       "for the CUDA context, GEMM workspaces and NCCL; --verbose splits it.\n"
+      "--recompute uniform|block with --recompute-layers N is Megatron's full activation\n"
+      "recomputation (recompute_method, recompute_num_layers; per model chunk): uniform, every\n"
+      "layer in checkpoints of N; block, the first N layers, one checkpoint each. A recomputed\n"
+      "layer keeps its checkpoint's input; its largest checkpoint's tensors, saved again in its\n"
+      "backward, are transient; the plan keeps them in bf16 and shows them as 'recomputed'.\n"
       "--sensitivity and --outlier set one saved tensor kind's weight in the planner's\n"
       "objective and its outlier factor (docs/activations.md section 3; measured sensitivities:\n"
       "examples/pytorch/sensitivity.py --plan-config); KIND@LAYER=W weighs one layer's tensor\n"
@@ -180,6 +186,14 @@ void apply(options& o, std::string const& key, std::string const& v) {
     o.step.bucket_parameters = to_int(key, v);
   } else if (key == "reserved-gib") {
     o.step.reserved_bytes = static_cast<std::int64_t>(to_gib(key, v, false) * gib);
+  } else if (key == "recompute") {
+    o.step.recompute = v == "none"      ? act::recompute_method::none
+                       : v == "uniform" ? act::recompute_method::uniform
+                       : v == "block"
+                           ? act::recompute_method::block
+                           : throw std::invalid_argument("recompute: none|uniform|block");
+  } else if (key == "recompute-layers") {
+    o.step.recompute_layers = to_int(key, v);
   } else if (key == "budget-gib") {
     o.budget_gib = to_gib(key, v, true);
   } else if (key == "sensitivity") {
@@ -239,15 +253,21 @@ void print_table(options const& o, char const* title,
   std::printf("%6s %9s %8s %8s %8s %8s %8s %11s %8s %9s %8.2f\n", "peak", "", "", "", "", "", "",
               "", "", "", g(act::peak_total(stages)));
   if (!o.verbose) return;
-  std::printf("transient: working (layer or head backward) + gradient buffers + reserved\n");
+  std::printf(
+      "transient: working (layer or head backward) + gradient buffers + reserved + recompute\n");
   for (auto const& s : stages)
-    std::printf("%6lld %8.3f + %8.3f + %8.3f\n", static_cast<long long>(s.stage), g(s.working),
-                g(s.gradient_buffers), g(s.reserved));
+    std::printf("%6lld %8.3f + %8.3f + %8.3f + %8.3f\n", static_cast<long long>(s.stage),
+                g(s.working), g(s.gradient_buffers), g(s.reserved), g(s.recompute));
 }
 
 /// A planned tensor's storage by name ("bf16" or "fp32" where kept precise: precise_bytes_of).
 std::string storage_name(act::planned_tensor const& t) {
   return t.choice.name(act::precise_bytes_of(t.kind));
+}
+
+/// What the plan's text shows of a tensor: "recomputed", or its storage_name.
+std::string shown_name(act::planned_tensor const& t) {
+  return t.recomputed ? "recomputed" : storage_name(t);
 }
 
 void print_plan(options const& o, act::activation_plan const& plan) {
@@ -286,7 +306,7 @@ void print_plan(options const& o, act::activation_plan const& plan) {
       };
       for (auto const& t : s.tensors) {
         if (t.kind != k) continue;
-        std::string const name = storage_name(t);
+        std::string const name = shown_name(t);
         if (name == run_name && t.layer == run_last + 1) {
           run_last = t.layer;
         } else {
@@ -302,7 +322,7 @@ void print_plan(options const& o, act::activation_plan const& plan) {
       for (auto const& t : s.tensors)
         std::printf("    layer %3lld %-17s %-22s %10.2f MiB x %lld  error %.4g\n",
                     static_cast<long long>(t.layer), std::string(act::name_of(t.kind)).c_str(),
-                    storage_name(t).c_str(), static_cast<double>(t.bytes) / (1024.0 * 1024.0),
+                    shown_name(t).c_str(), static_cast<double>(t.bytes) / (1024.0 * 1024.0),
                     static_cast<long long>(t.in_flight), t.error);
     }
   }
@@ -362,6 +382,7 @@ std::string json_stage(act::stage_memory const& s) {
                       {"working", json_number(s.working)},
                       {"gradient_buffers", json_number(s.gradient_buffers)},
                       {"reserved", json_number(s.reserved)},
+                      {"recompute", json_number(s.recompute)},
                       {"transient", json_number(s.transient())},
                       {"total", json_number(s.total())}});
 }
@@ -382,7 +403,8 @@ std::string json_plan(act::activation_plan const& plan) {
                                      {"storage", json_string(storage_name(t))},
                                      {"bytes", json_number(t.bytes)},
                                      {"in_flight", json_number(t.in_flight)},
-                                     {"error", json_number(t.error)}}));
+                                     {"error", json_number(t.error)},
+                                     {"recomputed", json_bool(t.recomputed)}}));
     }
     stages.push_back(json_object({{"memory", json_stage(s.memory)},
                                   {"unused_bytes", json_number(s.unused_bytes)},
@@ -440,7 +462,9 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
                             {"seq", json_number(o.step.seq)},
                             {"micro_batches", json_number(o.step.micro_batches)},
                             {"bucket_parameters", json_number(o.step.bucket_parameters)},
-                            {"reserved_bytes", json_number(o.step.reserved_bytes)}})},
+                            {"reserved_bytes", json_number(o.step.reserved_bytes)},
+                            {"recompute", json_string(act::name_of(o.step.recompute))},
+                            {"recompute_layers", json_number(o.step.recompute_layers)}})},
       {"agoq_states",
        json_object({{"gradients", json_string(act::name_of(o.agoq_states.gradients))},
                     {"optimizer", json_string(act::name_of(o.agoq_states.optimizer))}})},
@@ -526,6 +550,16 @@ int run(int argc, char** argv) {
       static_cast<long long>(o.step.micro_batch), static_cast<long long>(o.step.seq),
       o.step.micro_batches > 0 ? std::to_string(o.step.micro_batches).c_str()
                                : "fill the pipeline");
+  if (o.step.recompute != act::recompute_method::none)
+    std::printf(
+        "recompute: %s, %lld layer%s a checkpoint, %lld of each model chunk's %lld\n",
+        act::name_of(o.step.recompute).c_str(),
+        static_cast<long long>(
+            o.step.recompute == act::recompute_method::uniform ? o.step.recompute_layers : 1),
+        o.step.recompute == act::recompute_method::uniform && o.step.recompute_layers > 1 ? "s"
+                                                                                          : "",
+        static_cast<long long>(act::recomputed_layers(o.step, p.layers_per_chunk(m))),
+        static_cast<long long>(p.layers_per_chunk(m)));
   print_table(o, "baseline: bf16 activations, fp32 gradients, fp32 Adam", baseline);
   std::printf(
       "\nagoq default policy: residual int8_g128, linear/activation inputs int4_g128, "

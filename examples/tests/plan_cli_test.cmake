@@ -40,7 +40,27 @@ check(interleaved 0 "pp 4 \\(interleaved, v = 2, megatron-core, groups of 4\\).*
 check(verbose 0 "transient: working \\(layer or head backward\\) \\+ gradient buffers \\+ reserved"
   --pp 2 --verbose)
 
+# Full activation recomputation (the memory model's terms: memory_model_test, "activation
+# recomputation, by hand"): every layer its own checkpoint, then the plan under block recomputation
+# of each chunk's first 2 layers, which it shows as recomputed.
+string(CONCAT recompute "recompute: uniform, 1 layer a checkpoint, 8 of each model chunk's 8.*"
+  "peak per-GPU memory: 14.42 GiB -> 11.68 GiB, saving 19.0%")
+check(recompute 0 "${recompute}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192
+  --recompute uniform --recompute-layers 1)
+string(CONCAT recompute_plan "recompute: block, 1 layer a checkpoint, 2 of each model chunk's 8.*"
+  "stage 0: total 14.00 GiB.*attn_norm_input   recomputed\\[0-1\\] int8_g128_sym_rne_f32\\[2-7\\]")
+check(recompute_plan 0 "${recompute_plan}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp
+  --seq 8192 --recompute block --recompute-layers 2 --budget-gib 14)
+check(recompute_json 0 "\"recompute\": \"uniform\", \"recompute_layers\": 4.*\"recomputed\": true"
+  --pp 2 --recompute uniform --recompute-layers 4 --budget-gib 80 --json)
+
 # Bad input: exit status 1 and a message naming the problem.
+check(bad_recompute 1 "agoq_plan: recompute: none\\|uniform\\|block" --recompute selective)
+check(recompute_without_layers 1
+  "agoq_plan: .*recompute_layers .* must be at least 1 with recompute uniform and 0 without, got 0"
+  --recompute uniform)
+check(layers_without_recompute 1
+  "agoq_plan: .*must be at least 1 with recompute none and 0 without, got 2" --recompute-layers 2)
 check(unknown_preset 1
   "agoq_plan: .*unknown preset 'llama3-70b' \\(presets: llama3-8b, qwen2.5-32b, gpt3-1.3b\\)"
   --preset llama3-70b)
@@ -160,7 +180,7 @@ else()
   foreach(i RANGE ${last})
     set(sum 0)
     foreach(part weights master_weights gradients optimizer gathered_weights activations
-                 head_activations working gradient_buffers reserved)
+                 head_activations working gradient_buffers reserved recompute)
       json_get(bytes plan stages ${i} memory ${part})
       math(EXPR sum "${sum} + ${bytes}")
     endforeach()

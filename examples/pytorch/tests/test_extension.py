@@ -339,6 +339,32 @@ class PlanningTest(unittest.TestCase):
         self.assertEqual(agoq.layer_activation_bytes(LLAMA, 8, 128, store),
                          expected - bf16 + quant)
 
+    def test_recomputation(self):
+        # LLAMA on 2 stages: chunks of 2 layers; stage 0 holds 2 micro-batches at its peak.
+        base = agoq.estimate_memory(LLAMA, 8, 128, pp=2)
+        every = agoq.estimate_memory(LLAMA, 8, 128, pp=2, recompute="uniform", recompute_layers=1)
+        # Each layer keeps only its input, [8 x 128 tokens, 128] bf16; the largest checkpoint's
+        # tensors (one layer, the default policy's storage) come back while it is recomputed.
+        self.assertEqual(every[0]["in_flight"], [2])
+        self.assertEqual(every[0]["activations"], 2 * 2 * (2 * 1024 * 128))
+        self.assertEqual(every[0]["recompute"], base[0]["activations"] // 4)
+        for mem in every:
+            self.assertEqual(mem["transient"], mem["working"] + mem["gradient_buffers"]
+                             + mem["reserved"] + mem["recompute"])
+        self.assertEqual(base[0]["recompute"], 0)
+        plan = agoq.make_plan(LLAMA, 8, 128, 2 * base[0]["total"], pp=2, recompute="block",
+                              recompute_layers=1)
+        self.assertEqual(plan["recomputed"], [0, 2])  # the first layer of each chunk
+        for layer in plan["recomputed"]:
+            self.assertTrue(all(s in ("bf16", "fp32") for s in plan["layers"][layer].values()))
+        self.assertGreater(plan["stages"][0]["recompute"], 0)
+        self.assertEqual(agoq.make_plan(LLAMA, 8, 128, 2 * base[0]["total"], pp=2)["recomputed"],
+                         [])
+        with self.assertRaisesRegex(ValueError, "recompute: 'none', 'uniform' or 'block'"):
+            agoq.estimate_memory(LLAMA, 8, 128, recompute="selective", recompute_layers=1)
+        with self.assertRaisesRegex(ValueError, "at least 1 with recompute uniform"):
+            agoq.estimate_memory(LLAMA, 8, 128, recompute="uniform")
+
     def test_error_model_defaults(self):
         defaults = agoq.error_model_defaults()
         # Every kind that owns storage, of both styles; o_proj_input is the attention output's.

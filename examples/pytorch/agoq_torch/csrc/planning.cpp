@@ -125,6 +125,7 @@ py::dict memory_dict(act::stage_memory const& s) {
   d["working"] = s.working;
   d["gradient_buffers"] = s.gradient_buffers;
   d["reserved"] = s.reserved;
+  d["recompute"] = s.recompute;
   d["states"] = s.states();
   d["transient"] = s.transient();
   d["total"] = s.total();
@@ -143,13 +144,23 @@ act::interleaved_rules rules_of(std::string const& name) {
   throw agoq::invalid_argument("vp_rules: 'core' or 'legacy', got '" + name + "'");
 }
 
+act::recompute_method recompute_of(std::string const& name) {
+  for (auto const r :
+       {act::recompute_method::none, act::recompute_method::uniform, act::recompute_method::block})
+    if (name == act::name_of(r)) return r;
+  throw agoq::invalid_argument("recompute: 'none', 'uniform' or 'block', got '" + name + "'");
+}
+
 layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t micro_batches,
                       std::int64_t tp, std::int64_t pp, std::int64_t vp, std::int64_t dp, int zero,
                       bool sp, std::int64_t vp_group, std::string const& vp_rules,
-                      std::int64_t bucket_parameters, std::int64_t reserved_bytes) {
+                      std::int64_t bucket_parameters, std::int64_t reserved_bytes,
+                      std::string const& recompute, std::int64_t recompute_layers) {
   layout_args a;
   a.parallel = {tp, pp, dp, vp, zero, sp, vp_group, rules_of(vp_rules)};
   a.step = {micro_batch, seq, micro_batches, bucket_parameters, reserved_bytes};
+  a.step.recompute = recompute_of(recompute);
+  a.step.recompute_layers = recompute_layers;
   return a;
 }
 
@@ -258,7 +269,8 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
                    std::string const& optimizer, py::object const& statistics,
                    std::int64_t vp_group, std::string const& vp_rules,
                    std::int64_t bucket_parameters, std::int64_t reserved_bytes,
-                   py::object const& sensitivity, py::object const& outlier) {
+                   py::object const& sensitivity, py::object const& outlier,
+                   std::string const& recompute, std::int64_t recompute_layers) {
   act::planner_input in;
   // The error model's overrides: {kind or (layer, kind): weight} and {kind: factor}.
   if (!sensitivity.is_none()) {
@@ -289,8 +301,9 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
     }
   }
   in.model = model_of(model);
-  auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
-                           vp_rules, bucket_parameters, reserved_bytes);
+  auto const l =
+      layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group, vp_rules,
+                bucket_parameters, reserved_bytes, recompute, recompute_layers);
   in.parallel = l.parallel;
   in.step = l.step;
   in.states = {gradient_format_of(gradients), optimizer_format_of(optimizer)};
@@ -298,6 +311,7 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
   in.policy = policy_of(policy);
   act::activation_plan const plan = act::make_plan(in);
   py::list layers;
+  py::list recomputed;
   for (std::int64_t layer = 0; layer < in.model.layers; ++layer) {
     py::dict kinds;
     for (act::tensor_kind const k : act::block_tensors(in.model.style)) {
@@ -305,6 +319,7 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
       kinds[py::str(std::string(act::name_of(k)))] = plan.storage_of(layer, k).name(pb);
     }
     layers.append(kinds);
+    if (act::is_recomputed(in.model, in.parallel, in.step, layer)) recomputed.append(layer);
   }
   py::list stages;
   for (act::stage_plan const& s : plan.stages()) {
@@ -316,6 +331,7 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
   }
   py::dict out;
   out["layers"] = layers;
+  out["recomputed"] = recomputed;
   out["stages"] = stages;
   out["error"] = plan.total_error();
   return out;
@@ -327,10 +343,12 @@ py::list estimate_memory(py::dict const& model, std::int64_t micro_batch, std::i
                          std::int64_t tp, std::int64_t vp, int zero, bool sp,
                          std::int64_t micro_batches, std::int64_t vp_group,
                          std::string const& vp_rules, std::int64_t bucket_parameters,
-                         std::int64_t reserved_bytes) {
+                         std::int64_t reserved_bytes, std::string const& recompute,
+                         std::int64_t recompute_layers) {
   act::model_shape const m = model_of(model);
-  auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
-                           vp_rules, bucket_parameters, reserved_bytes);
+  auto const l =
+      layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group, vp_rules,
+                bucket_parameters, reserved_bytes, recompute, recompute_layers);
   py::list out;
   for (act::stage_memory const& s : act::estimate_memory(
            m, l.parallel, l.step, {gradient_format_of(gradients), optimizer_format_of(optimizer)},
@@ -368,8 +386,10 @@ void register_planning(py::module_& m) {
         py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
         py::arg("reserved_bytes") = act::default_reserved_bytes,
         py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(),
-        "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], 'stages': "
-        "[memory], 'error': float}. The budget holds each stage's transient working memory "
+        py::arg("recompute") = "none", py::arg("recompute_layers") = 0,
+        "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], "
+        "'recomputed': [layer], 'stages': [memory], 'error': float}. The budget holds each "
+        "stage's transient working memory "
         "too (memory keys 'working', 'gradient_buffers', 'reserved', summed in 'transient'; "
         "bucket_parameters: the gradient bucket, 0: Megatron-Core's default; reserved_bytes: "
         "the fixed allowance, 1 GiB by default). `statistics` maps (layer, kind) to a dict from "
@@ -380,16 +400,22 @@ void register_planning(py::module_& m) {
         "vp > 1, "
         "Megatron's interleaved schedule: Megatron-Core's ('core') in groups of vp_group "
         "micro-batches (0: pp), or older Megatron-LM's ('legacy'). Raises ValueError with the "
-        "shortfall when nothing fits, and for a schedule Megatron refuses.");
+        "shortfall when nothing fits, and for a schedule Megatron refuses. recompute "
+        "('uniform' or 'block') with recompute_layers is Megatron's full activation "
+        "recomputation (recompute_method, recompute_num_layers per model chunk): the "
+        "recomputed layers are kept in bf16 while their checkpoint's backward runs (memory key "
+        "'recompute', in 'transient') and their checkpoints' inputs in between.");
   m.def("estimate_memory", &estimate_memory, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("gradients") = "fp32", py::arg("optimizer") = "fp32",
         py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,
         py::arg("vp") = 1, py::arg("zero") = 0, py::arg("sp") = false, py::arg("micro_batches") = 0,
         py::arg("vp_group") = 0, py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
-        py::arg("reserved_bytes") = act::default_reserved_bytes,
+        py::arg("reserved_bytes") = act::default_reserved_bytes, py::arg("recompute") = "none",
+        py::arg("recompute_layers") = 0,
         "Per-pipeline-device memory of one step with every tensor at its policy default "
         "(vp_group, vp_rules: the interleaved schedule; bucket_parameters, reserved_bytes: the "
-        "transient memory's settings; as make_plan).");
+        "transient memory's settings; recompute, recompute_layers: full recomputation; as "
+        "make_plan).");
 }
 
 }  // namespace agoq_torch
