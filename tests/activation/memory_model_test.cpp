@@ -556,6 +556,8 @@ TEST_CASE("activation recomputation, by hand") {
     step_config const st = with(method, n);
     CHECK(recompute_checkpoints(st, 4) == checkpoints);
     CHECK(recomputed_layers(st, 4) == recomputed);
+    CHECK(checkpoint_input_bytes(m, p, st) ==
+          static_cast<std::int64_t>(checkpoints.size()) * input);
     for (std::int64_t l = 0; l < 8; ++l) CHECK(is_recomputed(m, p, st, l) == (l % 4 < recomputed));
     auto const b = estimate_memory(m, p, st, {}, policy_table::all_precise());
     std::int64_t const chunk =

@@ -625,6 +625,14 @@ inline std::vector<std::int64_t> recompute_checkpoints(step_config const& st,
   return out;
 }
 
+/// Bytes of the checkpoints' inputs one micro-batch keeps in a model chunk under st.recompute:
+/// recompute_checkpoints of the chunk, times residual_stream_bytes. Throws as those.
+inline std::int64_t checkpoint_input_bytes(model_shape const& m, parallel_config const& p,
+                                           step_config const& st) {
+  return static_cast<std::int64_t>(recompute_checkpoints(st, p.layers_per_chunk(m)).size()) *
+         residual_stream_bytes(m, shard_of(p, st));
+}
+
 /// Parameters of the largest weight matrix of one transformer layer on one tensor-parallel rank, in
 /// Megatron-Core's fused layout: QKV [q + 2k, h], output projection [h, q], FC1 [2f, h] (SwiGLU's
 /// gate and up together) or [f, h], FC2 [h, f], with q and k the query and key/value widths per
@@ -847,8 +855,7 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
   // inputs.
   std::int64_t const recomputed = recomputed_layers(st, lc);
   std::vector<std::int64_t> const checkpoints = recompute_checkpoints(st, lc);
-  std::int64_t const checkpoint_bytes =
-      static_cast<std::int64_t>(checkpoints.size()) * residual_stream_bytes(m, sh);
+  std::int64_t const checkpoint_bytes = checkpoint_input_bytes(m, p, st);
   std::int64_t const final_norm = m.style == block_style::llama ? m.hidden : 2 * m.hidden;
   std::vector<stage_memory> out;
   for (std::int64_t r = 0; r < p.pp; ++r) {

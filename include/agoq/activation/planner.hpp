@@ -393,25 +393,23 @@ inline activation_plan make_plan(planner_input const& in) {
                    std::to_string(m.layers) + " layers");
   shard_shape const sh = shard_of(p, in.step);
   std::int64_t const lc = p.layers_per_chunk(m);
-  // Recomputed layers (the first `recomputed` of each chunk) are not planned: kept precise, they
-  // cost transient memory only, and their checkpoints' inputs are fixed.
-  std::int64_t const recomputed = recomputed_layers(in.step, lc);
-  std::int64_t const checkpoint_bytes =
-      static_cast<std::int64_t>(recompute_checkpoints(in.step, lc).size()) *
-      residual_stream_bytes(m, sh);
+  // Recomputed layers are not planned: kept precise, they cost transient memory only, and their
+  // checkpoints' inputs are fixed.
+  auto const recomputed = [&](std::int64_t l) { return is_recomputed(m, p, in.step, l); };
 
   // Memory that does not depend on the plan, per device: the states, and the transient memory
   // reserved for it, every kind with a quantized candidate taken quantized (but in the recomputed
   // layers).
   auto const fixed =
       estimate_memory(m, p, in.step, in.states, [&](std::int64_t l, tensor_kind k) -> storage {
-        if (l % lc < recomputed) return storage::precise();
+        if (recomputed(l)) return storage::precise();
         auto const& c = in.policy.candidates(k);
         auto const q =
             std::find_if(c.begin(), c.end(), [](storage const& x) { return !x.is_precise(); });
         return q == c.end() ? storage::precise() : *q;
       });
   std::int64_t const head = head_activation_bytes(m, sh);
+  std::int64_t const checkpoint_bytes = checkpoint_input_bytes(m, p, in.step);
   bool const staged = stages_gradients(p, in.states.gradients);
   std::vector<char> quantized(static_cast<std::size_t>(m.layers * tensor_kind_count), 0);
 
@@ -462,7 +460,7 @@ inline activation_plan make_plan(planner_input const& in) {
       for (std::int64_t l = first; l < first + lc; ++l) {
         for (std::size_t ki = 0; ki < owned.size(); ++ki) {
           tensor_kind const k = owned[ki];
-          if (l - first < recomputed) {  // one option: precise, no bytes held, no error
+          if (recomputed(l)) {  // one option: precise, no bytes held, no error
             hulls.push_back({{0, 0.0, 0}});
             items.push_back(
                 {l, k, storage::precise(), storage::precise().bytes(shapes[ki]), 0, 0.0, true});
