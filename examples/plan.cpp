@@ -38,6 +38,15 @@ struct options {
   double budget_gib = 0;
   bool verbose = false;
   bool json = false;
+  bool fit_recompute = false;
+};
+
+/// --fit-recompute's answers: the fewest layers of each model chunk to recompute (block) for the
+/// baseline and for AGoQ to fit the budget (none: not even every layer), where it was asked.
+struct recompute_fit {
+  bool asked = false;
+  std::optional<std::int64_t> baseline;
+  std::optional<std::int64_t> agoq;
 };
 
 void usage() {
@@ -49,7 +58,7 @@ void usage() {
       "  [--seq N] [--micro-batches N] [--grad fp32|bf16|int8] [--optim fp32|int8]\n"
       "  [--bucket N] [--reserved-gib X] [--recompute none|uniform|block]\n"
       "  [--recompute-layers N] [--budget-gib X] [--sensitivity KIND[@LAYER]=W]...\n"
-      "  [--outlier KIND=K]... [--verbose] [--json]\n"
+      "  [--outlier KIND=K]... [--fit-recompute] [--verbose] [--json]\n"
       "--vp N > 1 runs Megatron's interleaved schedule: by default Megatron-Core's, in groups of\n"
       "--vp-group micro-batches (its microbatch_group_size_per_vp_stage; default pp), which\n"
       "needs pp <= group <= micro-batches and micro-batches mod group either 0 or >= pp;\n"
@@ -64,6 +73,8 @@ void usage() {
       "layer in checkpoints of N; block, the first N layers, one checkpoint each. A recomputed\n"
       "layer keeps its checkpoint's input; its largest checkpoint's tensors, saved again in its\n"
       "backward, are transient; the plan keeps them in bf16 and shows them as 'recomputed'.\n"
+      "--fit-recompute (with --budget-gib) prints the fewest layers of each model chunk that\n"
+      "block recomputation must recompute for the baseline and for AGoQ to fit the budget.\n"
       "--sensitivity and --outlier set one saved tensor kind's weight in the planner's\n"
       "objective and its outlier factor (docs/activations.md section 3; measured sensitivities:\n"
       "examples/pytorch/sensitivity.py --plan-config); KIND@LAYER=W weighs one layer's tensor\n"
@@ -210,6 +221,8 @@ void apply(options& o, std::string const& key, std::string const& v) {
     o.verbose = v != "0";
   } else if (key == "json") {
     o.json = v != "0";
+  } else if (key == "fit-recompute") {
+    o.fit_recompute = v != "0";
   } else {
     throw std::invalid_argument("unknown key '" + key + "'");
   }
@@ -437,7 +450,8 @@ std::string json_error_model(options const& o) {
 }
 
 void print_json(options const& o, std::vector<act::stage_memory> const& baseline,
-                std::vector<act::stage_memory> const& agoq, act::activation_plan const* plan) {
+                std::vector<act::stage_memory> const& agoq, act::activation_plan const* plan,
+                recompute_fit const& fit) {
   act::model_shape const& m = o.model;
   act::parallel_config const& p = o.parallel;
   std::vector<std::pair<std::string_view, std::string>> doc = {
@@ -476,6 +490,13 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
       {"saving", json_number(1.0 - static_cast<double>(act::peak_total(agoq)) /
                                        static_cast<double>(act::peak_total(baseline)))}};
   if (plan != nullptr) doc.emplace_back("plan", json_plan(*plan));
+  if (fit.asked) {
+    auto const layers = [](std::optional<std::int64_t> n) {
+      return n ? json_number(*n) : std::string("null");
+    };
+    doc.emplace_back("fit_recompute",
+                     json_object({{"baseline", layers(fit.baseline)}, {"agoq", layers(fit.agoq)}}));
+  }
   std::printf("%s\n", json_object(doc).c_str());
 }
 
@@ -491,7 +512,7 @@ int run(int argc, char** argv) {
     }
     if (a.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + a + "'");
     a = a.substr(2);
-    if (a == "sp" || a == "verbose" || a == "json") {
+    if (a == "sp" || a == "verbose" || a == "json" || a == "fit-recompute") {
       apply(o, a, "1");
     } else if (a == "no-sp") {
       apply(o, "sp", "0");
@@ -511,22 +532,35 @@ int run(int argc, char** argv) {
   auto const baseline =
       act::estimate_memory(m, p, o.step, act::state_formats{}, act::policy_table::all_precise());
   auto const agoq = act::estimate_memory(m, p, o.step, o.agoq_states, act::policy_table{});
-  auto const plan = [&] {
+  // The planner's question for AGoQ (its policy, states and error model), or for the baseline
+  // (every tensor bf16, fp32 states).
+  auto const input = [&](bool agoq) {
     act::planner_input in;
     in.model = m;
     in.parallel = p;
     in.step = o.step;
-    in.states = o.agoq_states;
     in.budget_bytes = static_cast<std::int64_t>(o.budget_gib * gib);
-    in.errors = o.errors;
-    return act::make_plan(in);
+    if (agoq) {
+      in.states = o.agoq_states;
+      in.errors = o.errors;
+    } else {
+      in.policy = act::policy_table::all_precise();
+    }
+    return in;
   };
+  auto const plan = [&] { return act::make_plan(input(true)); };
+  if (o.fit_recompute && o.budget_gib <= 0)
+    throw std::invalid_argument("--fit-recompute needs --budget-gib");
+  recompute_fit fit;
+  if (o.fit_recompute) {
+    fit = {true, act::least_block_recompute(input(false)), act::least_block_recompute(input(true))};
+  }
   if (o.json) {
     if (o.budget_gib > 0) {
       act::activation_plan const planned = plan();
-      print_json(o, baseline, agoq, &planned);
+      print_json(o, baseline, agoq, &planned, fit);
     } else {
-      print_json(o, baseline, agoq, nullptr);
+      print_json(o, baseline, agoq, nullptr, fit);
     }
     return 0;
   }
@@ -570,6 +604,16 @@ int run(int argc, char** argv) {
                                   static_cast<double>(act::peak_total(baseline));
   std::printf("\npeak per-GPU memory: %.2f GiB -> %.2f GiB, saving %.1f%%\n",
               g(act::peak_total(baseline)), g(act::peak_total(agoq)), 100.0 * saving);
+  if (fit.asked) {
+    auto const layers = [](std::optional<std::int64_t> n) {
+      return n ? std::to_string(*n) : std::string("none fits");
+    };
+    std::printf(
+        "fewest layers of each model chunk's %lld to recompute (block) within %.2f GiB: baseline "
+        "%s, agoq %s\n",
+        static_cast<long long>(p.layers_per_chunk(m)), o.budget_gib, layers(fit.baseline).c_str(),
+        layers(fit.agoq).c_str());
+  }
   if (o.budget_gib > 0) print_plan(o, plan());
   return 0;
 }

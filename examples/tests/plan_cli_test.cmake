@@ -54,7 +54,18 @@ check(recompute_plan 0 "${recompute_plan}" --preset llama3-8b --tp 2 --pp 4 --dp
 check(recompute_json 0 "\"recompute\": \"uniform\", \"recompute_layers\": 4.*\"recomputed\": true"
   --pp 2 --recompute uniform --recompute-layers 4 --budget-gib 80 --json)
 
+# The fewest layers block recomputation needs for each side to fit (planner_test checks
+# least_block_recompute against make_plan's boundary).
+string(CONCAT fit "fewest layers of each model chunk's 8 to recompute \\(block\\) "
+  "within 16.00 GiB: baseline 7, agoq 0")
+check(fit_recompute 0 "${fit}"
+  --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 16 --fit-recompute)
+check(fit_recompute_json 0 "\"fit_recompute\": {\"baseline\": null, \"agoq\": 2}"
+  --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 14
+  --recompute block --recompute-layers 2 --fit-recompute --json)
+
 # Bad input: exit status 1 and a message naming the problem.
+check(fit_without_budget 1 "agoq_plan: --fit-recompute needs --budget-gib" --fit-recompute)
 check(bad_recompute 1 "agoq_plan: recompute: none\\|uniform\\|block" --recompute selective)
 check(recompute_without_layers 1
   "agoq_plan: .*recompute_layers .* must be at least 1 with recompute uniform and 0 without, got 0"

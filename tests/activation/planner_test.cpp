@@ -592,6 +592,66 @@ TEST_CASE("recomputed layers are not planned: precise, held only while recompute
                        agoq::invalid_argument);
 }
 
+TEST_CASE("smallest_memory is make_plan's boundary, and the fewest layers to recompute") {
+  planner_input a = small_input();
+  a.policy = policy_table{};
+  planner_input b = interleaved_input();
+  planner_input c = small_input();
+  c.model.layers = 16;
+  c.parallel.pp = 8;
+  c.step.seq = 4096;
+  c.policy = policy_table{};
+  planner_input d = c;
+  d.step.recompute = recompute_method::block;
+  d.step.recompute_layers = 1;
+  planner_input e = d;
+  e.step.recompute = recompute_method::uniform;
+  e.step.recompute_layers = 2;
+  for (planner_input in : {a, b, c, d, e}) {
+    in.budget_bytes = peak_total(smallest_memory(in));
+    CHECK_NOTHROW(make_plan(in));
+    in.budget_bytes -= 1;
+    CHECK_THROWS_WITH_AS(make_plan(in), doctest::Contains("falls short by 1 bytes"),
+                         agoq::invalid_argument);
+  }
+  // 16 layers on 8 stages (chunks of 2): stage 0 holds 8 micro-batches.
+  auto const fits = [](planner_input in, std::int64_t n) {
+    in.step.recompute = n == 0 ? recompute_method::none : recompute_method::block;
+    in.step.recompute_layers = n;
+    return peak_total(smallest_memory(in)) <= in.budget_bytes;
+  };
+  std::int64_t const none = peak_total(smallest_memory(c));
+  std::int64_t const one = peak_total(smallest_memory(d));
+  CHECK(one < none);
+  c.budget_bytes = none;
+  CHECK(least_block_recompute(c) == 0);
+  c.budget_bytes = one;
+  CHECK(least_block_recompute(c) == 1);
+  d.budget_bytes = one;
+  CHECK_NOTHROW(make_plan(d));
+  CHECK(!fits(c, 0));
+  c.budget_bytes = one - 1;
+  CHECK(least_block_recompute(c) == 2);
+  CHECK(fits(c, 2));
+  c.budget_bytes = 1;
+  CHECK(!least_block_recompute(c).has_value());
+  // The baseline (every tensor bf16, fp32 states) needs more recomputation for the same budget.
+  planner_input base = c;
+  base.policy = policy_table::all_precise();
+  base.budget_bytes = one;
+  auto const n = least_block_recompute(base);
+  REQUIRE(n.has_value());
+  CHECK(*n == 2);
+  CHECK(fits(base, *n));
+  CHECK(!fits(base, *n - 1));
+  // in.step's own recomputation is ignored.
+  base.step.recompute = recompute_method::uniform;
+  base.step.recompute_layers = 1;
+  CHECK(least_block_recompute(base) == n);
+  base.budget_bytes = 0;
+  CHECK_THROWS_AS(least_block_recompute(base), agoq::invalid_argument);
+}
+
 TEST_CASE("ZeRO-3's gathered weights count against the budget") {
   planner_input in = small_input();
   in.policy = policy_table{};

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -351,6 +352,26 @@ inline moment_lp moment_lp_bound(std::vector<std::vector<plan_option>> const& hu
 
 }  // namespace detail
 
+namespace detail {
+
+/// The memory make_plan holds fixed on each pipeline device before it plans: the states, and the
+/// transient memory reserved as if every kind with a quantized candidate were stored quantized
+/// (the dequantized buffers any plan may need), but in the recomputed layers, kept in bf16 (their
+/// largest checkpoint's tensors are stage_memory::recompute). Its activations are those of that
+/// storage, which make_plan replaces. Throws as estimate_memory.
+inline std::vector<stage_memory> reserved_memory(planner_input const& in) {
+  return estimate_memory(
+      in.model, in.parallel, in.step, in.states, [&](std::int64_t l, tensor_kind k) -> storage {
+        if (is_recomputed(in.model, in.parallel, in.step, l)) return storage::precise();
+        auto const& c = in.policy.candidates(k);
+        auto const q =
+            std::find_if(c.begin(), c.end(), [](storage const& x) { return !x.is_precise(); });
+        return q == c.end() ? storage::precise() : *q;
+      });
+}
+
+}  // namespace detail
+
 /// Plans every saved tensor (see the file comment). Per pipeline device the problem is a
 /// multiple-choice knapsack: each (layer, kind) takes one candidate, its cost the weighted
 /// modelled error; the device must fit the budget at each moment in_flight_peaks lists (and so at
@@ -393,21 +414,11 @@ inline activation_plan make_plan(planner_input const& in) {
                    std::to_string(m.layers) + " layers");
   shard_shape const sh = shard_of(p, in.step);
   std::int64_t const lc = p.layers_per_chunk(m);
+  // Memory that does not depend on the plan, per device: the states and the transient memory.
+  auto const fixed = detail::reserved_memory(in);
   // Recomputed layers are not planned: kept precise, they cost transient memory only, and their
   // checkpoints' inputs are fixed.
   auto const recomputed = [&](std::int64_t l) { return is_recomputed(m, p, in.step, l); };
-
-  // Memory that does not depend on the plan, per device: the states, and the transient memory
-  // reserved for it, every kind with a quantized candidate taken quantized (but in the recomputed
-  // layers).
-  auto const fixed =
-      estimate_memory(m, p, in.step, in.states, [&](std::int64_t l, tensor_kind k) -> storage {
-        if (recomputed(l)) return storage::precise();
-        auto const& c = in.policy.candidates(k);
-        auto const q =
-            std::find_if(c.begin(), c.end(), [](storage const& x) { return !x.is_precise(); });
-        return q == c.end() ? storage::precise() : *q;
-      });
   std::int64_t const head = head_activation_bytes(m, sh);
   std::int64_t const checkpoint_bytes = checkpoint_input_bytes(m, p, in.step);
   bool const staged = stages_gradients(p, in.states.gradients);
@@ -575,6 +586,52 @@ inline activation_plan make_plan(planner_input const& in) {
           std::to_string(worst_need.activations + worst_need.head_activations) +
           " of activations with every saved tensor at its smallest candidate)");
   return activation_plan(std::move(stages), in.budget_bytes, m.layers);
+}
+
+/// The memory of every pipeline device with every planned tensor at its smallest candidate: the
+/// least any plan needs, as make_plan counts it (the states and its reserved transient memory,
+/// detail::reserved_memory; the recomputed layers in bf16). make_plan(in) throws for its budget
+/// exactly when a device's total here exceeds it. Throws agoq::invalid_argument as
+/// estimate_memory.
+inline std::vector<stage_memory> smallest_memory(planner_input const& in) {
+  std::vector<stage_memory> out = detail::reserved_memory(in);
+  shard_shape const sh = shard_of(in.parallel, in.step);
+  auto const least = estimate_memory(
+      in.model, in.parallel, in.step, in.states, [&](std::int64_t l, tensor_kind k) -> storage {
+        if (is_recomputed(in.model, in.parallel, in.step, l)) return storage::precise();
+        auto const& c = in.policy.candidates(k);
+        saved_shape const s = shape_of(k, in.model, sh);
+        return *std::min_element(c.begin(), c.end(), [&](storage const& a, storage const& b) {
+          return a.bytes(s) < b.bytes(s);
+        });
+      });
+  for (std::size_t r = 0; r < out.size(); ++r) {
+    out[r].activations = least[r].activations;
+    out[r].head_activations = least[r].head_activations;
+    out[r].in_flight = least[r].in_flight;
+  }
+  return out;
+}
+
+/// The fewest layers of each model chunk that block recomputation must recompute
+/// (step_config::recompute = recompute_method::block, recompute_layers = N) for make_plan to fit
+/// in.budget_bytes on every device: 0 when it fits without recomputation, none when it does not
+/// fit even with every layer recomputed. in.step's own recomputation is ignored. Every N from 0
+/// is tried (smallest_memory): from 0 to 1 the transient memory grows by a layer in bf16, so the
+/// fit need not be monotone there. Throws agoq::invalid_argument for a budget outside (0, 2^62]
+/// or as estimate_memory.
+inline std::optional<std::int64_t> least_block_recompute(planner_input in) {
+  in.parallel.validate(in.model);
+  AGOQ_EXPECTS(in.budget_bytes > 0 && in.budget_bytes <= max_size_count,
+               "least_block_recompute: the budget must be positive and at most 2^62 bytes, got " +
+                   std::to_string(in.budget_bytes));
+  std::int64_t const lc = in.parallel.layers_per_chunk(in.model);
+  for (std::int64_t n = 0; n <= lc; ++n) {
+    in.step.recompute = n == 0 ? recompute_method::none : recompute_method::block;
+    in.step.recompute_layers = n;
+    if (peak_total(smallest_memory(in)) <= in.budget_bytes) return n;
+  }
+  return std::nullopt;
 }
 
 }  // namespace agoq::activation
