@@ -583,9 +583,17 @@ TEST_CASE("activation recomputation, by hand") {
   std::int64_t const i4f = 128 * 256 + 128 * 4 * 4;
   std::int64_t const attn = 128 * 256 * 2 * 2 + 2 * 128 * 128 * 2 + 4 * 128 * 4;
   std::int64_t const q = 2 * i8 + 2 * i4h + 3 * i4f + attn;
-  auto const d = estimate_memory(m, p, with(recompute_method::uniform, 2), {}, policy_table{});
+  policy_table const policy;
+  auto const d =
+      estimate_memory(m, p, with(recompute_method::uniform, 2), {},
+                      [&](std::int64_t, tensor_kind k) { return policy.default_storage(k); });
   CHECK(d[0].activations == 2 * 2 * input);
   CHECK(d[0].recompute == 2 * q);
+  // The policy's overload keeps them in bf16, as the planner does.
+  auto const e = estimate_memory(m, p, with(recompute_method::uniform, 2), {}, policy);
+  CHECK(e[0].activations == 2 * 2 * input);
+  CHECK(e[0].recompute == 2 * layer);
+  CHECK(e[0].working == base[0].working);  // no dequantized buffer in a recomputed layer
 
   // Interleaved (v = 2, m = 4): chunks of 2 layers, each recomputing its first; device 0's
   // peak moments (3,2) and (4,1) hold 5 chunk units.

@@ -908,12 +908,14 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
   return out;
 }
 
-/// estimate_memory with every tensor stored as the policy table's default.
+/// estimate_memory with every tensor stored as the policy table's default, but those of the
+/// layers the step recomputes (is_recomputed), kept in bf16 as the planner keeps them.
 inline std::vector<stage_memory> estimate_memory(model_shape const& m, parallel_config const& p,
                                                  step_config const& st, state_formats const& f,
                                                  policy_table const& policy) {
-  return estimate_memory(m, p, st, f,
-                         [&](std::int64_t, tensor_kind k) { return policy.default_storage(k); });
+  return estimate_memory(m, p, st, f, [&](std::int64_t l, tensor_kind k) {
+    return is_recomputed(m, p, st, l) ? storage::precise() : policy.default_storage(k);
+  });
 }
 
 /// The largest total over the pipeline devices.
