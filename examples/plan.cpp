@@ -534,13 +534,13 @@ int run(int argc, char** argv) {
   auto const agoq = act::estimate_memory(m, p, o.step, o.agoq_states, act::policy_table{});
   // The planner's question for AGoQ (its policy, states and error model), or for the baseline
   // (every tensor bf16, fp32 states).
-  auto const input = [&](bool agoq) {
+  auto const input = [&](bool for_agoq) {
     act::planner_input in;
     in.model = m;
     in.parallel = p;
     in.step = o.step;
     in.budget_bytes = static_cast<std::int64_t>(o.budget_gib * gib);
-    if (agoq) {
+    if (for_agoq) {
       in.states = o.agoq_states;
       in.errors = o.errors;
     } else {
