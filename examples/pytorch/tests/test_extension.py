@@ -361,6 +361,29 @@ class PlanningTest(unittest.TestCase):
         self.assertGreater(plan["stages"][0]["recompute"], 0)
         self.assertEqual(agoq.make_plan(LLAMA, 8, 128, 2 * base[0]["total"], pp=2)["recomputed"],
                          [])
+        # The fewest layers of each chunk to recompute (block) for a plan to fit: over a sweep of
+        # budgets, a plan with that many fits and, where it is 1 or 2, none without; None where
+        # even both layers do not fit.
+        kw = dict(pp=2, reserved_bytes=0)
+        total = agoq.estimate_memory(LLAMA, 8, 128, **kw)[0]["total"]
+        seen = set()
+        for budget in range(total // 4, total, total // 200):
+            n = agoq.least_block_recompute(LLAMA, 8, 128, budget, **kw)
+            seen.add(n)
+            if n is None:
+                with self.assertRaises(ValueError):
+                    agoq.make_plan(LLAMA, 8, 128, budget, recompute="block", recompute_layers=2,
+                                   **kw)
+                continue
+            if n > 0:
+                agoq.make_plan(LLAMA, 8, 128, budget, recompute="block", recompute_layers=n, **kw)
+                with self.assertRaises(ValueError):
+                    agoq.make_plan(LLAMA, 8, 128, budget, **kw)
+            else:
+                agoq.make_plan(LLAMA, 8, 128, budget, **kw)
+        # Never 1 here: its layer in bf16 while recomputed costs more than 2 micro-batches of it
+        # quantized less its checkpoint's input save; with both, the checkpoints save more.
+        self.assertEqual(seen, {None, 0, 2})
         with self.assertRaisesRegex(ValueError, "recompute: 'none', 'uniform' or 'block'"):
             agoq.estimate_memory(LLAMA, 8, 128, recompute="selective", recompute_layers=1)
         with self.assertRaisesRegex(ValueError, "at least 1 with recompute uniform"):

@@ -337,6 +337,26 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
   return out;
 }
 
+py::object least_block_recompute(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
+                                 std::int64_t budget_bytes, py::object const& policy,
+                                 std::int64_t dp, std::int64_t pp, std::int64_t tp, std::int64_t vp,
+                                 int zero, bool sp, std::int64_t micro_batches,
+                                 std::string const& gradients, std::string const& optimizer,
+                                 std::int64_t vp_group, std::string const& vp_rules,
+                                 std::int64_t bucket_parameters, std::int64_t reserved_bytes) {
+  act::planner_input in;
+  in.model = model_of(model);
+  auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
+                           vp_rules, bucket_parameters, reserved_bytes, "none", 0);
+  in.parallel = l.parallel;
+  in.step = l.step;
+  in.states = {gradient_format_of(gradients), optimizer_format_of(optimizer)};
+  in.budget_bytes = budget_bytes;
+  in.policy = policy_of(policy);
+  auto const n = act::least_block_recompute(in);
+  return n ? py::object(py::int_(*n)) : py::object(py::none());
+}
+
 py::list estimate_memory(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
                          std::string const& gradients, std::string const& optimizer,
                          py::object const& policy, std::int64_t dp, std::int64_t pp,
@@ -405,6 +425,15 @@ void register_planning(py::module_& m) {
         "recomputation (recompute_method, recompute_num_layers per model chunk): the "
         "recomputed layers are kept in bf16 while their checkpoint's backward runs (memory key "
         "'recompute', in 'transient') and their checkpoints' inputs in between.");
+  m.def("least_block_recompute", &least_block_recompute, py::arg("model"), py::arg("micro_batch"),
+        py::arg("seq"), py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
+        py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
+        py::arg("sp") = false, py::arg("micro_batches") = 0, py::arg("gradients") = "int8",
+        py::arg("optimizer") = "fp32", py::arg("vp_group") = 0, py::arg("vp_rules") = "core",
+        py::arg("bucket_parameters") = 0, py::arg("reserved_bytes") = act::default_reserved_bytes,
+        "The fewest layers of each model chunk that block recomputation must recompute for "
+        "make_plan (same arguments) to fit budget_bytes: 0 when it fits without, None when not "
+        "even every layer fits.");
   m.def("estimate_memory", &estimate_memory, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("gradients") = "fp32", py::arg("optimizer") = "fp32",
         py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,
