@@ -262,6 +262,29 @@ act::tensor_stats stats_of(py::dict const& d) {
   return st;
 }
 
+/// The planner's input but for its error model: the model, layout, states, budget and policy.
+act::planner_input planner_input_of(py::dict const& model, std::int64_t micro_batch,
+                                    std::int64_t seq, std::int64_t budget_bytes,
+                                    py::object const& policy, std::int64_t dp, std::int64_t pp,
+                                    std::int64_t tp, std::int64_t vp, int zero, bool sp,
+                                    std::int64_t micro_batches, std::string const& gradients,
+                                    std::string const& optimizer, std::int64_t vp_group,
+                                    std::string const& vp_rules, std::int64_t bucket_parameters,
+                                    std::int64_t reserved_bytes, std::string const& recompute,
+                                    std::int64_t recompute_layers) {
+  act::planner_input in;
+  in.model = model_of(model);
+  auto const l =
+      layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group, vp_rules,
+                bucket_parameters, reserved_bytes, recompute, recompute_layers);
+  in.parallel = l.parallel;
+  in.step = l.step;
+  in.states = {gradient_format_of(gradients), optimizer_format_of(optimizer)};
+  in.budget_bytes = budget_bytes;
+  in.policy = policy_of(policy);
+  return in;
+}
+
 py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
                    std::int64_t budget_bytes, py::object const& policy, std::int64_t dp,
                    std::int64_t pp, std::int64_t tp, std::int64_t vp, int zero, bool sp,
@@ -271,7 +294,10 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
                    std::int64_t bucket_parameters, std::int64_t reserved_bytes,
                    py::object const& sensitivity, py::object const& outlier,
                    std::string const& recompute, std::int64_t recompute_layers) {
-  act::planner_input in;
+  act::planner_input in =
+      planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
+                       micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
+                       reserved_bytes, recompute, recompute_layers);
   // The error model's overrides: {kind or (layer, kind): weight} and {kind: factor}.
   if (!sensitivity.is_none()) {
     for (auto const& [key, value] : sensitivity.cast<py::dict>()) {
@@ -300,15 +326,6 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
                                stats_of(value.cast<py::dict>()));
     }
   }
-  in.model = model_of(model);
-  auto const l =
-      layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group, vp_rules,
-                bucket_parameters, reserved_bytes, recompute, recompute_layers);
-  in.parallel = l.parallel;
-  in.step = l.step;
-  in.states = {gradient_format_of(gradients), optimizer_format_of(optimizer)};
-  in.budget_bytes = budget_bytes;
-  in.policy = policy_of(policy);
   act::activation_plan const plan = act::make_plan(in);
   py::list layers;
   py::list recomputed;
@@ -344,16 +361,9 @@ py::object least_block_recompute(py::dict const& model, std::int64_t micro_batch
                                  std::string const& gradients, std::string const& optimizer,
                                  std::int64_t vp_group, std::string const& vp_rules,
                                  std::int64_t bucket_parameters, std::int64_t reserved_bytes) {
-  act::planner_input in;
-  in.model = model_of(model);
-  auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
-                           vp_rules, bucket_parameters, reserved_bytes, "none", 0);
-  in.parallel = l.parallel;
-  in.step = l.step;
-  in.states = {gradient_format_of(gradients), optimizer_format_of(optimizer)};
-  in.budget_bytes = budget_bytes;
-  in.policy = policy_of(policy);
-  auto const n = act::least_block_recompute(in);
+  auto const n = act::least_block_recompute(planner_input_of(
+      model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
+      gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, "none", 0));
   return n ? py::object(py::int_(*n)) : py::object(py::none());
 }
 
