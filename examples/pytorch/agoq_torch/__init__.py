@@ -217,3 +217,7 @@ globals().update({name: getattr(_C, name) for name in dir(_C)
                   if not name.startswith("_") and name not in globals()})
 globals().update({name: _dispatching(name, first) for name, first in _DEVICE_CALLS.items()})
 __version__ = _C.version
+
+from .saved import QuantizedSaves  # noqa: E402  (it uses the calls defined above)
+
+__all__.append("QuantizedSaves")

@@ -1,0 +1,220 @@
+"""Quantized saved activations for any PyTorch model, through autograd's saved-tensor hooks.
+
+``QuantizedSaves`` is a context manager: while it is active, every tensor autograd saves for the
+backward pass is stored as agoq codes + scales (``compress``) and restored when backward needs it
+(``decompress``), with a scheme chosen per module by name patterns. It needs no change to the
+model's code, at the price of a separate quantizing read of each saved tensor (agoq's fused ops,
+as gpt.py uses them, write the saved copy in the producing op's own pass). docs/pytorch.md,
+"Any model: QuantizedSaves", documents it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import weakref
+
+import torch
+
+from . import compress, decompress, quantized_bytes
+
+#: The floating dtypes agoq quantizes; a tensor of any other dtype is kept as saved.
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class _Packed:
+    """One saved tensor as codes + scales (what the pack hook returns to autograd)."""
+
+    __slots__ = ("buffer", "spec", "shape", "dtype", "rows", "cols", "__weakref__")
+
+    def __init__(self, buffer, spec, shape, dtype, rows, cols):
+        self.buffer, self.spec, self.shape, self.dtype = buffer, spec, shape, dtype
+        self.rows, self.cols = rows, cols
+
+    def unpack(self) -> torch.Tensor:
+        return decompress(self.buffer, self.spec, self.rows, self.cols,
+                          dtype=self.dtype).view(self.shape)
+
+
+def _unpack(packed):
+    return packed.unpack() if isinstance(packed, _Packed) else packed
+
+
+def _check_spec(spec, what):
+    """None (keep) or a valid agoq spec; ValueError with agoq's message otherwise."""
+    if spec is None:
+        return
+    if not isinstance(spec, str):
+        raise TypeError(f"QuantizedSaves: {what} must be an agoq spec string or None, "
+                        f"not {type(spec).__name__}")
+    try:
+        quantized_bytes(spec, 1, 1)
+    except ValueError as e:
+        raise ValueError(f"QuantizedSaves: {what}: {e}") from None
+
+
+class QuantizedSaves:
+    """Stores what autograd saves for backward as agoq codes + scales while the context is active.
+
+    ``spec`` is the scheme of every saved tensor outside the modules ``rules`` names (None keeps
+    them as autograd would). ``rules`` maps ``fnmatch`` patterns of ``model``'s module names
+    (``model.named_modules()``, e.g. ``"blocks.*.attn"``) to a spec or None; a tensor saved while
+    such a module's forward runs takes the rule of the innermost one (for modules matched by
+    several patterns, the first pattern in ``rules``' order). A pattern that matches no module
+    raises ValueError, as does an invalid spec.
+
+    A saved tensor is quantized when all of these hold; else it is kept as autograd saved it:
+    its dtype is float32, bfloat16 or float16; it has at least two dimensions and
+    ``min_elements`` elements (per-token statistics such as RMSNorm's rstd are vectors); it is
+    produced by autograd (neither a leaf tensor nor a view of one: parameters, frozen weights and
+    inputs stay alive anyway, so quantizing them would only add memory and error); and its
+    quantized buffer is smaller than the tensor. It is quantized as a ``[numel / n, n]`` matrix,
+    n its last dimension (groups run along it). A tensor saved several times (the input of
+    several projections) is quantized once and shared, while the tensor it came from is alive
+    and unmodified (same storage, shape, strides and version).
+
+    Stochastic rounding draws stream positions from ``seed`` and an offset that advances by each
+    quantized tensor's element count, so a forward pass quantizes the same bits every time it
+    runs the same saves in the same order.
+
+    ``stats`` counts, since the context was entered: ``saved`` (pack calls), ``quantized``,
+    ``shared``, ``kept``; ``original_bytes`` and ``stored_bytes`` of the quantized tensors (each
+    once), ``kept_bytes`` of the kept ones. With ``record=True``, ``records`` lists one dict per
+    pack call: ``module`` (the innermost ruled module, "" outside them), ``shape``, ``dtype``,
+    ``storage`` (the spec, or None when kept), ``bytes`` (held for backward: the buffer's, the
+    kept tensor's, 0 when shared).
+
+    Composes with ``torch.utils.checkpoint(use_reentrant=False)``: the checkpoint's own hooks
+    are innermost, so its region saves nothing here and recomputes in its backward outside this
+    context. The reentrant checkpoint saves its inputs through autograd, and so they are
+    quantized like any other saved tensor (a rule of None for the checkpointed module keeps
+    them).
+    """
+
+    def __init__(self, spec, model: torch.nn.Module | None = None, rules=None, *,
+                 min_elements: int = 1024, seed: int = 0, record: bool = False):
+        _check_spec(spec, "spec")
+        rules = dict(rules or {})
+        if rules and model is None:
+            raise ValueError("QuantizedSaves: rules name modules, so they need a model")
+        for pattern, rule in rules.items():
+            _check_spec(rule, f"the rule of {pattern!r}")
+        if not isinstance(min_elements, int) or min_elements < 0:
+            raise ValueError(f"QuantizedSaves: min_elements must be an int >= 0, "
+                             f"not {min_elements!r}")
+        self.spec, self.model, self.rules = spec, model, rules
+        self.min_elements, self.seed, self.record = min_elements, seed, record
+        self._ruled = self._match_rules()
+        self._hooks = None
+        self._handles = []
+        self._active = []  # (module, spec, name) of the ruled modules whose forward runs
+        self._shared = {}
+        self._offset = 0
+        self.stats: dict[str, int] = {}
+        self.records: list[dict] = []
+
+    def _match_rules(self):
+        """(module, spec, name) of every module a rule names."""
+        if not self.rules:
+            return []
+        names = [(name, module) for name, module in self.model.named_modules() if name]
+        ruled, matched = [], set()
+        for name, module in names:
+            patterns = [p for p in self.rules if fnmatch.fnmatchcase(name, p)]
+            if patterns:
+                ruled.append((module, self.rules[patterns[0]], name))
+                matched.update(patterns)
+        unmatched = [p for p in self.rules if p not in matched]
+        if unmatched:
+            raise ValueError(f"QuantizedSaves: no module of the model matches {unmatched} "
+                             f"(module names: {[n for n, _ in names][:8]}...)")
+        return ruled
+
+    def __enter__(self):
+        if self._hooks is not None:
+            raise RuntimeError("QuantizedSaves: this context is already active")
+        self.stats = dict(saved=0, quantized=0, shared=0, kept=0, original_bytes=0,
+                          stored_bytes=0, kept_bytes=0)
+        self.records = []
+        self._offset = 0
+        for module, rule, name in self._ruled:
+            entry = (module, rule, name)
+            self._handles.append(module.register_forward_pre_hook(
+                lambda _m, _args, entry=entry: self._active.append(entry)))
+            self._handles.append(module.register_forward_hook(
+                lambda m, _args, _out: self._leave(m)))
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+        self._hooks = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._active.clear()
+        self._shared.clear()
+        return False
+
+    def _leave(self, module):
+        """Ends the innermost forward of ``module`` (and whatever an exception left above it)."""
+        for i in range(len(self._active) - 1, -1, -1):
+            if self._active[i][0] is module:
+                del self._active[i:]
+                return
+
+    def _remember(self, key, t, packed):
+        """Lets later saves of ``t`` share ``packed``; the entry goes when ``packed`` does."""
+        def forget(ref, key=key):
+            entry = self._shared.get(key)
+            if entry is not None and entry[2] is ref:
+                del self._shared[key]
+        self._shared[key] = (weakref.ref(t), t._version, weakref.ref(packed, forget))
+
+    def _quantizable(self, t: torch.Tensor, spec) -> bool:
+        if spec is None or t.dtype not in _DTYPES or t.dim() < 2 or t.numel() < self.min_elements:
+            return False
+        base = t._base if t._base is not None else t
+        if base.grad_fn is None:
+            return False
+        if any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape)):
+            return False  # a broadcast view: its elements share memory, which a copy would not
+        cols = t.shape[-1]
+        return quantized_bytes(spec, t.numel() // cols, cols) < t.numel() * t.element_size()
+
+    def _pack(self, t: torch.Tensor):
+        spec, module = (self._active[-1][1:] if self._active else (self.spec, ""))
+        stats = self.stats
+        stats["saved"] += 1
+        held = 0
+        if not self._quantizable(t, spec):
+            stats["kept"] += 1
+            held = t.numel() * t.element_size()
+            stats["kept_bytes"] += held
+            packed, spec = t, None
+        else:
+            key = (t.data_ptr(), t.device, t.dtype, tuple(t.shape), t.stride())
+            known = self._shared.get(key)
+            packed = None
+            if known is not None:
+                source, version, ref = known
+                if source() is not None and version == t._version:
+                    packed = ref()
+            if packed is not None and packed.spec == spec:
+                stats["shared"] += 1
+            else:
+                cols = t.shape[-1]
+                rows = t.numel() // cols
+                x = t.detach().contiguous().view(rows, cols)
+                buffer = compress(x, spec, seed=self.seed, offset=self._offset)
+                self._offset += t.numel()
+                packed = _Packed(buffer, spec, t.shape, t.dtype, rows, cols)
+                self._remember(key, t, packed)
+                held = buffer.numel()
+                stats["quantized"] += 1
+                stats["original_bytes"] += t.numel() * t.element_size()
+                stats["stored_bytes"] += held
+        if self.record:
+            self.records.append(dict(module=module, shape=tuple(t.shape), dtype=t.dtype,
+                                     storage=spec, bytes=held))
+        return packed

@@ -1,0 +1,292 @@
+"""Tests of agoq_torch.QuantizedSaves (agoq_torch/saved.py): saved activations of any model
+stored as agoq codes through autograd's saved-tensor hooks. Gradients are checked bit for bit
+against the same math on fake-quantized copies (``fake_quantize``, itself tested against agoq's
+codec in test_extension.py). Run: python3 -m unittest discover -s examples/pytorch/tests"""
+
+import os
+import sys
+import unittest
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import agoq_torch as agoq  # noqa: E402
+import gpt  # noqa: E402
+
+INT4 = "int4_g128_sym_rne_f32"
+INT8 = "int8_g128_sym_rne_f32"
+INT8_SR = "int8_g128_sym_sr_f32"
+
+
+def activation(*shape, seed=0):
+    """A non-leaf float32 tensor (what autograd saves) and the leaf it comes from."""
+    g = torch.Generator().manual_seed(seed)
+    leaf = torch.randn(*shape, generator=g).requires_grad_()
+    return leaf * 1.0, leaf
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, width, hidden):
+        super().__init__()
+        self.up = torch.nn.Linear(width, hidden)
+        self.act = torch.nn.GELU()
+        self.down = torch.nn.Linear(hidden, width)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.qk = torch.nn.Linear(width, 2 * width, bias=False)
+
+    def forward(self, x):
+        q, k = self.qk(x).chunk(2, -1)
+        return torch.softmax(q @ k.t() / x.shape[-1] ** 0.5, -1) @ x
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width=64, hidden=256):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.attn = Attention(width)
+        self.mlp = Mlp(width, hidden)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm(x))
+        return x + self.mlp(x)
+
+
+class Failing(torch.nn.Module):
+    def forward(self, x):
+        raise ArithmeticError("failed on purpose")
+
+
+class QuantizedSavesTest(unittest.TestCase):
+    def test_backward_reads_the_quantized_copies(self):
+        """x * y saves both: each gradient is the other factor's fake-quantized copy, bit for bit;
+        the second tensor's stochastic rounding starts where the first one's positions end."""
+        for spec in (INT8, INT4, INT8_SR):
+            x, lx = activation(64, 256, seed=1)
+            y, ly = activation(64, 256, seed=2)
+            with agoq.QuantizedSaves(spec, seed=7) as saves:
+                z = (x * y).sum()
+            gx, gy = torch.autograd.grad(z, (lx, ly))
+            qx = agoq.fake_quantize(x.detach(), spec, seed=7, offset=0)
+            qy = agoq.fake_quantize(y.detach(), spec, seed=7, offset=x.numel())
+            self.assertTrue(torch.equal(gx, qy), spec)
+            self.assertTrue(torch.equal(gy, qx), spec)
+            self.assertFalse(torch.equal(gx, y.detach()), spec)
+            self.assertEqual(saves.stats["quantized"], 2)
+            self.assertEqual(saves.stats["original_bytes"], 2 * x.numel() * 4)
+            self.assertEqual(saves.stats["stored_bytes"], 2 * agoq.quantized_bytes(spec, 64, 256))
+
+    def test_every_dtype_and_shape(self):
+        """bf16 and fp16 tensors, and N-d tensors quantized along their last dimension."""
+        for dtype in (torch.bfloat16, torch.float16):
+            x, lx = activation(4, 16, 200)
+            x = x.to(dtype)
+            with agoq.QuantizedSaves(INT8) as saves:
+                z = (x * x).float().sum()
+            (g,) = torch.autograd.grad(z, lx)
+            # x * x saves x twice, quantized once; backward adds the copy to itself.
+            self.assertEqual((saves.stats["quantized"], saves.stats["shared"]), (1, 1))
+            q = agoq.fake_quantize(x.detach().reshape(64, 200), INT8)
+            self.assertEqual(q.dtype, dtype)
+            self.assertTrue(torch.equal(g, (q + q).reshape(4, 16, 200).float()), dtype)
+
+    def test_kept_tensors(self):
+        """What is kept as saved: parameters and views of them, inputs, integer tensors, vectors,
+        small tensors, broadcast views, float64, and a tensor whose codes would be larger."""
+        w = torch.nn.Parameter(torch.randn(32, 128))
+        data = torch.randn(64, 128)
+        index = torch.arange(64) % 7
+        cases = {
+            "a parameter's transpose": lambda: F.linear(x.detach(), w).sum(),
+            "an input": lambda: (data * x).sum(),
+            "a vector": lambda: (x.reshape(-1) * x.reshape(-1)).sum(),
+            "a small tensor": lambda: (x[:4] * x[:4]).sum(),
+            "a broadcast view": lambda: (data.requires_grad_() * x[:1].expand(64, 128)).sum(),
+            "float64": lambda: (x.double() * x.double()).sum(),
+            "codes larger than the tensor": lambda: (x.reshape(-1, 1) * x.reshape(-1, 1)).sum(),
+            "an index": lambda: x[index].sum(),
+        }
+        for what, f in cases.items():
+            x, lx = activation(64, 128)
+            with agoq.QuantizedSaves(INT4, record=True) as saves:
+                z = f()
+            quantized = [r for r in saves.records if r["storage"] is not None]
+            self.assertEqual(quantized, [], what)
+            self.assertEqual(saves.stats["saved"], len(saves.records), what)
+            self.assertEqual(saves.stats["kept"], saves.stats["saved"] - len(quantized), what)
+            torch.autograd.grad(z, lx if what != "a parameter's transpose" else w)
+        # The parameter case: dW = dY^T X from the unquantized input, as without the context.
+        x, lx = activation(64, 128)
+        with agoq.QuantizedSaves(INT4):
+            z = F.linear(x, w).sum()
+        got = torch.autograd.grad(z, (lx, w), retain_graph=True)
+        want = torch.autograd.grad(F.linear(x, w).sum(), (lx, w))
+        # F.linear saves x (quantized) and w (kept): dx = dY W exactly, dW from the codes.
+        self.assertTrue(torch.equal(got[0], want[0]))
+        self.assertFalse(torch.equal(got[1], want[1]))
+
+    def test_min_elements(self):
+        x, lx = activation(8, 128)
+        for min_elements, quantized in ((0, 2), (1024, 2), (1025, 0)):
+            with agoq.QuantizedSaves(INT8, min_elements=min_elements) as saves:
+                (x * x.exp()).sum()
+            self.assertEqual(saves.stats["quantized"], quantized, min_elements)
+
+    def test_a_tensor_saved_twice_is_quantized_once(self):
+        x, lx = activation(64, 128)
+        w1 = torch.nn.Parameter(torch.randn(32, 128))
+        w2 = torch.nn.Parameter(torch.randn(48, 128))
+        with agoq.QuantizedSaves(INT4) as saves:
+            z = (x @ w1.t()).sum() + (x @ w2.t()).sum()
+        self.assertEqual((saves.stats["quantized"], saves.stats["shared"]), (1, 1))
+        g1, g2 = torch.autograd.grad(z, (w1, w2))
+        q = agoq.fake_quantize(x.detach(), INT4)
+        self.assertTrue(torch.equal(g1, torch.ones(64, 32).t() @ q))
+        self.assertTrue(torch.equal(g2, torch.ones(64, 48).t() @ q))
+        # Modified in place between the saves: quantized again, and each backward reads the
+        # values of its own save (plain autograd would refuse this backward).
+        with torch.no_grad():
+            y = x.detach().clone()
+        y = y.requires_grad_() * 1.0
+        with agoq.QuantizedSaves(INT4) as saves:
+            z1 = (y @ w1.t()).sum()
+            with torch.no_grad():
+                y.mul_(2)
+            z2 = (y @ w2.t()).sum()
+        self.assertEqual((saves.stats["quantized"], saves.stats["shared"]), (2, 0))
+        g1, g2 = torch.autograd.grad(z1 + z2, (w1, w2))
+        self.assertTrue(torch.equal(g1, torch.ones(64, 32).t() @ q))
+        self.assertTrue(torch.equal(g2, torch.ones(64, 48).t() @ agoq.fake_quantize(
+            2 * x.detach(), INT4, offset=x.numel())))
+        # A tensor that died is never matched by a new one at the same address.
+        with agoq.QuantizedSaves(INT4) as saves:
+            for i in range(4):
+                a = x * float(i + 1)
+                (a @ w1.t()).sum()
+                del a
+        self.assertEqual((saves.stats["quantized"], saves.stats["shared"]), (4, 0))
+
+    def test_rules_pick_the_innermost_module(self):
+        torch.manual_seed(0)
+        model = Block()
+        rules = {"attn": None, "mlp": INT4, "mlp.act": INT8_SR}
+        x, _ = activation(64, 64)
+        with agoq.QuantizedSaves(INT8, model, rules, record=True) as saves:
+            model(x).sum().backward()
+        by_module = {}
+        for r in saves.records:
+            by_module.setdefault(r["module"], set()).add(r["storage"])
+        self.assertEqual(by_module["attn"], {None})
+        self.assertEqual(by_module["mlp"], {INT4, None})  # the linears' inputs; weights kept
+        self.assertEqual(by_module["mlp.act"], {INT8_SR})  # GELU's input
+        self.assertEqual(by_module[""] - {None}, {INT8})  # the norm, outside any rule
+        self.assertEqual(saves.stats["stored_bytes"], sum(r["bytes"] for r in saves.records
+                                                          if r["storage"] is not None))
+        # The hooks are gone after the context.
+        for m in model.modules():
+            self.assertFalse(m._forward_pre_hooks or m._forward_hooks)
+        # The first matching pattern wins for a module several patterns name.
+        with agoq.QuantizedSaves(INT8, model, {"mlp*": INT4, "mlp.act": None},
+                                 record=True) as saves:
+            model(x)
+        self.assertNotIn(None, {r["storage"] for r in saves.records if r["module"] == "mlp.act"})
+
+    def test_model_gradients(self):
+        """The plain-torch GPT of gpt.py: every gradient within a few percent at int8, more error
+        at int4, none with every saved tensor kept; the stored bytes are the codes' sizes."""
+        torch.manual_seed(0)
+        cfg = gpt.ModelConfig(layers=2, seq=64)
+        model = gpt.GPT(cfg)
+        idx = torch.randint(0, cfg.vocab, (4, cfg.seq))
+        params = list(model.parameters())
+
+        def grads(*saves):
+            if saves:
+                with agoq.QuantizedSaves(*saves, record=True) as ctx:
+                    loss = model(idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
+            else:
+                ctx, loss = None, model(idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
+            return torch.autograd.grad(loss, params), ctx
+
+        exact, _ = grads()
+        kept, ctx = grads(None)
+        self.assertEqual(ctx.stats["quantized"], 0)
+        self.assertTrue(all(torch.equal(a, b) for a, b in zip(kept, exact)))
+
+        def error(gs):
+            return max(((a - b).norm() / b.norm()).item() for a, b in zip(gs, exact))
+
+        g8, ctx8 = grads(INT8)
+        g4, ctx4 = grads(INT4)
+        e8, e4 = error(g8), error(g4)
+        self.assertGreater(e8, 0)
+        self.assertLess(e8, 0.02)
+        self.assertLess(4 * e8, e4)
+        for ctx, spec in ((ctx8, INT8), (ctx4, INT4)):
+            coded = [r for r in ctx.records if r["storage"] is not None]
+            sizes = sum(agoq.quantized_bytes(spec, int(torch.Size(r["shape"]).numel()
+                                                       // r["shape"][-1]), r["shape"][-1])
+                        for r in coded if r["bytes"])
+            self.assertEqual(ctx.stats["stored_bytes"], sizes)
+            self.assertLess(ctx.stats["stored_bytes"], ctx.stats["original_bytes"] / 3)
+
+    def test_checkpointed_regions_are_recomputed_precisely(self):
+        """Under torch.utils.checkpoint(use_reentrant=False) the checkpoint's hooks are innermost:
+        nothing of its region reaches the context, and its backward recomputes outside it."""
+        torch.manual_seed(0)
+        model = Block()
+        x, lx = activation(64, 64)
+
+        def loss():
+            return torch.utils.checkpoint.checkpoint(model, x, use_reentrant=False).sum()
+
+        want = torch.autograd.grad(loss(), [lx] + list(model.parameters()), retain_graph=True)
+        with agoq.QuantizedSaves(INT4) as saves:
+            z = loss()
+        got = torch.autograd.grad(z, [lx] + list(model.parameters()))
+        self.assertEqual(saves.stats["quantized"], 0)
+        self.assertTrue(all(torch.equal(a, b) for a, b in zip(got, want)))
+
+    def test_bad_arguments(self):
+        model = Block()
+        with self.assertRaisesRegex(ValueError, "int3|spec|scheme|bits"):
+            agoq.QuantizedSaves("int3_g128_sym_rne_f32")
+        with self.assertRaises(TypeError):
+            agoq.QuantizedSaves(8)
+        with self.assertRaisesRegex(ValueError, "need a model"):
+            agoq.QuantizedSaves(INT8, rules={"mlp": INT4})
+        with self.assertRaisesRegex(ValueError, r"matches \['mpl'\]"):
+            agoq.QuantizedSaves(INT8, model, {"mlp": INT4, "mpl": INT4})
+        with self.assertRaisesRegex(ValueError, "rule of 'mlp'"):
+            agoq.QuantizedSaves(INT8, model, {"mlp": "int4_g128"})
+        with self.assertRaisesRegex(ValueError, "min_elements"):
+            agoq.QuantizedSaves(INT8, min_elements=-1)
+        saves = agoq.QuantizedSaves(INT8)
+        with saves:
+            with self.assertRaisesRegex(RuntimeError, "already active"):
+                saves.__enter__()
+
+    def test_an_exception_leaves_no_hooks_behind(self):
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), Failing())
+        x, _ = activation(64, 64)
+        with self.assertRaises(ArithmeticError):
+            with agoq.QuantizedSaves(INT8, model, {"1": None}):
+                model(x)
+        for m in model.modules():
+            self.assertFalse(m._forward_pre_hooks or m._forward_hooks)
+        # Autograd's hook stack is balanced again: a tensor saved now is kept as it is.
+        y, _ = activation(64, 64)
+        saved = (y * y).grad_fn._saved_self
+        self.assertTrue(torch.equal(saved, y))
+        self.assertFalse(torch.equal(agoq.fake_quantize(y.detach(), INT8), y))
+
+if __name__ == "__main__":
+    unittest.main()
