@@ -8,7 +8,10 @@ each trains on its own shard of byte windows drawn from the Python standard libr
   (agoq's planner with its default policy under a per-GPU budget), ``uniform:<spec>`` (every saved
   tensor, attention included, in one scheme; the logsumexp stays fp32) or ``layer-aware:<spec>``
   (the default policy's layer awareness with ``<spec>`` for the linear and activation-function
-  inputs: attention kept in bf16, the residual stream at int8);
+  inputs: attention kept in bf16, the residual stream at int8), or ``hooks:<spec>`` (the model's
+  plain torch forward, unchanged, under ``agoq_torch.QuantizedSaves(<spec>)``: every tensor
+  autograd saves, attention's probabilities included, through the saved-tensor hooks; parameters,
+  inputs and per-token vectors kept; ``hooks:none`` keeps everything, the plain path's baseline);
 - **gradients**: ``fp32`` (a flat fp32 gradient, torch all-reduce), ``agoq8`` (micro-batch
   gradients accumulated into agoq's 8-bit GradientBuffer with stochastic rounding, then agoq's
   8-bit all-reduce over the torch process group), or ``int4_g128`` / ``int4_tensor`` (each rank's
@@ -91,9 +94,9 @@ class TrainConfig:
     def validate(self) -> None:
         """Raises ValueError naming the first bad field."""
         if (self.activations not in ("fp32", "bf16", "agoq")
-                and not self.activations.startswith(("uniform:", "layer-aware:"))):
-            raise ValueError(f"activations must be fp32, bf16, agoq, uniform:<spec> or "
-                             f"layer-aware:<spec>, got {self.activations!r}")
+                and not self.activations.startswith(("uniform:", "layer-aware:", "hooks:"))):
+            raise ValueError(f"activations must be fp32, bf16, agoq, uniform:<spec>, "
+                             f"layer-aware:<spec> or hooks:<spec>, got {self.activations!r}")
         if self.gradients not in GRADIENT_MODES:
             raise ValueError(f"gradients must be one of {GRADIENT_MODES}, got {self.gradients!r}")
         if self.optimizer not in OPTIMIZERS:
@@ -167,6 +170,8 @@ def activation_plan(cfg: TrainConfig) -> list[dict]:
         return uniform_plan(mcfg, act)
     import agoq_torch
 
+    if act.startswith("hooks:"):
+        return uniform_plan(mcfg, "fp32")  # the saver is not used: QuantizedSaves stores them
     if act.startswith("uniform:"):
         return uniform_plan(mcfg, act.split(":", 1)[1])
     defaults = {k: v[0] for k, v in agoq_torch.default_policy().items()}
@@ -177,6 +182,12 @@ def activation_plan(cfg: TrainConfig) -> list[dict]:
     if act == "agoq":
         return agoq_plan(cfg)["layers"]
     raise ValueError(f"unknown activations setting {act!r}")
+
+
+def hooks_spec(cfg: TrainConfig) -> str | None:
+    """The QuantizedSaves spec of a ``hooks:<spec>`` run (None for ``hooks:none``)."""
+    spec = cfg.activations.split(":", 1)[1]
+    return None if spec == "none" else spec
 
 
 def _memory_formats(cfg: TrainConfig) -> dict:
@@ -297,6 +308,9 @@ class Rank:
         self.flat = FlatParameters(self.model)
         self.plan = activation_plan(cfg)
         self.saver = ActivationSaver(self.plan, seed=cfg.seed * 1000 + rank)
+        self.hooks = None
+        if cfg.activations.startswith("hooks:"):
+            self.hooks = self.agoq.QuantizedSaves(hooks_spec(cfg), seed=cfg.seed * 1000 + rank)
         n = self.flat.size
         self.reduced = torch.empty(n)
         self.zeroed = 0.0  # sum over steps of the share of non-zero gradients 4 bits rounded to 0
@@ -332,11 +346,16 @@ class Rank:
             self.buffer.zero()
         for micro in range(cfg.micro_batches):
             x, y = train_batch(self.train_data, cfg, self.rank, step, micro)
-            self.saver.begin_micro_batch(step * cfg.micro_batches + micro)
-            loss = self.model(x, y, self.saver)
+            if self.hooks is None:
+                self.saver.begin_micro_batch(step * cfg.micro_batches + micro)
+                loss = self.model(x, y, self.saver)
+            else:
+                with self.hooks:
+                    loss = self.model(x, y)
             (loss / cfg.micro_batches).backward()
             losses.append(loss.item())
-            saved.append(self.saver.total_bytes())
+            saved.append(self.saver.total_bytes() if self.hooks is None
+                         else self.hooks.stats["stored_bytes"] + self.hooks.stats["kept_bytes"])
             if cfg.gradients == "agoq8":
                 self.buffer.accumulate(self.flat.grad)
                 self.flat.grad.zero_()
@@ -468,7 +487,9 @@ def _summary(cfg: TrainConfig, r: Rank, log: dict, wall: float) -> dict:
         final_val_loss=log["val"][-1][1],
         checks=dict(allreduce_identical_steps=cfg.steps, params_identical=True),
     )
-    if r.agoq is not None:
+    if r.hooks is not None:
+        s["saved_tensors_hooks"] = r.hooks.stats
+    elif r.agoq is not None:
         s["saved_bytes_predicted"] = predicted_activation_bytes(cfg, r.plan)
         s["saved_bytes_bf16_predicted"] = predicted_activation_bytes(
             cfg, uniform_plan(cfg.model, "bf16"))
@@ -503,6 +524,8 @@ def run(cfg: TrainConfig) -> dict:
         for storage in {s for layer in activation_plan(cfg) for s in layer.values()}:
             if is_quantized(storage):
                 agoq.quantized_bytes(storage, 1, 128)  # a ValueError naming a bad spec, up front
+        if cfg.activations.startswith("hooks:"):
+            agoq.QuantizedSaves(hooks_spec(cfg))  # the same for the hooks' spec
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "log.json")
         mp.spawn(_worker, args=(cfg, free_port(), out), nprocs=cfg.ranks, join=True)

@@ -220,4 +220,4 @@ __version__ = _C.version
 
 from .saved import QuantizedSaves  # noqa: E402  (it uses the calls defined above)
 
-__all__.append("QuantizedSaves")
+__all__ += ["QuantizedSaves"]

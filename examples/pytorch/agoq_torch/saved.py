@@ -63,8 +63,9 @@ class QuantizedSaves:
     raises ValueError, as does an invalid spec.
 
     A saved tensor is quantized when all of these hold; else it is kept as autograd saved it:
-    its dtype is float32, bfloat16 or float16; it has at least two dimensions and
-    ``min_elements`` elements (per-token statistics such as RMSNorm's rstd are vectors); it is
+    it is a dense (strided) tensor of float32, bfloat16 or float16; it has at least two
+    dimensions and ``min_elements`` elements (per-token statistics such as RMSNorm's rstd are
+    vectors); it is
     produced by autograd (neither a leaf tensor nor a view of one: parameters, frozen weights and
     inputs stay alive anyway, so quantizing them would only add memory and error); and its
     quantized buffer is smaller than the tensor. It is quantized as a ``[numel / n, n]`` matrix,
@@ -72,16 +73,19 @@ class QuantizedSaves:
     several projections) is quantized once and shared, while the tensor it came from is alive
     and unmodified (same storage, shape, strides and version).
 
-    Stochastic rounding draws stream positions from ``seed`` and an offset that advances by each
-    quantized tensor's element count, so a forward pass quantizes the same bits every time it
-    runs the same saves in the same order.
+    Stochastic rounding draws stream positions from ``seed`` and an offset that starts at
+    ``offset`` and advances by each quantized tensor's element count, across every use of this
+    context: each forward pass run under it draws new random numbers, and a new context with the
+    same seed and offset repeats the same bits for the same saves in the same order.
 
     ``stats`` counts, since the context was entered: ``saved`` (pack calls), ``quantized``,
-    ``shared``, ``kept``; ``original_bytes`` and ``stored_bytes`` of the quantized tensors (each
-    once), ``kept_bytes`` of the kept ones. With ``record=True``, ``records`` lists one dict per
-    pack call: ``module`` (the innermost ruled module, "" outside them), ``shape``, ``dtype``,
-    ``storage`` (the spec, or None when kept), ``bytes`` (held for backward: the buffer's, the
-    kept tensor's, 0 when shared).
+    ``shared``, ``kept`` (activations kept as saved), ``leaves`` (leaf tensors and their views);
+    ``original_bytes`` and ``stored_bytes`` of the quantized tensors (each once), ``kept_bytes``
+    of the kept activations (each time it is saved). ``stored_bytes + kept_bytes`` is what the
+    saved activations hold. With ``record=True``, ``records`` lists one dict per pack call:
+    ``module`` (the innermost ruled module, "" outside them), ``shape``, ``dtype``, ``storage``
+    (the spec, or None when kept), ``bytes`` (what it adds: the buffer's size, the kept
+    activation's, 0 when shared or a leaf).
 
     Composes with ``torch.utils.checkpoint(use_reentrant=False)``: the checkpoint's own hooks
     are innermost, so its region saves nothing here and recomputes in its backward outside this
@@ -91,7 +95,8 @@ class QuantizedSaves:
     """
 
     def __init__(self, spec, model: torch.nn.Module | None = None, rules=None, *,
-                 min_elements: int = 1024, seed: int = 0, record: bool = False):
+                 min_elements: int = 1024, seed: int = 0, offset: int = 0,
+                 record: bool = False):
         _check_spec(spec, "spec")
         rules = dict(rules or {})
         if rules and model is None:
@@ -108,7 +113,7 @@ class QuantizedSaves:
         self._handles = []
         self._active = []  # (module, spec, name) of the ruled modules whose forward runs
         self._shared = {}
-        self._offset = 0
+        self._offset = offset
         self.stats: dict[str, int] = {}
         self.records: list[dict] = []
 
@@ -132,10 +137,9 @@ class QuantizedSaves:
     def __enter__(self):
         if self._hooks is not None:
             raise RuntimeError("QuantizedSaves: this context is already active")
-        self.stats = dict(saved=0, quantized=0, shared=0, kept=0, original_bytes=0,
+        self.stats = dict(saved=0, quantized=0, shared=0, kept=0, leaves=0, original_bytes=0,
                           stored_bytes=0, kept_bytes=0)
         self.records = []
-        self._offset = 0
         for module, rule, name in self._ruled:
             entry = (module, rule, name)
             self._handles.append(module.register_forward_pre_hook(
@@ -172,10 +176,8 @@ class QuantizedSaves:
         self._shared[key] = (weakref.ref(t), t._version, weakref.ref(packed, forget))
 
     def _quantizable(self, t: torch.Tensor, spec) -> bool:
-        if spec is None or t.dtype not in _DTYPES or t.dim() < 2 or t.numel() < self.min_elements:
-            return False
-        base = t._base if t._base is not None else t
-        if base.grad_fn is None:
+        if (spec is None or t.dtype not in _DTYPES or t.layout != torch.strided or t.dim() < 2
+                or t.numel() < self.min_elements):
             return False
         if any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape)):
             return False  # a broadcast view: its elements share memory, which a copy would not
@@ -187,7 +189,11 @@ class QuantizedSaves:
         stats = self.stats
         stats["saved"] += 1
         held = 0
-        if not self._quantizable(t, spec):
+        base = t._base if t._base is not None else t
+        if base.grad_fn is None:
+            stats["leaves"] += 1  # alive anyway: it costs the backward pass no memory
+            packed, spec = t, None
+        elif not self._quantizable(t, spec):
             stats["kept"] += 1
             held = t.numel() * t.element_size()
             stats["kept_bytes"] += held

@@ -74,7 +74,7 @@ class QuantizedSavesTest(unittest.TestCase):
             y, ly = activation(64, 256, seed=2)
             with agoq.QuantizedSaves(spec, seed=7) as saves:
                 z = (x * y).sum()
-            gx, gy = torch.autograd.grad(z, (lx, ly))
+            gx, gy = torch.autograd.grad(z, (lx, ly), retain_graph=True)
             qx = agoq.fake_quantize(x.detach(), spec, seed=7, offset=0)
             qy = agoq.fake_quantize(y.detach(), spec, seed=7, offset=x.numel())
             self.assertTrue(torch.equal(gx, qy), spec)
@@ -83,6 +83,15 @@ class QuantizedSavesTest(unittest.TestCase):
             self.assertEqual(saves.stats["quantized"], 2)
             self.assertEqual(saves.stats["original_bytes"], 2 * x.numel() * 4)
             self.assertEqual(saves.stats["stored_bytes"], 2 * agoq.quantized_bytes(spec, 64, 256))
+            # The next use of the context goes on from where this one ended.
+            with saves:
+                z = (x * y).sum()
+            gx, gy = torch.autograd.grad(z, (lx, ly), retain_graph=True)
+            self.assertTrue(torch.equal(gx, agoq.fake_quantize(y.detach(), spec, seed=7,
+                                                               offset=3 * x.numel())), spec)
+            with agoq.QuantizedSaves(spec, seed=7, offset=2 * x.numel()):
+                z = (x * y).sum()
+            self.assertTrue(torch.equal(torch.autograd.grad(z, lx)[0], gx), spec)
 
     def test_every_dtype_and_shape(self):
         """bf16 and fp16 tensors, and N-d tensors quantized along their last dimension."""
@@ -120,8 +129,12 @@ class QuantizedSavesTest(unittest.TestCase):
                 z = f()
             quantized = [r for r in saves.records if r["storage"] is not None]
             self.assertEqual(quantized, [], what)
-            self.assertEqual(saves.stats["saved"], len(saves.records), what)
-            self.assertEqual(saves.stats["kept"], saves.stats["saved"] - len(quantized), what)
+            stats = saves.stats
+            self.assertEqual(stats["saved"], len(saves.records), what)
+            self.assertEqual(stats["kept"] + stats["leaves"], stats["saved"], what)
+            self.assertEqual(stats["kept_bytes"], sum(r["bytes"] for r in saves.records), what)
+            leaves = ("a parameter's transpose", "an input", "a broadcast view", "an index")
+            self.assertEqual(stats["leaves"] > 0, what in leaves, what)
             torch.autograd.grad(z, lx if what != "a parameter's transpose" else w)
         # The parameter case: dW = dY^T X from the unquantized input, as without the context.
         x, lx = activation(64, 128)
