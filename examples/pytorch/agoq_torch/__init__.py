@@ -218,6 +218,7 @@ globals().update({name: getattr(_C, name) for name in dir(_C)
 globals().update({name: _dispatching(name, first) for name, first in _DEVICE_CALLS.items()})
 __version__ = _C.version
 
-from .saved import QuantizedSaves  # noqa: E402  (it uses the calls defined above)
+from .saved import (  # noqa: E402  (they use the calls defined above)
+    HF_GPT2_MODULES, HF_LLAMA_MODULES, QuantizedSaves, rules_from_plan)
 
-__all__ += ["QuantizedSaves"]
+__all__ += ["QuantizedSaves", "rules_from_plan", "HF_LLAMA_MODULES", "HF_GPT2_MODULES"]

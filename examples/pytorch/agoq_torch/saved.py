@@ -20,6 +20,81 @@ from . import compress, decompress, quantized_bytes
 #: The floating dtypes agoq quantizes; a tensor of any other dtype is kept as saved.
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
+#: The storages of a plan that keep a tensor as it is (docs/activations.md: "kept precise").
+_PRECISE = ("bf16", "fp32")
+
+#: Where each saved-tensor kind of a LLaMA block (``tensor_kinds("llama")``) is saved in Hugging
+#: Face transformers' ``LlamaDecoderLayer``: module names relative to the layer. The attention
+#: module's own saves (RoPE's and the attention kernel's: Q, K, V, its output and statistics) take
+#: the attention kinds; SiLU's the gate output's; the MLP's own product ``act(gate) * up`` the up
+#: output's.
+HF_LLAMA_MODULES = {
+    "attn_norm_input": ("input_layernorm",),
+    "qkv_input": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "query": ("self_attn",),
+    "key": ("self_attn",),
+    "value": ("self_attn",),
+    "attention_output": ("self_attn",),
+    "softmax_lse": ("self_attn",),
+    "o_proj_input": ("self_attn.o_proj",),
+    "mlp_norm_input": ("post_attention_layernorm",),
+    "mlp_input": ("mlp.gate_proj", "mlp.up_proj"),
+    "gate_output": ("mlp.act_fn",),
+    "up_output": ("mlp",),
+    "swiglu_output": ("mlp.down_proj",),
+}
+
+#: The same for a GPT-style block (``tensor_kinds("gpt")``) in transformers' ``GPT2Block``
+#: (prefix ``"transformer.h.{layer}."``).
+HF_GPT2_MODULES = {
+    "ln1_input": ("ln_1",),
+    "qkv_input": ("attn.c_attn",),
+    "query": ("attn",),
+    "key": ("attn",),
+    "value": ("attn",),
+    "attention_output": ("attn",),
+    "softmax_lse": ("attn",),
+    "o_proj_input": ("attn.c_proj",),
+    "ln2_input": ("ln_2",),
+    "fc1_input": ("mlp.c_fc",),
+    "gelu_input": ("mlp.act",),
+    "fc2_input": ("mlp.c_proj",),
+}
+
+
+def _bytes_per_element(storage):
+    """How much a storage keeps: inf for a precise one, else its codes' and scales' bytes."""
+    return float("inf") if storage in _PRECISE else quantized_bytes(storage, 1, 1 << 16)
+
+
+def rules_from_plan(layers, modules=HF_LLAMA_MODULES, prefix="model.layers.{layer}."):
+    """``QuantizedSaves`` rules that store each layer's saved tensors as a plan says.
+
+    ``layers`` is a plan's per-layer list of ``{kind: storage}`` (``make_plan(...)["layers"]``,
+    ``gpt.uniform_plan``); ``modules`` maps each kind to the modules, relative to a layer, whose
+    saves it is (``HF_LLAMA_MODULES``, ``HF_GPT2_MODULES``, or your model's); ``prefix`` names
+    layer ``i``'s module (``str.format`` with ``layer=i``). Returns ``{module name: spec or
+    None}`` with ``"bf16"`` and ``"fp32"`` mapped to None (kept as saved). Where several kinds
+    share a module (the attention core's), it takes the storage that keeps the most (precise,
+    else the most bytes per element). A kind of the plan that ``modules`` does not place raises
+    ValueError, as does an invalid spec.
+    """
+    rules, keeps = {}, {}
+    for i, layer in enumerate(layers):
+        unplaced = sorted(set(layer) - set(modules))
+        if unplaced:
+            raise ValueError(f"rules_from_plan: the plan's kinds {unplaced} (layer {i}) have no "
+                             f"modules; pass modules= mapping them")
+        for kind, storage in layer.items():
+            if storage not in _PRECISE:
+                _check_spec(storage, f"the storage of {kind!r} in layer {i}")
+            for module in modules[kind]:
+                name = prefix.format(layer=i) + module
+                if name not in rules or _bytes_per_element(storage) > keeps[name]:
+                    rules[name] = None if storage in _PRECISE else storage
+                    keeps[name] = _bytes_per_element(storage)
+    return rules
+
 
 class _Packed:
     """One saved tensor as codes + scales (what the pack hook returns to autograd)."""
@@ -70,8 +145,8 @@ class QuantizedSaves:
     inputs stay alive anyway, so quantizing them would only add memory and error); and its
     quantized buffer is smaller than the tensor. It is quantized as a ``[numel / n, n]`` matrix,
     n its last dimension (groups run along it). A tensor saved several times (the input of
-    several projections) is quantized once and shared, while the tensor it came from is alive
-    and unmodified (same storage, shape, strides and version).
+    several projections) is quantized once and shared, while the tensor it came from (or the one
+    it is a view of) is alive and unmodified (same memory, shape, strides and version).
 
     Stochastic rounding draws stream positions from ``seed`` and an offset that starts at
     ``offset`` and advances by each quantized tensor's element count, across every use of this
@@ -168,12 +243,15 @@ class QuantizedSaves:
                 return
 
     def _remember(self, key, t, packed):
-        """Lets later saves of ``t`` share ``packed``; the entry goes when ``packed`` does."""
+        """Lets later saves of ``t``'s values share ``packed`` while the tensor that owns them
+        (``t``, or the tensor ``t`` is a view of: ops often save a fresh view, as a linear layer
+        its 3-d input flattened) is alive; the entry goes when ``packed`` does."""
         def forget(ref, key=key):
             entry = self._shared.get(key)
             if entry is not None and entry[2] is ref:
                 del self._shared[key]
-        self._shared[key] = (weakref.ref(t), t._version, weakref.ref(packed, forget))
+        owner = t._base if t._base is not None else t
+        self._shared[key] = (weakref.ref(owner), t._version, weakref.ref(packed, forget))
 
     def _quantizable(self, t: torch.Tensor, spec) -> bool:
         if (spec is None or t.dtype not in _DTYPES or t.layout != torch.strided or t.dim() < 2

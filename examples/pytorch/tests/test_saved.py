@@ -65,6 +65,84 @@ class Failing(torch.nn.Module):
         raise ArithmeticError("failed on purpose")
 
 
+class HfRMSNorm(torch.nn.Module):
+    """transformers' LlamaRMSNorm, op for op."""
+
+    def __init__(self, width, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class HfAttention(torch.nn.Module):
+    """A causal attention with LlamaAttention's module names."""
+
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            torch.nn.Linear(width, width, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        b, s, w = x.shape
+        q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+        o = torch.softmax(scores, -1) @ v
+        return self.o_proj(o.transpose(1, 2).reshape(b, s, w))
+
+
+class HfMlp(torch.nn.Module):
+    def __init__(self, width, ffn):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(width, ffn, bias=False)
+        self.up_proj = torch.nn.Linear(width, ffn, bias=False)
+        self.down_proj = torch.nn.Linear(ffn, width, bias=False)
+        self.act_fn = torch.nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class HfLayer(torch.nn.Module):
+    def __init__(self, width, heads, ffn):
+        super().__init__()
+        self.input_layernorm = HfRMSNorm(width)
+        self.self_attn = HfAttention(width, heads)
+        self.post_attention_layernorm = HfRMSNorm(width)
+        self.mlp = HfMlp(width, ffn)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class HfLlama(torch.nn.Module):
+    """LlamaForCausalLM's module tree: model.embed_tokens, model.layers.<i>, model.norm,
+    lm_head."""
+
+    def __init__(self, layers=2, width=128, heads=4, ffn=384, vocab=256):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = torch.nn.Embedding(vocab, width)
+        self.model.layers = torch.nn.ModuleList(HfLayer(width, heads, ffn) for _ in range(layers))
+        self.model.norm = HfRMSNorm(width)
+        self.lm_head = torch.nn.Linear(width, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.model.embed_tokens(idx)
+        for layer in self.model.layers:
+            x = layer(x)
+        return self.lm_head(self.model.norm(x))
+
+
 class QuantizedSavesTest(unittest.TestCase):
     def test_backward_reads_the_quantized_copies(self):
         """x * y saves both: each gradient is the other factor's fake-quantized copy, bit for bit;
@@ -267,6 +345,69 @@ class QuantizedSavesTest(unittest.TestCase):
         got = torch.autograd.grad(z, [lx] + list(model.parameters()))
         self.assertEqual(saves.stats["quantized"], 0)
         self.assertTrue(all(torch.equal(a, b) for a, b in zip(got, want)))
+
+    def test_rules_from_a_plan(self):
+        """A plan's storages reach the saves of the modules of a transformers-style LLaMA: each
+        layer's norms, projections, SiLU and MLP product quantized as its plan says, attention
+        and the layers' outside kept."""
+        torch.manual_seed(0)
+        model = HfLlama()
+        defaults = {k: v[0] for k, v in agoq.default_policy().items()}
+        defaults["o_proj_input"] = "bf16"  # an alias of attention_output (not in the policy)
+        plan = [{k: defaults[k] for k in agoq.tensor_kinds("llama")},
+                {k: (INT8 if defaults[k] == INT4 else defaults[k])
+                 for k in agoq.tensor_kinds("llama")}]
+        plan[1]["up_output"] = INT8_SR
+        rules = agoq.rules_from_plan(plan)
+        # Which kind's storage each module's saves take (transformers' layer, by hand).
+        kind_of = {"input_layernorm": "attn_norm_input", "self_attn.q_proj": "qkv_input",
+                   "self_attn.k_proj": "qkv_input", "self_attn.v_proj": "qkv_input",
+                   "self_attn": "attention_output", "self_attn.o_proj": "o_proj_input",
+                   "post_attention_layernorm": "mlp_norm_input", "mlp.gate_proj": "mlp_input",
+                   "mlp.up_proj": "mlp_input", "mlp.act_fn": "gate_output", "mlp": "up_output",
+                   "mlp.down_proj": "swiglu_output"}
+        self.assertEqual(set(rules), {f"model.layers.{i}.{m}" for i in range(2) for m in kind_of})
+        idx = torch.randint(0, 256, (2, 64))
+        with agoq.QuantizedSaves(None, model, rules, record=True) as saves:
+            loss = F.cross_entropy(model(idx).flatten(0, 1), idx.flatten())
+        loss.backward()
+        quantizing = set()
+        for r in saves.records:
+            if r["module"] == "":
+                self.assertIsNone(r["storage"])  # embedding, final norm, head
+                continue
+            layer, module = r["module"].split(".", 3)[2:]
+            want = plan[int(layer)][kind_of[module]]
+            if r["storage"] is not None:
+                self.assertEqual(r["storage"], want, r)
+                quantizing.add(r["module"])
+        self.assertEqual(quantizing, {f"model.layers.{i}.{m}" for i in range(2) for m in kind_of
+                                      if m not in ("self_attn", "self_attn.o_proj")})
+        # The Q, K and V projections read one tensor: quantized by the first, shared after.
+        shared = [r["bytes"] for r in saves.records if r["storage"] is not None
+                  and r["module"].endswith(("q_proj", "k_proj", "v_proj"))]
+        self.assertEqual([b > 0 for b in shared], [True, False, False] * 2)
+        self.assertTrue(all(p.grad is not None and p.grad.isfinite().all()
+                            for p in model.parameters()))
+
+    def test_rules_from_plan_choices_and_errors(self):
+        kinds = agoq.tensor_kinds("llama")
+        plan = [dict.fromkeys(kinds, INT4)]
+        self.assertEqual(set(agoq.rules_from_plan(plan).values()), {INT4})
+        # Kinds that share a module: the storage that keeps the most.
+        plan[0].update(query=INT8, key="int8_g32_sym_rne_f32")
+        self.assertEqual(agoq.rules_from_plan(plan)["model.layers.0.self_attn"],
+                         "int8_g32_sym_rne_f32")
+        plan[0]["value"] = "bf16"
+        self.assertIsNone(agoq.rules_from_plan(plan)["model.layers.0.self_attn"])
+        gpt_plan = [dict.fromkeys(agoq.tensor_kinds("gpt"), INT8)]
+        rules = agoq.rules_from_plan(gpt_plan, agoq.HF_GPT2_MODULES, "transformer.h.{layer}.")
+        self.assertEqual(rules["transformer.h.0.mlp.act"], INT8)
+        self.assertEqual(len(rules), 8)
+        with self.assertRaisesRegex(ValueError, r"\['fc1_input'.*layer 0"):
+            agoq.rules_from_plan(gpt_plan)
+        with self.assertRaisesRegex(ValueError, "'mlp_input' in layer 0"):
+            agoq.rules_from_plan([dict(plan[0], mlp_input="int4")])
 
     def test_bad_arguments(self):
         model = Block()
