@@ -54,9 +54,9 @@ void usage() {
       "usage: agoq_plan [--config FILE] [--preset llama3-8b|qwen2.5-32b|gpt3-1.3b]\n"
       "  [--style llama|gpt] [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N]\n"
       "  [--head-dim N] [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N]\n"
-      "  [--vp-rules core|legacy] [--dp N] [--zero 0-3] [--sp] [--no-sp] [--micro-batch N]\n"
-      "  [--seq N] [--micro-batches N] [--grad fp32|bf16|int8] [--optim fp32|int8]\n"
-      "  [--bucket N] [--reserved-gib X] [--recompute none|uniform|block]\n"
+      "  [--vp-rules core|legacy] [--dp N] [--cp N] [--zero 0-3] [--sp] [--no-sp]\n"
+      "  [--micro-batch N] [--seq N] [--micro-batches N] [--grad fp32|bf16|int8]\n"
+      "  [--optim fp32|int8] [--bucket N] [--reserved-gib X] [--recompute none|uniform|block]\n"
       "  [--recompute-layers N] [--budget-gib X] [--sensitivity KIND[@LAYER]=W]...\n"
       "  [--outlier KIND=K]... [--fit-recompute] [--verbose] [--json]\n"
       "--vp N > 1 runs Megatron's interleaved schedule: by default Megatron-Core's, in groups of\n"
@@ -66,8 +66,11 @@ void usage() {
       "forward first when they equal pp). --micro-batches 0 (default) fills the pipeline.\n"
       "The transient column is the working memory at the peak: the largest layer (or output\n"
       "head) backward phase, gradient staging and 8-bit reduction buffers of one --bucket of\n"
-      "parameters (default 0: Megatron-Core's max(40M, 1M dp)), and --reserved-gib (default 1)\n"
-      "for the CUDA context, GEMM workspaces and NCCL; --verbose splits it.\n"
+      "parameters (default 0: Megatron-Core's max(40M, 1M dp cp)), and --reserved-gib (default\n"
+      "1) for the CUDA context, GEMM workspaces and NCCL; --verbose splits it.\n"
+      "--cp N is context parallelism: each sequence split over N ranks (seq / N tokens a rank,\n"
+      "seq a multiple of 2N), with ring attention's buffers in the transient memory; ZeRO and\n"
+      "the gradient reduction run over dp x cp ranks.\n"
       "--recompute uniform|block with --recompute-layers N is Megatron's full activation\n"
       "recomputation (recompute_method, recompute_num_layers; per model chunk): uniform, every\n"
       "layer in checkpoints of N; block, the first N layers, one checkpoint each. A recomputed\n"
@@ -172,6 +175,8 @@ void apply(options& o, std::string const& key, std::string const& v) {
                                           : throw std::invalid_argument("vp-rules: core|legacy");
   } else if (key == "dp") {
     o.parallel.dp = to_int(key, v);
+  } else if (key == "cp") {
+    o.parallel.cp = to_int(key, v);
   } else if (key == "zero") {
     std::int64_t const stage = to_int(key, v);
     if (stage < 0 || stage > 3) throw std::invalid_argument("zero is 0, 1, 2 or 3, got " + v);
@@ -470,6 +475,7 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
                                 {"vp_group", json_number(p.vp_group > 0 ? p.vp_group : p.pp)},
                                 {"vp_rules", json_string(act::name_of(p.vp_rules))},
                                 {"dp", json_number(p.dp)},
+                                {"cp", json_number(p.cp)},
                                 {"zero", json_number(std::int64_t{p.zero_stage})},
                                 {"sp", json_bool(p.sp)}})},
       {"step", json_object({{"micro_batch", json_number(o.step.micro_batch)},
@@ -577,11 +583,12 @@ int run(int argc, char** argv) {
                                          act::name_of(p.vp_rules) + ", groups of " +
                                          std::to_string(p.vp_group > 0 ? p.vp_group : p.pp);
   std::printf(
-      "parallel: tp %lld, pp %lld (%s), dp %lld, ZeRO-%d, sp %s; micro-batch %lld x seq "
+      "parallel: tp %lld, pp %lld (%s), dp %lld%s, ZeRO-%d, sp %s; micro-batch %lld x seq "
       "%lld, micro-batches %s\n",
       static_cast<long long>(p.tp), static_cast<long long>(p.pp), schedule.c_str(),
-      static_cast<long long>(p.dp), p.zero_stage, p.sp ? "on" : "off",
-      static_cast<long long>(o.step.micro_batch), static_cast<long long>(o.step.seq),
+      static_cast<long long>(p.dp), p.cp > 1 ? (", cp " + std::to_string(p.cp)).c_str() : "",
+      p.zero_stage, p.sp ? "on" : "off", static_cast<long long>(o.step.micro_batch),
+      static_cast<long long>(o.step.seq),
       o.step.micro_batches > 0 ? std::to_string(o.step.micro_batches).c_str()
                                : "fill the pipeline");
   if (o.step.recompute != act::recompute_method::none)

@@ -64,6 +64,18 @@ check(fit_recompute_json 0 "\"fit_recompute\": {\"baseline\": null, \"agoq\": 2}
   --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 14
   --recompute block --recompute-layers 2 --fit-recompute --json)
 
+# Context parallelism: CP 2 over 16384-token sequences keeps CP 1's activations at 8192 (17.02
+# GiB on stage 0) with ZeRO-1 over dp x cp = 8 (memory_model_test checks it by hand).
+string(CONCAT cp_table "parallel: tp 2, pp 4 \\(1F1B\\), dp 4, cp 2, ZeRO-1, sp on; micro-batch 1 x "
+  "seq 16384.*\n     0         4     2.11     0.53     4.23     1.06     0.00       17.02")
+check(context_parallel 0 "${cp_table}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --cp 2 --zero 1
+  --sp --seq 16384)
+check(context_parallel_json 0 "\"dp\": 4, \"cp\": 2, \"zero\": 1" --preset llama3-8b --pp 4
+  --dp 4 --cp 2 --zero 1 --seq 16384 --json)
+check(bad_cp_split 1 "agoq_plan: .*seq \\(8192\\) must split into 2 cp = 6 equal chunks"
+  --cp 3 --seq 8192)
+check(zero_cp 1 "agoq_plan: .*tp, pp, dp, cp and virtual_stages must be positive" --cp 0)
+
 # Bad input: exit status 1 and a message naming the problem.
 check(fit_without_budget 1 "agoq_plan: --fit-recompute needs --budget-gib" --fit-recompute)
 check(bad_recompute 1 "agoq_plan: recompute: none\\|uniform\\|block" --recompute selective)

@@ -823,6 +823,63 @@ TEST_CASE("transient memory of a whole pipeline, by hand") {
   CHECK_THROWS_AS(estimate_memory(m, p, bare, {}, policy_table{}), agoq::invalid_argument);
 }
 
+TEST_CASE("context parallelism, by hand") {
+  // LLaMA-3-8B, TP 2, PP 4, DP 4, ZeRO-1, SP. With CP 2 each rank holds 4096 of a sequence's
+  // 8192 tokens: the activations of CP 1 with 4096-token sequences, the states of DP 8.
+  model_shape const m = preset_model("llama3-8b");
+  parallel_config p{2, 4, 4, 1, 1, true};
+  p.cp = 2;
+  CHECK(p.gradient_ranks() == 8);
+  parallel_config half = p;
+  half.cp = 1;
+  parallel_config dp8 = half;
+  dp8.dp = 8;
+  state_formats const agoq8{gradient_format::int8_g128, optimizer_format::fp32};
+  for (auto const f : {state_formats{}, agoq8}) {
+    auto const cp = estimate_memory(m, p, {1, 8192, 0}, f, policy_table{});
+    auto const short_seq = estimate_memory(m, half, {1, 4096, 0}, f, policy_table{});
+    auto const wide = estimate_memory(m, dp8, {1, 4096, 0}, f, policy_table{});
+    for (std::size_t s = 0; s < 4; ++s) {
+      CHECK(cp[s].activations == short_seq[s].activations);
+      CHECK(cp[s].head_activations == short_seq[s].head_activations);
+      CHECK(cp[s].states() == wide[s].states());
+      CHECK(cp[s].master_weights < short_seq[s].master_weights);
+      CHECK(cp[s].gradient_buffers == wide[s].gradient_buffers);
+      // The ring attention's buffers: 16 T0 k = 16 x 4096 x 512 on the attention phase, which
+      // stays below the gate/up phase here, so the working memory is CP 1's at 4096 tokens.
+      CHECK(cp[s].working == short_seq[s].working);
+    }
+  }
+  // The split needs 2 cp equal chunks of each sequence; cp is positive.
+  CHECK_THROWS_WITH_AS(estimate_memory(m, p, {1, 8190, 0}, {}, policy_table{}),
+                       doctest::Contains("2 cp = 4 equal chunks"), agoq::invalid_argument);
+  CHECK_NOTHROW(estimate_memory(m, p, {1, 8196, 0}, {}, policy_table{}));
+  p.cp = 0;
+  CHECK_THROWS_AS(estimate_memory(m, p, {1, 8192, 0}, {}, policy_table{}), agoq::invalid_argument);
+  CHECK_THROWS_AS(
+      layer_working_bytes(m, shard_shape{1, 8192, 2, true, 0}, [](tensor_kind) { return false; }),
+      agoq::invalid_argument);
+  // The ring attention's working memory: h 256, f 512, 4 heads of 64, 2 kv heads, T0 = 128
+  // tokens on the rank, q = 256, k = 128, L = 2,048, R = 65,536 (the first case of "transient
+  // working memory of a layer"): attention 460,800 is the largest phase. CP adds the backward's
+  // two KV-and-gradient buffers, 16 T0 k = 262,144, to it: 65,536 + 722,944 = 788,480. The
+  // forward keeps cp KV chunks, outputs and logsumexps, cp (4 T0 k + 2 T0 q + L) = cp x 133,120:
+  // 266,240 for cp 2, below the backward, 1,064,960 for cp 8, above it.
+  model_shape const small{block_style::llama, 8, 256, 512, 4, 2, 0, 1000, false};
+  auto const precise = [](tensor_kind) { return false; };
+  CHECK(layer_working_bytes(small, shard_shape{1, 128, 1, false}, precise) == 65536 + 460800);
+  CHECK(layer_working_bytes(small, shard_shape{1, 128, 1, false, 2}, precise) == 788480);
+  CHECK(layer_working_bytes(small, shard_shape{1, 128, 1, false, 8}, precise) == 1064960);
+  // ... and estimate_memory passes the rank's part and cp on: 1 x 1024 tokens over CP 8 on one
+  // pipeline device is that layer working set, or the head's if larger.
+  parallel_config ring;
+  ring.cp = 8;
+  auto const one = estimate_memory(small, ring, {1, 1024, 0}, {}, policy_table{})[0];
+  CHECK(one.working ==
+        std::max<std::int64_t>(1064960,
+                               head_working_bytes(small, shard_shape{1, 128, 1, false, 8}, false)));
+}
+
 TEST_CASE("configuration errors") {
   parallel_config p;
   p.pp = 3;

@@ -389,6 +389,29 @@ class PlanningTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "at least 1 with recompute uniform"):
             agoq.estimate_memory(LLAMA, 8, 128, recompute="uniform")
 
+    def test_context_parallelism(self):
+        # CP 2 over 256-token sequences: each rank holds 128 tokens of each, so the activations of
+        # CP 1 at 128 and the states of DP 4 (ZeRO-1 shards over dp x cp).
+        kw = dict(pp=2, zero=1, gradients="int8")
+        cp = agoq.estimate_memory(LLAMA, 8, 256, dp=2, cp=2, **kw)
+        short = agoq.estimate_memory(LLAMA, 8, 128, dp=2, **kw)
+        wide = agoq.estimate_memory(LLAMA, 8, 128, dp=4, **kw)
+        for a, b, c in zip(cp, short, wide):
+            self.assertEqual(a["activations"], b["activations"])
+            self.assertEqual(a["head_activations"], b["head_activations"])
+            for key in ("weights", "master_weights", "gradients", "optimizer", "gradient_buffers"):
+                self.assertEqual(a[key], c[key], key)
+            # The ring attention's buffers are the only other change: more, never less.
+            self.assertGreaterEqual(a["working"], b["working"])
+        budget = 2 * cp[0]["total"]
+        plan = agoq.make_plan(LLAMA, 8, 256, budget, dp=2, cp=2, **kw)
+        self.assertLessEqual(max(s["total"] for s in plan["stages"]), budget)
+        self.assertEqual(agoq.least_block_recompute(LLAMA, 8, 256, budget, dp=2, cp=2, **kw), 0)
+        with self.assertRaisesRegex(ValueError, "2 cp = 6 equal chunks"):
+            agoq.estimate_memory(LLAMA, 8, 256, cp=3)
+        with self.assertRaisesRegex(ValueError, "cp and virtual_stages must be positive"):
+            agoq.make_plan(LLAMA, 8, 256, budget, cp=0)
+
     def test_error_model_defaults(self):
         defaults = agoq.error_model_defaults()
         # Every kind that owns storage, of both styles; o_proj_input is the attention output's.

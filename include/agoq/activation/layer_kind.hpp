@@ -273,26 +273,31 @@ inline model_shape preset_model(std::string_view name) {
 /// Tensor and sequence parallelism of one micro-batch's activations, and its size.
 struct shard_shape {
   std::int64_t micro_batch = 1;  ///< sequences per micro-batch (b)
-  std::int64_t seq = 4096;       ///< tokens per sequence (s)
+  std::int64_t seq = 4096;       ///< tokens per sequence on this rank (s; s_total / cp)
   std::int64_t tp = 1;           ///< tensor-parallel degree (t)
   bool sp = false;               ///< sequence parallelism (Korthikanti et al. 2022)
+  /// Context-parallel degree: the ranks a sequence is split over (seq is one rank's part); it
+  /// sizes the ring attention's transient buffers (layer_working_bytes).
+  std::int64_t cp = 1;
 
   /// Tokens of one micro-batch, b * s.
   constexpr std::int64_t tokens() const noexcept { return micro_batch * seq; }
 
-  /// 64 tokens W, W = 4 h + 2 q + 2 k + 4 f + heads + 2 vocab (the widths of
+  /// 64 tokens cp W, W = 4 h + 2 q + 2 k + 4 f + heads + 2 vocab (the widths of
   /// model_shape::parameter_bound), in long double: an upper bound of the bytes of one
   /// micro-batch's saved tensors of one layer (at most 6 bytes an element, plus 8 KiB of section
-  /// alignment), of those of the output head, and of the working set of either's backward pass.
+  /// alignment), of those of the output head, and of the working set of either's backward pass
+  /// (and of the ring attention's forward, whose buffers grow with cp).
   long double byte_bound(model_shape const& m) const noexcept {
     auto const [h, q, k, f] = m.width_bounds();
     long double const width = 4 * h + 2 * q + 2 * k + 4 * f + static_cast<long double>(m.heads) +
                               2 * static_cast<long double>(m.vocab);
-    return 64 * static_cast<long double>(micro_batch) * static_cast<long double>(seq) * width;
+    return 64 * static_cast<long double>(micro_batch) * static_cast<long double>(seq) *
+           static_cast<long double>(cp) * width;
   }
 
   /// Throws agoq::invalid_argument unless the shard suits model `m` (which it validates):
-  /// micro_batch, seq and tp positive; tp dividing heads and ffn, and micro_batch * seq under
+  /// micro_batch, seq, tp and cp positive; tp dividing heads and ffn, and micro_batch * seq under
   /// sequence parallelism; and few enough tokens for 64-bit byte counts: byte_bound(m) <=
   /// max_size_count.
   void validate(model_shape const& m) const;
@@ -300,8 +305,8 @@ struct shard_shape {
 
 inline void shard_shape::validate(model_shape const& m) const {
   m.validate();
-  AGOQ_EXPECTS(micro_batch >= 1 && seq >= 1 && tp >= 1,
-               "shapes: micro_batch, seq and tp must be positive");
+  AGOQ_EXPECTS(micro_batch >= 1 && seq >= 1 && tp >= 1 && cp >= 1,
+               "shapes: micro_batch, seq, tp and cp must be positive");
   AGOQ_EXPECTS(
       byte_bound(m) <= static_cast<long double>(max_size_count),
       "shapes: micro_batch x seq = " + detail::approx(static_cast<long double>(micro_batch) * seq) +

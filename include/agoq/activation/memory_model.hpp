@@ -51,13 +51,22 @@ struct parallel_config {
   std::int64_t dp = 1;              ///< data-parallel degree
   std::int64_t virtual_stages = 1;  ///< model chunks per pipeline device (v; > 1: interleaved)
   int zero_stage = 0;               ///< ZeRO: 1 shards optimizer states and master weights over
-                                    ///< dp, 2 also gradients, 3 also the bf16 weights
+                                    ///< dp x cp, 2 also gradients, 3 also the bf16 weights
   bool sp = false;                  ///< sequence parallelism
   std::int64_t vp_group = 0;        ///< interleaved schedule: micro-batches per group through each
                                     ///< chunk (Megatron-Core's microbatch_group_size_per_vp_stage,
                                     ///< g); 0: pp. Unused when virtual_stages == 1.
   interleaved_rules vp_rules = interleaved_rules::megatron_core;  ///< the interleaved schedule's
                                                                   ///< rules (unused for v = 1)
+  /// Context parallelism (Megatron-Core's context_parallel_size): each sequence split over cp
+  /// ranks, 2 cp chunks of seq / (2 cp) tokens, each rank holding two (the load-balanced causal
+  /// split); the ranks hold the same weights, and gradients are reduced, and ZeRO shards, over
+  /// dp x cp (gradient_ranks()).
+  std::int64_t cp = 1;
+
+  /// The ranks that hold the same weights and reduce their gradients together, which ZeRO shards
+  /// over: dp x cp (Megatron-Core's data-parallel group with context parallelism).
+  std::int64_t gradient_ranks() const noexcept { return dp * cp; }
 
   /// Layers per model chunk, layers / (pp * virtual_stages).
   std::int64_t layers_per_chunk(model_shape const& m) const noexcept {
@@ -100,8 +109,12 @@ inline void check_group(std::int64_t pp, std::int64_t v, std::int64_t group,
 
 inline void parallel_config::validate(model_shape const& m) const {
   m.validate();
-  AGOQ_EXPECTS(tp >= 1 && pp >= 1 && dp >= 1 && virtual_stages >= 1,
-               "parallel_config: tp, pp, dp and virtual_stages must be positive");
+  AGOQ_EXPECTS(tp >= 1 && pp >= 1 && dp >= 1 && cp >= 1 && virtual_stages >= 1,
+               "parallel_config: tp, pp, dp, cp and virtual_stages must be positive");
+  AGOQ_EXPECTS(dp <= max_size_count / cp,
+               "parallel_config: dp x cp = " +
+                   detail::approx(static_cast<long double>(dp) * static_cast<long double>(cp)) +
+                   " ranks are too many");
   AGOQ_EXPECTS(zero_stage >= 0 && zero_stage <= 3,
                "parallel_config: zero_stage is 0, 1, 2 or 3, got " + std::to_string(zero_stage));
   AGOQ_EXPECTS(virtual_stages == 1 || pp >= 2,
@@ -144,7 +157,7 @@ struct step_config {
   std::int64_t micro_batches = 0;  ///< micro-batches per step per pipeline (m); 0: enough to
                                    ///< fill the pipeline (no cap on the in-flight counts)
   /// Parameters per gradient-reduction bucket (Megatron-Core's
-  /// DistributedDataParallelConfig.bucket_size); 0: its default, max(40,000,000, 1,000,000 dp).
+  /// DistributedDataParallelConfig.bucket_size); 0: its default, max(40,000,000, 1,000,000 dp cp).
   std::int64_t bucket_parameters = 0;
   /// Fixed allowance per GPU for what the model does not size: the CUDA context, GEMM
   /// workspaces, NCCL's own buffers.
@@ -507,7 +520,7 @@ inline std::int64_t optimizer_bytes(optimizer_format o, std::int64_t n) {
 struct stage_memory {
   std::int64_t stage = 0;
   std::int64_t parameters = 0;          ///< parameters of its chunks on one TP rank (unsharded)
-  std::int64_t weights = 0;             ///< bf16 weights (sharded over dp under ZeRO-3)
+  std::int64_t weights = 0;             ///< bf16 weights (sharded over dp x cp under ZeRO-3)
   std::int64_t master_weights = 0;      ///< fp32 master copy (sharded under ZeRO >= 1)
   std::int64_t gradients = 0;           ///< gradient buffer (sharded under ZeRO >= 2)
   std::int64_t optimizer = 0;           ///< Adam moments (sharded under ZeRO >= 1)
@@ -548,9 +561,14 @@ struct stage_memory {
   }
 };
 
-/// The shard shape of the activations under `p` for a step `st`.
+/// The shard shape of the activations under `p` for a step `st`: seq / cp tokens of each
+/// sequence. Throws agoq::invalid_argument when cp > 1 does not split seq into 2 cp equal chunks
+/// (Megatron-Core's load-balanced split needs seq divisible by 2 cp).
 inline shard_shape shard_of(parallel_config const& p, step_config const& st) {
-  return {st.micro_batch, st.seq, p.tp, p.sp};
+  AGOQ_EXPECTS(p.cp >= 1 && (p.cp == 1 || (st.seq >= 1 && st.seq % (2 * p.cp) == 0)),
+               "context parallelism: seq (" + std::to_string(st.seq) +
+                   ") must split into 2 cp = " + std::to_string(2 * p.cp) + " equal chunks");
+  return {st.micro_batch, st.seq / p.cp, p.tp, p.sp, p.cp};
 }
 
 /// Bytes of one micro-batch's saved activations of one layer with the storage `choose(kind)`
@@ -665,7 +683,13 @@ inline std::int64_t largest_layer_matrix(model_shape const& m, std::int64_t tp) 
 ///   D(softmax_lse);
 /// - QKV projection: 2 T0 (q + 2k) + 2 T0 h + G + D(qkv_input).
 /// Each forward phase holds no more than one of these (its bf16 outputs are the backward's
-/// gradients). Throws agoq::invalid_argument as shape_of.
+/// gradients), but for the ring attention of context parallelism (cp > 1; T0 is then this rank's
+/// tokens, seq / cp of each sequence), as Transformer Engine's AttnFuncWithCPAndKVP2P runs it:
+/// its forward keeps every KV chunk the ring brings ([T0, 2k] bf16, cp of them, its own copy
+/// included) and each step's output and fp32 logsumexp until the last step merges them,
+/// cp (4 T0 k + 2 T0 q + L), without the residual-stream gradient; its backward adds to the flash
+/// attention phase two buffers that each hold a KV chunk and its gradient in flight, 16 T0 k.
+/// Throws agoq::invalid_argument as shape_of.
 template <class Quantized>
 requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_bytes(
     model_shape const& m, shard_shape const& sh, Quantized&& quantized) {
@@ -684,17 +708,19 @@ requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_byte
           bf16(llama ? tensor_kind::mlp_input : tensor_kind::fc1_input),
       g + 2 * t0 * q + bf16(tensor_kind::attention_output),
       2 * t0 * q + 2 * t0 * (q + 2 * k) + 4 * t0 * q + lse + (k < q ? 4 * t0 * q : 0) +
-          bf16(tensor_kind::query) + bf16(tensor_kind::key) + bf16(tensor_kind::value) +
-          bf16(tensor_kind::attention_output) + bf16(tensor_kind::softmax_lse),
+          (sh.cp > 1 ? 16 * t0 * k : 0) + bf16(tensor_kind::query) + bf16(tensor_kind::key) +
+          bf16(tensor_kind::value) + bf16(tensor_kind::attention_output) +
+          bf16(tensor_kind::softmax_lse),
       2 * t0 * (q + 2 * k) + 2 * t0 * h + g + bf16(tensor_kind::qkv_input)};
-  return 2 * rows * h + std::ranges::max(phases);
+  std::int64_t const ring_forward = sh.cp > 1 ? sh.cp * (4 * t0 * k + 2 * t0 * q + lse) : 0;
+  return std::max(2 * rows * h + std::ranges::max(phases), ring_forward);
 }
 
 /// True when the backward's weight gradients cannot go straight into the kept gradient (as
 /// Megatron's gradient accumulation fusion adds them into a dense fp32 or bf16 buffer) and are
-/// written in bf16 first: agoq's 8-bit buffer, or a buffer sharded over dp > 1 (ZeRO-2, -3).
+/// written in bf16 first: agoq's 8-bit buffer, or a buffer sharded over dp x cp > 1 (ZeRO-2, -3).
 inline bool stages_gradients(parallel_config const& p, gradient_format g) noexcept {
-  return g == gradient_format::int8_g128 || (p.zero_stage >= 2 && p.dp > 1);
+  return g == gradient_format::int8_g128 || (p.zero_stage >= 2 && p.gradient_ranks() > 1);
 }
 
 /// Bytes of the output head's transient working set on the last pipeline device, for one
@@ -711,24 +737,25 @@ inline std::int64_t head_working_bytes(model_shape const& m, shard_shape const& 
 }
 
 /// Parameters per gradient bucket on a device holding `parameters`: step_config::bucket_parameters,
-/// or Megatron-Core's default max(40,000,000, 1,000,000 dp) when it is 0; never less than
+/// or Megatron-Core's default max(40,000,000, 1,000,000 dp cp) when it is 0; never less than
 /// largest_layer_matrix, never more than the device holds.
 inline std::int64_t bucket_parameters(model_shape const& m, parallel_config const& p,
                                       step_config const& st, std::int64_t parameters) {
   // Past parameters / 10^6 ranks the default exceeds the device's parameters (without overflow).
   std::int64_t const per_rank = 1'000'000;
-  std::int64_t const bucket = st.bucket_parameters > 0 ? st.bucket_parameters
-                              : p.dp > parameters / per_rank
-                                  ? parameters
-                                  : std::max<std::int64_t>(40'000'000, per_rank * p.dp);
+  std::int64_t const bucket =
+      st.bucket_parameters > 0 ? st.bucket_parameters
+      : p.gradient_ranks() > parameters / per_rank
+          ? parameters
+          : std::max<std::int64_t>(40'000'000, per_rank * p.gradient_ranks());
   return std::min(std::max(bucket, largest_layer_matrix(m, p.tp)), parameters);
 }
 
 /// Bytes of the gradient buffers counted at the peak of a device holding `parameters`, for a
 /// bucket of n = bucket_parameters: when
-/// stages_gradients, the bucket's bf16 gradient (2 n); for agoq's 8-bit buffer over dp > 1, also
+/// stages_gradients, the bucket's bf16 gradient (2 n); for agoq's 8-bit buffer over dp cp > 1, also
 /// the device workspace of the 8-bit collective over it (gradient::collective_workspace, groups of
-/// 128 on dp ranks: the reduce-scatter under ZeRO >= 1, else the all-reduce). fp32 and bf16
+/// 128 on dp cp ranks: the reduce-scatter under ZeRO >= 1, else the all-reduce). fp32 and bf16
 /// buffers are reduced in place (NCCL's own buffers are in the reserved allowance): 0. The
 /// collective runs after the backward or, overlapped, during the last micro-batch's; counting it
 /// at the peak is an upper bound.
@@ -738,16 +765,17 @@ inline std::int64_t gradient_buffer_bytes(model_shape const& m, parallel_config 
   if (!stages_gradients(p, g)) return 0;
   std::int64_t const n = bucket_parameters(m, p, st, parameters);
   std::int64_t bytes = 2 * n;
-  if (g == gradient_format::int8_g128 && p.dp > 1)
-    bytes +=
-        gradient::collective_workspace(gradient::chunk_plan(n, 128, p.dp), p.zero_stage == 0).total;
+  std::int64_t const ranks = p.gradient_ranks();
+  if (g == gradient_format::int8_g128 && ranks > 1)
+    bytes += gradient::collective_workspace(gradient::chunk_plan(n, 128, ranks), p.zero_stage == 0)
+                 .total;
   return bytes;
 }
 
 namespace detail {
 
 /// Throws agoq::invalid_argument unless every count estimate_memory forms fits 64 bits: an upper
-/// bound of any device's total, 64 P + U (c (B/8 + 8 KiB) + B/8) + B + 512 dp + 4 KiB +
+/// bound of any device's total, 64 P + U (c (B/8 + 8 KiB) + B/8) + B + 512 dp cp + 4 KiB +
 /// reserved, at most max_size_count, with P = model_shape::parameter_bound (64 bytes a parameter
 /// bound the states, the head's staged weight gradient and the gradient buffers but for their
 /// 512 bytes a rank), B = shard_shape::byte_bound (the working set; B/8 bounds one micro-batch's
@@ -765,7 +793,8 @@ inline void check_step_size(model_shape const& m, parallel_config const& p, step
   long double const bound =
       64 * m.parameter_bound() +
       copies * (static_cast<long double>(p.layers_per_chunk(m)) * (b / 8 + 8192) + b / 8) + b +
-      512 * static_cast<long double>(p.dp) + 4096 + static_cast<long double>(st.reserved_bytes);
+      512 * static_cast<long double>(p.gradient_ranks()) + 4096 +
+      static_cast<long double>(st.reserved_bytes);
   AGOQ_EXPECTS(bound <= static_cast<long double>(max_size_count),
                "estimate_memory: the step is too large to count in 64-bit bytes: a device could "
                "need up to " +
@@ -869,7 +898,8 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
     if (last && (!m.tied_embeddings || p.pp > 1)) s.parameters += embedding;
     if (last) s.parameters += final_norm;
     auto shard = [&](int from_stage) {
-      return p.zero_stage >= from_stage ? agoq::detail::ceil_div(s.parameters, p.dp) : s.parameters;
+      return p.zero_stage >= from_stage ? agoq::detail::ceil_div(s.parameters, p.gradient_ranks())
+                                        : s.parameters;
     };
     s.weights = 2 * shard(3);
     if (p.zero_stage == 3) {

@@ -155,9 +155,10 @@ layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t m
                       std::int64_t tp, std::int64_t pp, std::int64_t vp, std::int64_t dp, int zero,
                       bool sp, std::int64_t vp_group, std::string const& vp_rules,
                       std::int64_t bucket_parameters, std::int64_t reserved_bytes,
-                      std::string const& recompute, std::int64_t recompute_layers) {
+                      std::string const& recompute, std::int64_t recompute_layers,
+                      std::int64_t cp) {
   layout_args a;
-  a.parallel = {tp, pp, dp, vp, zero, sp, vp_group, rules_of(vp_rules)};
+  a.parallel = {tp, pp, dp, vp, zero, sp, vp_group, rules_of(vp_rules), cp};
   a.step = {micro_batch, seq, micro_batches, bucket_parameters, reserved_bytes};
   a.step.recompute = recompute_of(recompute);
   a.step.recompute_layers = recompute_layers;
@@ -271,12 +272,12 @@ act::planner_input planner_input_of(py::dict const& model, std::int64_t micro_ba
                                     std::string const& optimizer, std::int64_t vp_group,
                                     std::string const& vp_rules, std::int64_t bucket_parameters,
                                     std::int64_t reserved_bytes, std::string const& recompute,
-                                    std::int64_t recompute_layers) {
+                                    std::int64_t recompute_layers, std::int64_t cp) {
   act::planner_input in;
   in.model = model_of(model);
   auto const l =
       layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group, vp_rules,
-                bucket_parameters, reserved_bytes, recompute, recompute_layers);
+                bucket_parameters, reserved_bytes, recompute, recompute_layers, cp);
   in.parallel = l.parallel;
   in.step = l.step;
   in.states = {gradient_format_of(gradients), optimizer_format_of(optimizer)};
@@ -293,11 +294,11 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
                    std::int64_t vp_group, std::string const& vp_rules,
                    std::int64_t bucket_parameters, std::int64_t reserved_bytes,
                    py::object const& sensitivity, py::object const& outlier,
-                   std::string const& recompute, std::int64_t recompute_layers) {
+                   std::string const& recompute, std::int64_t recompute_layers, std::int64_t cp) {
   act::planner_input in =
       planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
                        micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
-                       reserved_bytes, recompute, recompute_layers);
+                       reserved_bytes, recompute, recompute_layers, cp);
   // The error model's overrides: {kind or (layer, kind): weight} and {kind: factor}.
   if (!sensitivity.is_none()) {
     for (auto const& [key, value] : sensitivity.cast<py::dict>()) {
@@ -360,10 +361,11 @@ py::object least_block_recompute(py::dict const& model, std::int64_t micro_batch
                                  int zero, bool sp, std::int64_t micro_batches,
                                  std::string const& gradients, std::string const& optimizer,
                                  std::int64_t vp_group, std::string const& vp_rules,
-                                 std::int64_t bucket_parameters, std::int64_t reserved_bytes) {
+                                 std::int64_t bucket_parameters, std::int64_t reserved_bytes,
+                                 std::int64_t cp) {
   auto const n = act::least_block_recompute(planner_input_of(
       model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
-      gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, "none", 0));
+      gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, "none", 0, cp));
   return n ? py::object(py::int_(*n)) : py::object(py::none());
 }
 
@@ -374,11 +376,11 @@ py::list estimate_memory(py::dict const& model, std::int64_t micro_batch, std::i
                          std::int64_t micro_batches, std::int64_t vp_group,
                          std::string const& vp_rules, std::int64_t bucket_parameters,
                          std::int64_t reserved_bytes, std::string const& recompute,
-                         std::int64_t recompute_layers) {
+                         std::int64_t recompute_layers, std::int64_t cp) {
   act::model_shape const m = model_of(model);
   auto const l =
       layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group, vp_rules,
-                bucket_parameters, reserved_bytes, recompute, recompute_layers);
+                bucket_parameters, reserved_bytes, recompute, recompute_layers, cp);
   py::list out;
   for (act::stage_memory const& s : act::estimate_memory(
            m, l.parallel, l.step, {gradient_format_of(gradients), optimizer_format_of(optimizer)},
@@ -416,7 +418,7 @@ void register_planning(py::module_& m) {
         py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
         py::arg("reserved_bytes") = act::default_reserved_bytes,
         py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(),
-        py::arg("recompute") = "none", py::arg("recompute_layers") = 0,
+        py::arg("recompute") = "none", py::arg("recompute_layers") = 0, py::arg("cp") = 1,
         "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], "
         "'recomputed': [layer], 'stages': [memory], 'error': float}. The budget holds each "
         "stage's transient working memory "
@@ -434,13 +436,16 @@ void register_planning(py::module_& m) {
         "('uniform' or 'block') with recompute_layers is Megatron's full activation "
         "recomputation (recompute_method, recompute_num_layers per model chunk): the "
         "recomputed layers are kept in bf16 while their checkpoint's backward runs (memory key "
-        "'recompute', in 'transient') and their checkpoints' inputs in between.");
+        "'recompute', in 'transient') and their checkpoints' inputs in between. cp > 1 is "
+        "context parallelism: each sequence split over cp ranks (seq a multiple of 2 cp), ZeRO "
+        "and the gradient reduction over dp x cp.");
   m.def("least_block_recompute", &least_block_recompute, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
         py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
         py::arg("sp") = false, py::arg("micro_batches") = 0, py::arg("gradients") = "int8",
         py::arg("optimizer") = "fp32", py::arg("vp_group") = 0, py::arg("vp_rules") = "core",
         py::arg("bucket_parameters") = 0, py::arg("reserved_bytes") = act::default_reserved_bytes,
+        py::arg("cp") = 1,
         "The fewest layers of each model chunk that block recomputation must recompute for "
         "make_plan (same arguments) to fit budget_bytes: 0 when it fits without, None when not "
         "even every layer fits.");
@@ -450,11 +455,11 @@ void register_planning(py::module_& m) {
         py::arg("vp") = 1, py::arg("zero") = 0, py::arg("sp") = false, py::arg("micro_batches") = 0,
         py::arg("vp_group") = 0, py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
         py::arg("reserved_bytes") = act::default_reserved_bytes, py::arg("recompute") = "none",
-        py::arg("recompute_layers") = 0,
+        py::arg("recompute_layers") = 0, py::arg("cp") = 1,
         "Per-pipeline-device memory of one step with every tensor at its policy default "
         "(vp_group, vp_rules: the interleaved schedule; bucket_parameters, reserved_bytes: the "
-        "transient memory's settings; recompute, recompute_layers: full recomputation; as "
-        "make_plan).");
+        "transient memory's settings; recompute, recompute_layers: full recomputation; cp: "
+        "context parallelism; as make_plan).");
 }
 
 }  // namespace agoq_torch
