@@ -400,6 +400,18 @@ class SwiGLUFn(torch.autograd.Function):
 # The model.
 
 
+class CausalAttention(torch.nn.Module):
+    """The plain-torch path's attention core (:func:`attention`) as a module without parameters,
+    so that ``agoq_torch.QuantizedSaves`` rules can name it (``blocks.*.core``)."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.heads = heads
+
+    def forward(self, q, k, v, batch: int) -> torch.Tensor:
+        return attention(q, k, v, batch, self.heads)[0]
+
+
 class Block(torch.nn.Module):
     """One LLaMA block (no biases; RoPE on Q and K)."""
 
@@ -407,6 +419,7 @@ class Block(torch.nn.Module):
         super().__init__()
         h, f = cfg.hidden, cfg.ffn
         self.cfg, self.index = cfg, index
+        self.core = CausalAttention(cfg.heads)
         self.attn_norm = torch.nn.Parameter(torch.ones(h))
         self.wqkv = torch.nn.Parameter(torch.empty(3 * h, h))
         self.wo = torch.nn.Parameter(torch.empty(h, h))
@@ -421,7 +434,7 @@ class Block(torch.nn.Module):
         if saver is None:
             q, k, v = (rmsnorm(x, self.attn_norm, cfg.eps)[0] @ self.wqkv.t()).split(h, -1)
             q, k = (rope(t, batch, cfg.heads, *rot) for t in (q, k))
-            x = x + attention(q, k, v, batch, cfg.heads)[0] @ self.wo.t()
+            x = x + self.core(q, k, v, batch) @ self.wo.t()
             gate, up = (rmsnorm(x, self.mlp_norm, cfg.eps)[0] @ self.w_gate_up.t()).split(f, -1)
             return x + swiglu(gate, up) @ self.w_down.t()
         y = RMSNormFn.apply(x, self.attn_norm, cfg.eps, saver, i, "attn_norm_input")

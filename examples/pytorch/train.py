@@ -11,7 +11,9 @@ each trains on its own shard of byte windows drawn from the Python standard libr
   inputs: attention kept in bf16, the residual stream at int8), or ``hooks:<spec>`` (the model's
   plain torch forward, unchanged, under ``agoq_torch.QuantizedSaves(<spec>)``: every tensor
   autograd saves, attention's probabilities included, through the saved-tensor hooks; parameters,
-  inputs and per-token vectors kept; ``hooks:none`` keeps everything, the plain path's baseline);
+  inputs and per-token vectors kept; ``hooks:none`` keeps everything, the plain path's baseline),
+  or ``hooks-layer-aware:<spec>`` (``<spec>`` in the blocks but for their attention core,
+  ``blocks.*.core``; the embedding and the head kept, as agoq's memory model keeps them);
 - **gradients**: ``fp32`` (a flat fp32 gradient, torch all-reduce), ``agoq8`` (micro-batch
   gradients accumulated into agoq's 8-bit GradientBuffer with stochastic rounding, then agoq's
   8-bit all-reduce over the torch process group), or ``int4_g128`` / ``int4_tensor`` (each rank's
@@ -94,9 +96,11 @@ class TrainConfig:
     def validate(self) -> None:
         """Raises ValueError naming the first bad field."""
         if (self.activations not in ("fp32", "bf16", "agoq")
-                and not self.activations.startswith(("uniform:", "layer-aware:", "hooks:"))):
+                and not self.activations.startswith(
+                    ("uniform:", "layer-aware:", "hooks:", "hooks-layer-aware:"))):
             raise ValueError(f"activations must be fp32, bf16, agoq, uniform:<spec>, "
-                             f"layer-aware:<spec> or hooks:<spec>, got {self.activations!r}")
+                             f"layer-aware:<spec>, hooks:<spec> or hooks-layer-aware:<spec>, "
+                             f"got {self.activations!r}")
         if self.gradients not in GRADIENT_MODES:
             raise ValueError(f"gradients must be one of {GRADIENT_MODES}, got {self.gradients!r}")
         if self.optimizer not in OPTIMIZERS:
@@ -170,7 +174,7 @@ def activation_plan(cfg: TrainConfig) -> list[dict]:
         return uniform_plan(mcfg, act)
     import agoq_torch
 
-    if act.startswith("hooks:"):
+    if act.startswith(("hooks:", "hooks-layer-aware:")):
         return uniform_plan(mcfg, "fp32")  # the saver is not used: QuantizedSaves stores them
     if act.startswith("uniform:"):
         return uniform_plan(mcfg, act.split(":", 1)[1])
@@ -185,9 +189,23 @@ def activation_plan(cfg: TrainConfig) -> list[dict]:
 
 
 def hooks_spec(cfg: TrainConfig) -> str | None:
-    """The QuantizedSaves spec of a ``hooks:<spec>`` run (None for ``hooks:none``)."""
+    """The ``<spec>`` of a ``hooks:<spec>`` or ``hooks-layer-aware:<spec>`` run (None for
+    ``none``)."""
     spec = cfg.activations.split(":", 1)[1]
     return None if spec == "none" else spec
+
+
+def quantized_saves(cfg: TrainConfig, model: torch.nn.Module, seed: int):
+    """The QuantizedSaves context of a hooks run: ``<spec>`` everywhere (``hooks:``), or in the
+    blocks but for their attention cores (``hooks-layer-aware:``; the first matching pattern
+    wins)."""
+    import agoq_torch
+
+    spec = hooks_spec(cfg)
+    if cfg.activations.startswith("hooks:"):
+        return agoq_torch.QuantizedSaves(spec, seed=seed)
+    return agoq_torch.QuantizedSaves(None, model, {"blocks.*.core": None, "blocks.*": spec},
+                                     seed=seed)
 
 
 def _memory_formats(cfg: TrainConfig) -> dict:
@@ -309,8 +327,8 @@ class Rank:
         self.plan = activation_plan(cfg)
         self.saver = ActivationSaver(self.plan, seed=cfg.seed * 1000 + rank)
         self.hooks = None
-        if cfg.activations.startswith("hooks:"):
-            self.hooks = self.agoq.QuantizedSaves(hooks_spec(cfg), seed=cfg.seed * 1000 + rank)
+        if cfg.activations.startswith(("hooks:", "hooks-layer-aware:")):
+            self.hooks = quantized_saves(cfg, self.model, cfg.seed * 1000 + rank)
         n = self.flat.size
         self.reduced = torch.empty(n)
         self.zeroed = 0.0  # sum over steps of the share of non-zero gradients 4 bits rounded to 0
@@ -524,8 +542,8 @@ def run(cfg: TrainConfig) -> dict:
         for storage in {s for layer in activation_plan(cfg) for s in layer.values()}:
             if is_quantized(storage):
                 agoq.quantized_bytes(storage, 1, 128)  # a ValueError naming a bad spec, up front
-        if cfg.activations.startswith("hooks:"):
-            agoq.QuantizedSaves(hooks_spec(cfg))  # the same for the hooks' spec
+        if cfg.activations.startswith(("hooks:", "hooks-layer-aware:")):
+            quantized_saves(cfg, GPT(cfg.model), 0)  # the same for the hooks' spec
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "log.json")
         mp.spawn(_worker, args=(cfg, free_port(), out), nprocs=cfg.ranks, join=True)

@@ -328,6 +328,15 @@ class QuantizedSavesTest(unittest.TestCase):
                         for r in coded if r["bytes"])
             self.assertEqual(ctx.stats["stored_bytes"], sizes)
             self.assertLess(ctx.stats["stored_bytes"], ctx.stats["original_bytes"] / 3)
+        # Layer-aware as train.py's hooks-layer-aware runs: int8 in the blocks but for their
+        # attention cores (gpt.CausalAttention), the embedding and the head kept.
+        gl, ctxl = grads(None, model, {"blocks.*.core": None, "blocks.*": INT8})
+        for r in ctxl.records:
+            inside = r["module"] in ("blocks.0", "blocks.1")
+            self.assertTrue(r["storage"] in ((INT8, None) if inside else (None,)), r)
+        self.assertTrue(any(r["module"] == "blocks.1.core" for r in ctxl.records))
+        self.assertLess(ctxl.stats["original_bytes"], ctx8.stats["original_bytes"])
+        self.assertLess(0, error(gl))
 
     def test_checkpointed_regions_are_recomputed_precisely(self):
         """Under torch.utils.checkpoint(use_reentrant=False) the checkpoint's hooks are innermost:
