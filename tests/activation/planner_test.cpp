@@ -437,32 +437,38 @@ TEST_CASE("plan memory equals the memory model, and in-flight counts come from t
   in.parallel.virtual_stages = 2;
   in.parallel.tp = 2;
   in.parallel.sp = true;
-  in.step = {1, 512, 8};
-  auto const need = minimum(in);
-  in.budget_bytes = std::max(need[0], need[1]) + (std::int64_t{32} << 20);
-  auto const plan = make_plan(in);
-  CHECK(plan.total_error() > 0.0);
-  auto const check =
-      estimate_memory(in.model, in.parallel, in.step, in.states,
-                      [&](std::int64_t l, tensor_kind k) { return plan.storage_of(l, k); });
-  for (std::size_t s = 0; s < 2; ++s) {
-    auto const& st = plan.stages()[s];
-    CHECK(st.memory.total() == check[s].total());
-    CHECK(st.memory.activations == check[s].activations);
-    CHECK(st.memory.working == check[s].working);
-    CHECK(st.memory.transient() == check[s].transient());
-    CHECK(st.memory.in_flight == check[s].in_flight);
-    auto const peaks = in_flight_peaks(2, 2, static_cast<std::int64_t>(s), 8);
-    CHECK(std::find(peaks.begin(), peaks.end(), st.memory.in_flight) != peaks.end());
-    std::int64_t activations = 0;
-    for (auto const& t : st.tensors) {
-      layer_place const where = place_of(t.layer, in.model, in.parallel);
-      CHECK(where.stage == static_cast<std::int64_t>(s));
-      CHECK(t.in_flight == st.memory.in_flight[static_cast<std::size_t>(where.chunk)]);
-      activations += t.bytes * t.in_flight;
+  // Context parallelism too: 256 tokens of each sequence a rank.
+  for (std::int64_t const cp : {1, 2}) {
+    CAPTURE(cp);
+    in.parallel.cp = cp;
+    in.step = {1, 512, 8};
+    auto const need = minimum(in);
+    in.budget_bytes = std::max(need[0], need[1]) + (std::int64_t{32} << 20);
+    auto const plan = make_plan(in);
+    CHECK(plan.total_error() > 0.0);
+    auto const check =
+        estimate_memory(in.model, in.parallel, in.step, in.states,
+                        [&](std::int64_t l, tensor_kind k) { return plan.storage_of(l, k); });
+    for (std::size_t s = 0; s < 2; ++s) {
+      auto const& st = plan.stages()[s];
+      CHECK(st.memory.total() == check[s].total());
+      CHECK(st.memory.activations == check[s].activations);
+      CHECK(st.memory.working == check[s].working);
+      CHECK(st.memory.transient() == check[s].transient());
+      CHECK(st.memory.in_flight == check[s].in_flight);
+      auto const peaks = in_flight_peaks(2, 2, static_cast<std::int64_t>(s), 8);
+      CHECK(std::find(peaks.begin(), peaks.end(), st.memory.in_flight) != peaks.end());
+      std::int64_t activations = 0;
+      for (auto const& t : st.tensors) {
+        layer_place const where = place_of(t.layer, in.model, in.parallel);
+        CHECK(where.stage == static_cast<std::int64_t>(s));
+        CHECK(t.in_flight == st.memory.in_flight[static_cast<std::size_t>(where.chunk)]);
+        activations += t.bytes * t.in_flight;
+      }
+      CHECK(activations == st.memory.activations);
     }
-    CHECK(activations == st.memory.activations);
   }
+  auto const plan = make_plan(in);
   CHECK(plan.storage_of(5, tensor_kind::o_proj_input) ==
         plan.storage_of(5, tensor_kind::attention_output));
   CHECK_THROWS_AS(plan.storage_of(16, tensor_kind::query), agoq::invalid_argument);
@@ -607,7 +613,11 @@ TEST_CASE("smallest_memory is make_plan's boundary, and the fewest layers to rec
   planner_input e = d;
   e.step.recompute = recompute_method::uniform;
   e.step.recompute_layers = 2;
-  for (planner_input in : {a, b, c, d, e}) {
+  planner_input f = c;  // context parallelism: 2048 tokens a rank, ZeRO-1 over dp x cp = 4
+  f.parallel.cp = 2;
+  f.parallel.dp = 2;
+  f.parallel.zero_stage = 1;
+  for (planner_input in : {a, b, c, d, e, f}) {
     in.budget_bytes = peak_total(smallest_memory(in));
     CHECK_NOTHROW(make_plan(in));
     in.budget_bytes -= 1;
