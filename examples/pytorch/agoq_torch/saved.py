@@ -140,10 +140,10 @@ class QuantizedSaves:
     A saved tensor is quantized when all of these hold; else it is kept as autograd saved it:
     it is a dense (strided) tensor of float32, bfloat16 or float16; it has at least two
     dimensions and ``min_elements`` elements (per-token statistics such as RMSNorm's rstd are
-    vectors); it is
-    produced by autograd (neither a leaf tensor nor a view of one: parameters, frozen weights and
-    inputs stay alive anyway, so quantizing them would only add memory and error); and its
-    quantized buffer is smaller than the tensor. It is quantized as a ``[numel / n, n]`` matrix,
+    vectors); it is produced by autograd (neither a leaf tensor nor a view of one: parameters,
+    frozen weights and inputs stay alive anyway, so quantizing them would only add memory and
+    error); no two of its elements share memory (a broadcast view); and its quantized buffer is
+    smaller than the tensor. It is quantized as a ``[numel / n, n]`` matrix,
     n its last dimension (groups run along it). A tensor saved several times (the input of
     several projections) is quantized once and shared, while the tensor it came from (or the one
     it is a view of) is alive and unmodified (same memory, shape, strides and version).
