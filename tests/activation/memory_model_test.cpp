@@ -856,6 +856,8 @@ TEST_CASE("context parallelism, by hand") {
   CHECK_NOTHROW(estimate_memory(m, p, {1, 8196, 0}, {}, policy_table{}));
   p.cp = 0;
   CHECK_THROWS_AS(estimate_memory(m, p, {1, 8192, 0}, {}, policy_table{}), agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(shard_of(p, {1, 8192, 0}), doctest::Contains("cp must be positive, got 0"),
+                       agoq::invalid_argument);
   CHECK_THROWS_AS(
       layer_working_bytes(m, shard_shape{1, 8192, 2, true, 0}, [](tensor_kind) { return false; }),
       agoq::invalid_argument);

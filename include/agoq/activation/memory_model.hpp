@@ -562,10 +562,11 @@ struct stage_memory {
 };
 
 /// The shard shape of the activations under `p` for a step `st`: seq / cp tokens of each
-/// sequence. Throws agoq::invalid_argument when cp > 1 does not split seq into 2 cp equal chunks
-/// (Megatron-Core's load-balanced split needs seq divisible by 2 cp).
+/// sequence. Throws agoq::invalid_argument for cp < 1, and when cp > 1 does not split seq into
+/// 2 cp equal chunks (Megatron-Core's load-balanced split needs seq divisible by 2 cp).
 inline shard_shape shard_of(parallel_config const& p, step_config const& st) {
-  AGOQ_EXPECTS(p.cp >= 1 && (p.cp == 1 || (st.seq >= 1 && st.seq % (2 * p.cp) == 0)),
+  AGOQ_EXPECTS(p.cp >= 1, "context parallelism: cp must be positive, got " + std::to_string(p.cp));
+  AGOQ_EXPECTS(p.cp == 1 || (st.seq >= 1 && st.seq % (2 * p.cp) == 0),
                "context parallelism: seq (" + std::to_string(st.seq) +
                    ") must split into 2 cp = " + std::to_string(2 * p.cp) + " equal chunks");
   return {st.micro_batch, st.seq / p.cp, p.tp, p.sp, p.cp};
