@@ -112,6 +112,11 @@ class TrainConfig:
         if self.val_sequences % self.ranks:
             raise ValueError(f"val_sequences ({self.val_sequences}) must be a multiple of ranks")
 
+    def uses_hooks(self) -> bool:
+        """Whether the run stores its activations through QuantizedSaves (``hooks:``,
+        ``hooks-layer-aware:``) rather than gpt.py's saver."""
+        return self.activations.startswith(("hooks:", "hooks-layer-aware:"))
+
     def uses_agoq(self) -> bool:
         """Whether the run needs the agoq_torch extension."""
         return (self.activations not in ("fp32", "bf16") or self.gradients != "fp32"
@@ -174,7 +179,7 @@ def activation_plan(cfg: TrainConfig) -> list[dict]:
         return uniform_plan(mcfg, act)
     import agoq_torch
 
-    if act.startswith(("hooks:", "hooks-layer-aware:")):
+    if cfg.uses_hooks():
         return uniform_plan(mcfg, "fp32")  # the saver is not used: QuantizedSaves stores them
     if act.startswith("uniform:"):
         return uniform_plan(mcfg, act.split(":", 1)[1])
@@ -326,9 +331,8 @@ class Rank:
         self.flat = FlatParameters(self.model)
         self.plan = activation_plan(cfg)
         self.saver = ActivationSaver(self.plan, seed=cfg.seed * 1000 + rank)
-        self.hooks = None
-        if cfg.activations.startswith(("hooks:", "hooks-layer-aware:")):
-            self.hooks = quantized_saves(cfg, self.model, cfg.seed * 1000 + rank)
+        self.hooks = (quantized_saves(cfg, self.model, cfg.seed * 1000 + rank)
+                      if cfg.uses_hooks() else None)
         n = self.flat.size
         self.reduced = torch.empty(n)
         self.zeroed = 0.0  # sum over steps of the share of non-zero gradients 4 bits rounded to 0
@@ -542,7 +546,7 @@ def run(cfg: TrainConfig) -> dict:
         for storage in {s for layer in activation_plan(cfg) for s in layer.values()}:
             if is_quantized(storage):
                 agoq.quantized_bytes(storage, 1, 128)  # a ValueError naming a bad spec, up front
-        if cfg.activations.startswith(("hooks:", "hooks-layer-aware:")):
+        if cfg.uses_hooks():
             quantized_saves(cfg, GPT(cfg.model), 0)  # the same for the hooks' spec
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "log.json")
