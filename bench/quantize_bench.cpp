@@ -1,6 +1,7 @@
 /// \file
 /// The CPU executor's quantize, dequantize and measure beside a memcpy of the same bytes, single
-/// thread; and `threads/...`, quantize and dequantize on several threads against one.
+/// thread; `quantize_measured/...`, quantize gathering measure's statistics against the two
+/// calls; and `threads/...`, quantize and dequantize on several threads against one.
 ///
 /// "The same bytes" is the unquantized tensor in both directions: quantize is measured against a
 /// memcpy of its input (rows x cols elements of the input type), dequantize against a memcpy of
@@ -191,6 +192,44 @@ void bm_measure(benchmark::State& state, std::string const& name) {
   set_counters(state, tensor_bytes, kernel_s, memcpy_s);
 }
 
+/// activation::quantize_measured (quantize gathering measure's statistics in the same sweep) of
+/// the 64 MiB In tensor with the scheme named by `name`, each iteration timing it and then (timing
+/// paused) quantize followed by measure, the two calls it replaces, and quantize alone: the
+/// counter `vs_apart` is the two calls' summed time over the fused call's (above 1: the fused
+/// call is faster), `vs_quantize` the fused call's over quantize's (what the statistics add).
+template <class In>
+void bm_quantize_measured(benchmark::State& state, std::string const& name) {
+  agoq::spec const s = agoq::spec::parse(name);
+  std::int64_t const rows = tensor_bytes / static_cast<std::int64_t>(sizeof(In)) / tensor_cols;
+  auto const in = agoq::matrix_view<In const>(input<In>(), rows, tensor_cols);
+  agoq::quantized_tensor q(s, rows, tensor_cols);
+  agoq::quantize_options const opt{1234, 0};
+  agoq::activation::tensor_stats st;
+  agoq::activation::quantize_measured(agoq::host, in, q.view(), st, opt);
+  double fused_s = 0.0;
+  double apart_s = 0.0;
+  double quantize_s = 0.0;
+  for (auto _ : state) {
+    auto const t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(
+        agoq::activation::quantize_measured(agoq::host, in, q.view(), st, opt));
+    benchmark::ClobberMemory();
+    fused_s += seconds_since(t0);
+    state.PauseTiming();
+    auto const t1 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(agoq::quantize(agoq::host, in, q.view(), opt));
+    benchmark::ClobberMemory();
+    double const q_s = seconds_since(t1);
+    benchmark::DoNotOptimize(agoq::activation::measure(agoq::host, in, s));
+    apart_s += seconds_since(t1);
+    quantize_s += q_s;
+    state.ResumeTiming();
+  }
+  state.SetBytesProcessed(state.iterations() * tensor_bytes);
+  state.counters["vs_apart"] = fused_s > 0.0 ? apart_s / fused_s : 0.0;
+  state.counters["vs_quantize"] = quantize_s > 0.0 ? fused_s / quantize_s : 0.0;
+}
+
 /// What bm_threads times.
 enum class threaded_call { quantize, dequantize, measure };
 
@@ -266,6 +305,14 @@ void register_type() {
   for (std::string const name : {"int4_g128_sym_rne_f32", "int8_row_sym_rne_f32"}) {
     benchmark::RegisterBenchmark(("measure/" + t + "/" + name).c_str(),
                                  [name](benchmark::State& st) { bm_measure<T>(st, name); })
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  }
+  for (std::string const name :
+       {"int4_g128_sym_rne_f32", "int8_g128_sym_rne_f32", "int8_row_sym_rne_f32"}) {
+    benchmark::RegisterBenchmark(
+        ("quantize_measured/" + t + "/" + name).c_str(),
+        [name](benchmark::State& st) { bm_quantize_measured<T>(st, name); })
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
   }

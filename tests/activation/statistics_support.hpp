@@ -63,6 +63,32 @@ inline std::vector<agoq::tile_shape> groupings(std::int64_t rows, std::int64_t c
           tile_shape{3, 4},    tile_shape{128, 128},   tile_shape{2, 700}};
 }
 
+/// The bytes quantize writes for x under scheme `s` (codes, scales, zero points and their
+/// padding, which starts zeroed) and the statistics quantize_measured gathers, next to quantize's
+/// bytes and measure's statistics on the same executor.
+struct fused_result {
+  std::vector<std::uint8_t> bytes;
+  std::int64_t nonfinite = 0;
+  tensor_stats stats;
+};
+
+/// quantize_measured (fused) or quantize then measure (not fused) of x under `s` on `ex`.
+template <class T>
+fused_result quantize_and_measure(agoq::host_executor ex, agoq::spec const& s,
+                                  std::vector<T> const& x, std::int64_t rows, std::int64_t cols,
+                                  bool fused, agoq::quantize_options opt = {}) {
+  fused_result r;
+  r.bytes.assign(static_cast<std::size_t>(agoq::make_layout(s, rows, cols).total_bytes), 0);
+  auto const out = agoq::view_of_buffer(s, rows, cols, r.bytes.data());
+  if (fused) {
+    r.nonfinite = agoq::activation::quantize_measured(ex, view(x, rows, cols), out, r.stats, opt);
+  } else {
+    r.nonfinite = agoq::quantize(ex, view(x, rows, cols), out, opt);
+    r.stats = agoq::activation::measure(ex, view(x, rows, cols), s);
+  }
+  return r;
+}
+
 /// True when a and b hold the same statistics, bit for bit.
 inline bool same_bits(tensor_stats const& a, tensor_stats const& b) {
   return a.tile == b.tile && a.elements == b.elements && a.sum_squares == b.sum_squares &&
@@ -70,6 +96,11 @@ inline bool same_bits(tensor_stats const& a, tensor_stats const& b) {
          a.sum_group_range_sq == b.sum_group_range_sq && a.has_dead_zones == b.has_dead_zones &&
          a.dead_energy == b.dead_energy && a.live_absmax_sq == b.live_absmax_sq &&
          a.live_error_2bit == b.live_error_2bit;
+}
+
+/// True when two fused_results hold the same bytes, count and statistics.
+inline bool same_result(fused_result const& a, fused_result const& b) {
+  return a.bytes == b.bytes && a.nonfinite == b.nonfinite && same_bits(a.stats, b.stats);
 }
 
 }  // namespace statistics_test

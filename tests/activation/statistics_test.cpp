@@ -370,3 +370,99 @@ TEST_CASE("measure: bad input and empty tensors") {
   CHECK(st.elements == 0);
   CHECK(relative_error(int4_g128, st, 1, 4) == 0.0);
 }
+
+TEST_CASE_TEMPLATE("quantize_measured: quantize's bytes and measure's statistics in one sweep", T,
+                   float, agoq::bfloat16, agoq::half) {
+  struct shape {
+    std::int64_t rows, cols;
+  };
+  // Groups of one row measured in one pass (g32, g128, g7 whose int4 codes end inside a byte, so
+  // pieces are whole rows; per row up to 256 columns), in two (g1000, per row beyond 256
+  // columns), blocks, columns and the whole tensor; every code family, both roundings, each
+  // scale format.
+  char const* const schemes[] = {
+      "int4_g128_sym_rne_f32",  "int8_g128_sym_rne_f32",    "int4_g128_sym_sr_f32",
+      "int8_g32_sym_rne_e8m0",  "int2_g128_sym_rne_f32",    "int4_g64_asym_rne_bf16",
+      "int8_g7_asym_sr_bf16",   "int4_g7_sym_rne_f32",      "fp8e4m3_g32_rne_e8m0",
+      "fp8e5m2_g128_rne_f32",   "int8_g1000_sym_rne_f32",   "int4_row_sym_rne_f32",
+      "int8_row_asym_rne_bf16", "int8_b16x64_sym_rne_f32",  "int4_b3x4_sym_sr_f32",
+      "int8_col_sym_rne_f32",   "int8_tensor_asym_rne_f32", "int2_g3_asym_rne_f32"};
+  std::uint64_t seed = 3;
+  for (shape const sh : {shape{1, 1}, shape{3, 300}, shape{7, 1000}, shape{5, 513}, shape{16, 64},
+                         shape{2, 2049}, shape{33, 130}}) {
+    std::vector<T> const x = sample<T>(sh.rows * sh.cols, seed++);
+    for (char const* name : schemes) {
+      spec const s = spec::parse(name);
+      for (bool simd : {true, false}) {
+        CAPTURE(sh.rows);
+        CAPTURE(sh.cols);
+        CAPTURE(name);
+        CAPTURE(simd);
+        agoq::host_executor const ex{simd};
+        agoq::quantize_options const opt{.seed = 5, .offset = 1000 + seed};
+        fused_result const fused = quantize_and_measure(ex, s, x, sh.rows, sh.cols, true, opt);
+        fused_result const apart = quantize_and_measure(ex, s, x, sh.rows, sh.cols, false, opt);
+        CHECK(fused.bytes == apart.bytes);
+        CHECK(fused.nonfinite == apart.nonfinite);
+        CHECK(same_bits(fused.stats, apart.stats));
+      }
+    }
+  }
+}
+
+TEST_CASE("quantize_measured: a flat row in pieces, and bands too large for one sweep") {
+  // 1,100,000 columns: 8594 groups of 128 in one row, quantized and measured fused_slots at a
+  // time (pieces that end inside the row); groups of 1000 in four slices each (two passes) are
+  // one band of a row too large for one sweep, quantized and then measured.
+  std::vector<agoq::bfloat16> const x = sample<agoq::bfloat16>(1100000, 51);
+  for (char const* name :
+       {"int4_g128_sym_sr_f32", "int8_g1000_sym_rne_f32", "int4_g7_sym_rne_f32"}) {
+    CAPTURE(name);
+    spec const s = spec::parse(name);
+    agoq::quantize_options const opt{.seed = 9, .offset = 77};
+    CHECK(same_result(quantize_and_measure(agoq::host, s, x, 1, 1100000, true, opt),
+                      quantize_and_measure(agoq::host, s, x, 1, 1100000, false, opt)));
+  }
+  // Per tensor and per column over 1000 x 1100: one band of 1.1 M elements.
+  for (char const* name : {"int8_tensor_sym_rne_f32", "int8_col_sym_sr_f32"}) {
+    CAPTURE(name);
+    spec const s = spec::parse(name);
+    CHECK(same_result(quantize_and_measure(agoq::host, s, x, 1000, 1100, true),
+                      quantize_and_measure(agoq::host, s, x, 1000, 1100, false)));
+  }
+}
+
+TEST_CASE("quantize_measured: bad input and empty tensors") {
+  std::vector<float> const x(12, 1.0f);
+  std::vector<std::uint8_t> buf(
+      static_cast<std::size_t>(agoq::make_layout(int4_g128, 3, 4).total_bytes));
+  auto const out = agoq::view_of_buffer(int4_g128, 3, 4, buf.data());
+  tensor_stats st;
+  st.elements = 99;
+  CHECK_THROWS_AS(quantize_measured(agoq::host, view(x, 4, 3), out, st), agoq::invalid_argument);
+  CHECK_THROWS_AS(
+      quantize_measured(agoq::host, agoq::matrix_view<float const>(nullptr, 3, 4), out, st),
+      agoq::invalid_argument);
+  agoq::quantized_view no_scales = out;
+  no_scales.scales = nullptr;
+  CHECK_THROWS_AS(quantize_measured(agoq::host, view(x, 3, 4), no_scales, st),
+                  agoq::invalid_argument);
+  // A code family outside the call's list throws before anything is written.
+  std::vector<std::uint8_t> const before = buf;
+  CHECK_THROWS_AS(
+      quantize_measured<agoq::type_list<agoq::int_sym<8>>>(agoq::host, view(x, 3, 4), out, st),
+      agoq::unsupported_scheme);
+  CHECK(buf == before);
+  CHECK(st.elements == 99);  // left alone by every refused call
+  // Empty: no codes, empty statistics of the scheme's tile.
+  tensor_stats const empty_stats = [&] {
+    tensor_stats e;
+    quantize_measured(agoq::host, agoq::matrix_view<float const>(nullptr, 0, 4),
+                      agoq::quantized_view{int4_g128, 0, 4}, e);
+    return e;
+  }();
+  CHECK(empty_stats.elements == 0);
+  CHECK(empty_stats.tile == int4_g128.tile(0, 4));
+  CHECK(quantize_measured(agoq::host, view(x, 3, 4), out, st) == 0);
+  CHECK(same_bits(st, measure(agoq::host, view(x, 3, 4), int4_g128)));
+}

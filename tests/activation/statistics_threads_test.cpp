@@ -89,3 +89,49 @@ TEST_CASE("measure on threads: bands shared out whole in several sets") {
   CHECK(same_bits(measure(host_executor{.threads = 2}, view(x, 2500, 1100), tile_shape{1, 1100}),
                   one));
 }
+
+TEST_CASE_TEMPLATE(
+    "quantize_measured gives quantize's bytes and the same statistics on any number "
+    "of threads",
+    T, float, agoq::bfloat16) {
+  struct shape {
+    std::int64_t rows, cols;
+  };
+  std::uint64_t seed = 61;
+  for (shape const sh : {shape{3, 300}, shape{64, 700}, shape{40, 3000}, shape{257, 33}}) {
+    std::vector<T> const x = sample<T>(sh.rows * sh.cols, seed++);
+    for (char const* name :
+         {"int4_g128_sym_sr_f32", "int8_g32_sym_rne_e8m0", "int4_g7_sym_rne_f32",
+          "int8_g1000_sym_rne_f32", "int8_b16x64_sym_rne_f32", "int8_tensor_asym_rne_f32"}) {
+      agoq::spec const s = agoq::spec::parse(name);
+      agoq::quantize_options const opt{.seed = 3, .offset = seed};
+      for (bool simd : {true, false}) {
+        CAPTURE(sh.rows);
+        CAPTURE(sh.cols);
+        CAPTURE(name);
+        CAPTURE(simd);
+        fused_result const one =
+            quantize_and_measure(host_executor{simd}, s, x, sh.rows, sh.cols, false, opt);
+        for (int threads : {1, 2, 3, 7}) {
+          CAPTURE(threads);
+          host_executor const ex{.simd = simd, .threads = threads, .min_elements_per_thread = 1};
+          CHECK(same_result(quantize_and_measure(ex, s, x, sh.rows, sh.cols, true, opt), one));
+        }
+        reverse_pool pool;
+        host_executor const pooled{
+            .simd = simd, .threads = 4, .min_elements_per_thread = 1, .pool = pool.pool()};
+        CHECK(same_result(quantize_and_measure(pooled, s, x, sh.rows, sh.cols, true, opt), one));
+      }
+    }
+  }
+  // A flat row of 1,100,000 columns in pieces of host_piece_slots a thread that end inside the
+  // row, each thread's pieces quantized fused_slots groups at a time.
+  std::vector<T> const flat = sample<T>(1100000, 71);
+  agoq::spec const s = agoq::spec::parse("int4_g128_sym_sr_f32");
+  fused_result const one = quantize_and_measure(agoq::host, s, flat, 1, 1100000, false);
+  for (int threads : {2, 3}) {
+    CAPTURE(threads);
+    CHECK(same_result(
+        quantize_and_measure(host_executor{.threads = threads}, s, flat, 1, 1100000, true), one));
+  }
+}

@@ -169,4 +169,25 @@ tensor_stats measure(cuda_executor ex, matrix_view<In> x, spec const& s) {
   return measure(ex, x, s.tile(x.extent(0), x.extent(1)));
 }
 
+/// quantize_measured() on the device: quantize_async of `in` into `out` (device memory) on
+/// `ex.stream`, then measure() of `in` under the scheme's tile, so `out` holds the host form's
+/// bytes and `stats` its statistics, bit for bit; returns the non-finite input count. Synchronizes
+/// `ex.stream`, as measure() does. Two reads of `in` here (the quantize kernel, then measure's
+/// half warps): most of the device form's time is measure's copy of 72 bytes per slice back to
+/// the host and the host's fold, which the same kernel would not remove.
+/// \throws as quantize_async and measure.
+template <code_list Codes = dispatch_codes, agoq::detail::readable_elements In>
+std::int64_t quantize_measured(cuda_executor ex, matrix_view<In> in, quantized_view out,
+                               tensor_stats& stats, quantize_options opt = {}) {
+  agoq::detail::gpu::stream_allocation count(sizeof(std::int64_t), ex.stream.get());
+  auto* nonfinite = reinterpret_cast<std::int64_t*>(count.get());
+  quantize_async<Codes>(ex, in, out, opt, nonfinite);
+  tensor_stats const measured = measure(ex, in, out.spec);
+  std::int64_t n = 0;
+  AGOQ_CUDA_TRY(cudaMemcpyAsync(&n, nonfinite, sizeof(n), cudaMemcpyDeviceToHost, ex.stream.get()));
+  AGOQ_CUDA_TRY(cudaStreamSynchronize(ex.stream.get()));
+  stats = measured;
+  return n;
+}
+
 }  // namespace agoq::activation

@@ -43,6 +43,10 @@ inline constexpr std::int64_t host_piece_slots = 4096;
 /// this many elements (or host_piece_slots slices) each.
 inline constexpr std::int64_t host_band_elements = std::int64_t{1} << 20;
 
+/// Slices quantize_measured quantizes and then measures at a time along a row (rounded up to whole
+/// groups): 4096 elements at G = 128, 8 KiB of bf16, so the second read hits the L1 cache.
+inline constexpr std::int64_t fused_slots = 64;
+
 /// The symmetric bit widths whose dead zones are measured (tensor_stats::dead_energy).
 inline constexpr int dead_zone_widths = tensor_stats::dead_zone_widths;
 
@@ -520,6 +524,181 @@ class slice_folder {
   tensor_stats stats_;
 };
 
+/// The hook of a sweep that only measures (measure()).
+struct no_hook {
+  static constexpr bool active = false;
+  std::int64_t step = 0;
+  std::int64_t operator()(std::int64_t, std::int64_t, std::int64_t, std::int64_t) const noexcept {
+    return 0;
+  }
+};
+
+/// An active hook of sweep(): f(r0, r1, s0, s1) -> int64, called before the first pass over
+/// slots [s0, s1) of rows [r0, r1), on the thread that then measures them.
+template <class F>
+struct slice_hook {
+  static constexpr bool active = true;
+  std::int64_t step;  ///< slots per call within a row where groups are one row tall
+  F f;
+  std::int64_t operator()(std::int64_t r0, std::int64_t r1, std::int64_t s0,
+                          std::int64_t s1) const {
+    return f(r0, r1, s0, s1);
+  }
+};
+
+/// True when a band of tile.rows rows holds at most host_band_elements elements and
+/// host_piece_slots slices: then one thread measures it whole (both passes in a row), from its
+/// caches.
+inline bool band_fits(slice_grid const& g) noexcept {
+  std::int64_t const band_rows = std::min(g.tile.rows, g.rows);
+  return band_rows * g.cols <= host_band_elements && band_rows * g.per_row() <= host_piece_slots;
+}
+
+/// What sweep() returns: the statistics, and the sum of the hook's results.
+struct swept {
+  tensor_stats stats;
+  std::int64_t hooked = 0;
+};
+
+/// measure()'s sweep over the slices of `x` (grid `g`, not empty), with `hook` called before
+/// slices are first measured where it is active (quantize_measured). Its calls cover every slot
+/// once, in whole groups: where the groups are one row tall, pieces of at most hook.step slots
+/// of one row (a multiple of g.per_group, or g.per_row()), else whole bands of tile.rows rows.
+/// An active hook takes the band path wherever band_fits(g), else needs g.one_pass() and a
+/// hook.step that lets a piece end at any group.
+template <class In, class Hook>
+swept sweep(host_executor ex, matrix_view<In> x, slice_grid const& g, Hook const& hook) {
+  namespace h = agoq::detail::host;
+  bool const simd = ex.simd;
+  slice_folder fold(g);
+  std::int64_t const per_row = g.per_row();
+  int const threads = h::call_threads(ex, g.slots(), std::max<std::int64_t>(g.cols / per_row, 1));
+  // Slot s of row r: its first element, and its length in `count`.
+  auto const slice = [&](std::int64_t r, std::int64_t s, std::int64_t& count) {
+    std::int64_t c = 0;
+    g.columns(s, c, count);
+    return x.data_handle() + r * g.cols + c;
+  };
+  std::int64_t const band_rows = std::min(g.tile.rows, g.rows);
+  std::int64_t const bands = (g.rows - 1) / band_rows + 1;
+  std::int64_t const band_elements = band_rows * g.cols;
+  std::int64_t const band_slots = band_rows * per_row;
+  // Slots per hook call within a row (whole groups), or whole rows.
+  std::int64_t const piece = Hook::active && g.tile.rows == 1 ? hook.step : per_row;
+  std::int64_t hooked = 0;
+  if (band_fits(g) && (Hook::active || (!g.one_pass() && threads > 1 && bands >= threads))) {
+    // Sets of bands, each band measured by one thread (twice in a row where the dead zones take a
+    // second pass, the second time from its caches, under its groups' absmax, the largest of
+    // their slices' as the folder records it); the threads start once per set, whose partials
+    // are then folded in slot order. A set holds host_band_elements and at most
+    // host_piece_slots a thread, and a band a thread at least.
+    std::int64_t const per_set = std::max<std::int64_t>(
+        threads * std::min(host_band_elements / band_elements, host_piece_slots / band_slots),
+        threads);
+    auto const set_slots = static_cast<std::size_t>(std::min(bands, per_set) * band_slots);
+    std::vector<slice_partial> first(set_slots), second(g.one_pass() ? 0 : set_slots);
+    for (std::int64_t b0 = 0; b0 < bands; b0 += per_set) {
+      std::int64_t const b1 = std::min(bands, b0 + per_set);
+      std::int64_t const s0 = b0 * band_slots;
+      hooked += h::parallel_sum(ex.pool, threads, b1 - b0, [&](std::int64_t i0, std::int64_t i1) {
+        std::vector<float> absmax(static_cast<std::size_t>(g.group_cols));
+        std::int64_t n = 0;
+        for (std::int64_t b = b0 + i0; b < b0 + i1; ++b) {
+          std::int64_t const r0 = b * band_rows;
+          std::int64_t const r1 = std::min(g.rows, r0 + band_rows);
+          std::fill(absmax.begin(), absmax.end(), 0.0f);
+          for (std::int64_t r = r0; r < r1; ++r) {
+            for (std::int64_t a = 0; a < per_row; a += piece) {
+              std::int64_t const e = std::min(per_row, a + piece);
+              if constexpr (Hook::active) {
+                if (g.tile.rows == 1) {
+                  n += hook(r, r + 1, a, e);
+                } else if (r == r0) {
+                  n += hook(r0, r1, 0, per_row);
+                }
+              }
+              for (std::int64_t s = a, count = 0; s < e; ++s) {
+                auto const* xs = slice(r, s, count);
+                slice_partial& p = first[static_cast<std::size_t>(r * per_row + s - s0)];
+                p = slice_statistics(simd, xs, count, g.one_pass());
+                float& m = absmax[static_cast<std::size_t>(s / g.per_group)];
+                m = std::max(m, p.absmax);
+              }
+            }
+          }
+          for (std::int64_t r = r0; r < r1 && !g.one_pass(); ++r) {
+            for (std::int64_t s = 0, count = 0; s < per_row; ++s) {
+              auto const* xs = slice(r, s, count);
+              slice_partial& z = second[static_cast<std::size_t>(r * per_row + s - s0)];
+              z = slice_partial{};
+              z.absmax = absmax[static_cast<std::size_t>(s / g.per_group)];
+              slice_dead_zones(simd, xs, count, z);
+            }
+          }
+        }
+        return n;
+      });
+      std::int64_t const n = std::min(g.rows, b1 * band_rows) * per_row - s0;
+      fold.add(first.data(), s0, n);
+      if (!g.one_pass()) fold.add_dead_zones(second.data(), s0, n);
+    }
+    return {fold.result(), hooked};
+  }
+  // Otherwise the slots among the threads, measured and folded in pieces of at most
+  // host_piece_slots a thread (a row of a flat tensor can hold millions): all at once in one
+  // pass, else band by band, each band twice (the second time from the caches where it fits).
+  std::int64_t const slots_per_piece = std::min(g.slots(), host_piece_slots * threads);
+  std::vector<slice_partial> parts(static_cast<std::size_t>(slots_per_piece));
+  // Measures and folds slots [first, last), which begin band r0's: their statistics, or with
+  // `zones` (the second pass) their dead zones under their groups' pending absmax.
+  auto const pass = [&](std::int64_t first, std::int64_t last, std::int64_t r0, bool zones) {
+    for (std::int64_t s0 = first; s0 < last; s0 += slots_per_piece) {
+      std::int64_t const n = std::min(slots_per_piece, last - s0);
+      hooked += h::parallel_sum(ex.pool, threads, n, [&](std::int64_t i0, std::int64_t i1) {
+        std::int64_t r = (s0 + i0) / per_row;
+        std::int64_t s = (s0 + i0) % per_row;
+        std::int64_t called = 0;
+        for (std::int64_t i = i0; i < i1; ++i) {
+          if constexpr (Hook::active) {  // one_pass: a piece may end at any slot (group)
+            if (i == i0 || s % piece == 0)
+              called += hook(r, r + 1, s, std::min({per_row, (s / piece + 1) * piece, s + i1 - i}));
+          }
+          std::int64_t count = 0;
+          auto const* xs = slice(r, s, count);
+          slice_partial& out = parts[static_cast<std::size_t>(i)];
+          if (zones) {
+            out = slice_partial{};
+            out.absmax = fold.pending_absmax()[g.group_of(r - r0, s)];
+            slice_dead_zones(simd, xs, count, out);
+          } else {
+            out = slice_statistics(simd, xs, count, g.one_pass());
+          }
+          if (++s == per_row) {
+            s = 0;
+            ++r;
+          }
+        }
+        return called;
+      });
+      if (zones) {
+        fold.add_dead_zones(parts.data(), s0, n);
+      } else {
+        fold.add(parts.data(), s0, n);
+      }
+    }
+  };
+  if (g.one_pass()) {
+    pass(0, g.slots(), 0, false);
+    return {fold.result(), hooked};
+  }
+  for (std::int64_t r0 = 0; r0 < g.rows; r0 += band_rows) {
+    std::int64_t const r1 = std::min(g.rows, r0 + band_rows);
+    pass(r0 * per_row, r1 * per_row, r0, false);
+    pass(r0 * per_row, r1 * per_row, r0, true);
+  }
+  return {fold.result(), hooked};
+}
+
 }  // namespace stats_detail
 
 /// The statistics relative_error() predicts from, of the [rows, cols] tensor `x` under groups of
@@ -539,122 +718,10 @@ class slice_folder {
 /// \throws agoq::invalid_argument for a tile with an extent below 1 or a null pointer.
 template <agoq::detail::readable_elements In>
 tensor_stats measure(host_executor ex, matrix_view<In> x, tile_shape tile) {
-  namespace h = agoq::detail::host;
-  using stats_detail::slice_partial;
-  bool const simd = ex.simd;
   stats_detail::slice_grid const g = stats_detail::make_slice_grid(x.extent(0), x.extent(1), tile);
   agoq::detail::check_data(x.data_handle(), x.size(), "measure");
-  stats_detail::slice_folder fold(g);
-  std::int64_t const per_row = g.per_row();
-  if (g.slots() == 0) return fold.result();
-  int const threads = h::call_threads(ex, g.slots(), std::max<std::int64_t>(g.cols / per_row, 1));
-  // Slot s of row r: its first element, and its length in `count`.
-  auto const slice = [&](std::int64_t r, std::int64_t s, std::int64_t& count) {
-    std::int64_t c = 0;
-    g.columns(s, c, count);
-    return x.data_handle() + r * g.cols + c;
-  };
-  std::int64_t const band_rows = std::min(tile.rows, g.rows);
-  std::int64_t const bands = (g.rows - 1) / band_rows + 1;
-  std::int64_t const band_elements = band_rows * g.cols;
-  std::int64_t const band_slots = band_rows * per_row;
-  if (!g.one_pass() && threads > 1 && bands >= threads &&
-      band_elements <= stats_detail::host_band_elements &&
-      band_slots <= stats_detail::host_piece_slots) {
-    // Sets of bands, each band measured twice in a row by one thread (the second time from its
-    // caches) under its groups' absmax, the largest of their slices' (as the folder records it);
-    // the threads start once per set, whose partials are then folded in slot order. A set holds
-    // host_band_elements and at most host_piece_slots a thread, and a band a thread at least.
-    std::int64_t const per_set =
-        std::max<std::int64_t>(threads * std::min(stats_detail::host_band_elements / band_elements,
-                                                  stats_detail::host_piece_slots / band_slots),
-                               threads);
-    auto const set_slots = static_cast<std::size_t>(std::min(bands, per_set) * band_slots);
-    std::vector<slice_partial> first(set_slots), second(set_slots);
-    for (std::int64_t b0 = 0; b0 < bands; b0 += per_set) {
-      std::int64_t const b1 = std::min(bands, b0 + per_set);
-      std::int64_t const s0 = b0 * band_slots;
-      h::parallel_sum(ex.pool, threads, b1 - b0, [&](std::int64_t i0, std::int64_t i1) {
-        std::vector<float> absmax(static_cast<std::size_t>(g.group_cols));
-        for (std::int64_t b = b0 + i0; b < b0 + i1; ++b) {
-          std::int64_t const r0 = b * band_rows;
-          std::int64_t const r1 = std::min(g.rows, r0 + band_rows);
-          std::fill(absmax.begin(), absmax.end(), 0.0f);
-          for (std::int64_t r = r0; r < r1; ++r) {
-            for (std::int64_t s = 0, count = 0; s < per_row; ++s) {
-              auto const* xs = slice(r, s, count);
-              slice_partial& p = first[static_cast<std::size_t>(r * per_row + s - s0)];
-              p = stats_detail::slice_statistics(simd, xs, count, false);
-              float& a = absmax[static_cast<std::size_t>(s / g.per_group)];
-              a = std::max(a, p.absmax);
-            }
-          }
-          for (std::int64_t r = r0; r < r1; ++r) {
-            for (std::int64_t s = 0, count = 0; s < per_row; ++s) {
-              auto const* xs = slice(r, s, count);
-              slice_partial& z = second[static_cast<std::size_t>(r * per_row + s - s0)];
-              z = slice_partial{};
-              z.absmax = absmax[static_cast<std::size_t>(s / g.per_group)];
-              stats_detail::slice_dead_zones(simd, xs, count, z);
-            }
-          }
-        }
-        return std::int64_t{0};
-      });
-      std::int64_t const n = std::min(g.rows, b1 * band_rows) * per_row - s0;
-      fold.add(first.data(), s0, n);
-      fold.add_dead_zones(second.data(), s0, n);
-    }
-    return fold.result();
-  }
-  // Otherwise the slots among the threads, measured and folded in pieces of at most
-  // host_piece_slots a thread (a row of a flat tensor can hold millions): all at once in one
-  // pass, else band by band, each band twice (the second time from the caches where it fits).
-  std::int64_t const piece = std::min(g.slots(), stats_detail::host_piece_slots * threads);
-  std::vector<slice_partial> parts(static_cast<std::size_t>(piece));
-  // Measures and folds slots [first, last), which begin band r0's: their statistics, or with
-  // `zones` (the second pass) their dead zones under their groups' pending absmax.
-  auto const sweep = [&](std::int64_t first, std::int64_t last, std::int64_t r0, bool zones) {
-    for (std::int64_t s0 = first; s0 < last; s0 += piece) {
-      std::int64_t const n = std::min(piece, last - s0);
-      h::parallel_sum(ex.pool, threads, n, [&](std::int64_t i0, std::int64_t i1) {
-        std::int64_t r = (s0 + i0) / per_row;
-        std::int64_t s = (s0 + i0) % per_row;
-        for (std::int64_t i = i0; i < i1; ++i) {
-          std::int64_t count = 0;
-          auto const* xs = slice(r, s, count);
-          slice_partial& out = parts[static_cast<std::size_t>(i)];
-          if (zones) {
-            out = slice_partial{};
-            out.absmax = fold.pending_absmax()[g.group_of(r - r0, s)];
-            stats_detail::slice_dead_zones(simd, xs, count, out);
-          } else {
-            out = stats_detail::slice_statistics(simd, xs, count, g.one_pass());
-          }
-          if (++s == per_row) {
-            s = 0;
-            ++r;
-          }
-        }
-        return std::int64_t{0};
-      });
-      if (zones) {
-        fold.add_dead_zones(parts.data(), s0, n);
-      } else {
-        fold.add(parts.data(), s0, n);
-      }
-    }
-  };
-  if (g.one_pass()) {
-    sweep(0, g.slots(), 0, false);
-    return fold.result();
-  }
-  for (std::int64_t r0 = 0; r0 < g.rows; r0 += band_rows) {
-    std::int64_t const r1 = std::min(g.rows, r0 + band_rows);
-    sweep(r0 * per_row, r1 * per_row, r0, false);
-    sweep(r0 * per_row, r1 * per_row, r0, true);
-  }
-  return fold.result();
+  if (g.slots() == 0) return stats_detail::slice_folder(g).result();
+  return stats_detail::sweep(ex, x, g, stats_detail::no_hook{}).stats;
 }
 
 /// measure() under the group tile of scheme `s` on this tensor.
@@ -663,6 +730,61 @@ template <agoq::detail::readable_elements In>
 tensor_stats measure(host_executor ex, matrix_view<In> x, spec const& s) {
   s.validate();
   return measure(ex, x, s.tile(x.extent(0), x.extent(1)));
+}
+
+/// quantize() that gathers, in the same sweep, the statistics of `in` that measure(ex, in,
+/// out.spec) returns (into `stats`, the same bits): a piece of whole groups is quantized and then
+/// measured while it is in the caches, so `in` is read from memory once. The codes, scales, zero
+/// points and the returned non-finite count are quantize's, bit for bit, on any number of
+/// threads. Pieces: where each group is one row of at most 256 columns (per_group<G <= 256>, the
+/// default policy's g128), about stats_detail::fused_slots groups of one row (whole rows where a
+/// group's codes do not end on a byte); otherwise bands of tile.rows rows of at most
+/// stats_detail::host_band_elements elements and host_piece_slots slices, measured twice in a row
+/// (the dead zones' pass). Larger bands (per-tensor and per-column groups of large tensors, tall
+/// blocks) are quantized and then measured, two reads. Host only; synchronous. `Codes` as in
+/// quantize.
+/// \throws agoq::invalid_argument on an invalid spec, mismatched extents or a null pointer;
+/// agoq::unsupported_scheme on a code family outside `Codes` (before anything is written).
+template <code_list Codes = dispatch_codes, agoq::detail::readable_elements In>
+std::int64_t quantize_measured(host_executor ex, matrix_view<In> in, quantized_view out,
+                               tensor_stats& stats, quantize_options opt = {}) {
+  out.validate();
+  agoq::detail::check_extents(in.extent(0), in.extent(1), out.rows, out.cols, "quantize_measured");
+  agoq::detail::check_data(in.data_handle(), in.size(), "quantize_measured");
+  require_code<Codes>(out.spec);
+  quantized_layout const l = out.layout();
+  stats_detail::slice_grid const g = stats_detail::make_slice_grid(l.rows, l.cols, l.tile);
+  // A piece may begin at any group of a row where every group's codes begin on a byte.
+  bool const on_bytes = l.tile.cols >= l.cols || (l.tile.cols * l.bits) % 8 == 0;
+  if (g.slots() == 0 || !(stats_detail::band_fits(g) || (g.one_pass() && on_bytes))) {
+    std::int64_t const nonfinite = quantize<Codes>(ex, in, out, opt);
+    stats = measure(ex, in, l.tile);
+    return nonfinite;
+  }
+  std::int64_t const step =
+      on_bytes ? (stats_detail::fused_slots + g.per_group - 1) / g.per_group * g.per_group
+               : g.per_row();
+  // Quantizes the whole groups of slots [s0, s1) of rows [r0, r1) (whole rows, or one row) as a
+  // tensor of their own: its groups, codes and stochastic-rounding positions are the same.
+  auto const piece = [&](std::int64_t r0, std::int64_t r1, std::int64_t s0, std::int64_t s1) {
+    std::int64_t const c0 = s0 / g.per_group * l.tile.cols;
+    std::int64_t const c1 = s1 == g.per_row() ? l.cols : s1 / g.per_group * l.tile.cols;
+    std::int64_t const group = r0 / l.tile.rows * l.group_grid_cols + c0 / l.tile.cols;
+    quantized_view const part{out.spec,
+                              r1 - r0,
+                              c1 - c0,
+                              out.codes + r0 * l.code_row_bytes + c0 * l.bits / 8,
+                              out.scales + group * l.scale_bytes_each,
+                              out.zero_points == nullptr ? nullptr : out.zero_points + group};
+    std::uint64_t const first = static_cast<std::uint64_t>(r0 * l.cols + c0);
+    return quantize<Codes>(host_executor{.simd = ex.simd},
+                           matrix_view<In>(in.data_handle() + r0 * l.cols + c0, r1 - r0, c1 - c0),
+                           part, {opt.seed, opt.offset + first});
+  };
+  stats_detail::swept const r =
+      stats_detail::sweep(ex, in, g, stats_detail::slice_hook<decltype(piece)>{step, piece});
+  stats = r.stats;
+  return r.hooked;
 }
 
 }  // namespace agoq::activation
