@@ -113,6 +113,7 @@ _DEVICE_CALLS = {
     "rmsnorm_forward_plain": "x", "rmsnorm_backward": "dy", "swiglu_forward": "gate",
     "swiglu_forward_plain": "gate", "swiglu_backward": "dout", "gelu_forward": "x",
     "gelu_forward_plain": "x", "gelu_backward": "dy", "residual_add": "a", "measure": "x",
+    "compress_measured": "x",
     "all_reduce_8bit": "comm", "reduce_scatter_8bit": "comm",
 }
 _DEVICE_UNITS = ("device.cu", "device_forward.cu", "device_backward.cu", "device_gradients.cu")
@@ -219,6 +220,7 @@ globals().update({name: _dispatching(name, first) for name, first in _DEVICE_CAL
 __version__ = _C.version
 
 from .saved import (  # noqa: E402  (they use the calls defined above)
-    HF_GPT2_MODULES, HF_LLAMA_MODULES, QuantizedSaves, rules_from_plan)
+    HF_GPT2_MODULES, HF_LLAMA_MODULES, QuantizedSaves, rules_from_plan, statistics_for_plan)
 
-__all__ += ["QuantizedSaves", "rules_from_plan", "HF_LLAMA_MODULES", "HF_GPT2_MODULES"]
+__all__ += ["QuantizedSaves", "rules_from_plan", "statistics_for_plan", "HF_LLAMA_MODULES",
+            "HF_GPT2_MODULES"]

@@ -15,7 +15,7 @@ import weakref
 
 import torch
 
-from . import compress, decompress, quantized_bytes
+from . import compress, compress_measured, decompress, quantized_bytes
 
 #: The floating dtypes agoq quantizes; a tensor of any other dtype is kept as saved.
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -96,6 +96,31 @@ def rules_from_plan(layers, modules=HF_LLAMA_MODULES, prefix="model.layers.{laye
     return rules
 
 
+def statistics_for_plan(statistics, layers, modules=HF_LLAMA_MODULES,
+                        prefix="model.layers.{layer}."):
+    """``make_plan(statistics=...)`` from what ``QuantizedSaves(measure=True)`` gathered.
+
+    ``statistics`` is ``QuantizedSaves.statistics``; ``layers`` the model's layer count;
+    ``modules`` and ``prefix`` as in ``rules_from_plan``. Returns ``{(layer, kind): stats}`` for
+    every kind whose first module quantized exactly one tensor in its last forward call (a linear
+    layer's input, an activation module's input: LLaMA's ``qkv_input``, ``o_proj_input``,
+    ``mlp_input``, ``gate_output``, ``swiglu_output``); a module that quantized several (a norm
+    saves its input and its normalized output, the attention core its Q, K, V, ...) or none
+    leaves its kinds to the error model's prior. The statistics hold under the group tile they
+    were measured with (the rule's spec), so plan with candidates of that tile (the default
+    policy's are all g128), else ``make_plan`` raises ValueError.
+    """
+    if not isinstance(layers, int) or layers < 0:
+        raise ValueError(f"statistics_for_plan: layers must be an int >= 0, not {layers!r}")
+    chosen = {}
+    for i in range(layers):
+        for kind, names in modules.items():
+            calls = statistics.get(prefix.format(layer=i) + names[0])
+            if calls and len(calls[-1]) == 1:
+                chosen[(i, kind)] = calls[-1][0]
+    return chosen
+
+
 class _Packed:
     """One saved tensor as codes + scales (what the pack hook returns to autograd)."""
 
@@ -153,6 +178,12 @@ class QuantizedSaves:
     context: each forward pass run under it draws new random numbers, and a new context with the
     same seed and offset repeats the same bits for the same saves in the same order.
 
+    With ``measure=True`` each quantized tensor goes through ``compress_measured`` (the same
+    buffer, and the error model's statistics gathered in the same sweep), and ``statistics``
+    maps each ruled module's name ("" outside them) to one list per forward call of the module,
+    of the statistics of the tensors it quantized, in order (a shared save adds none);
+    ``statistics_for_plan`` turns them into ``make_plan``'s ``statistics``.
+
     ``stats`` counts, since the context was entered: ``saved`` (pack calls), ``quantized``,
     ``shared``, ``kept`` (activations kept as saved), ``leaves`` (leaf tensors and their views);
     ``original_bytes`` and ``stored_bytes`` of the quantized tensors (each once), ``kept_bytes``
@@ -171,7 +202,7 @@ class QuantizedSaves:
 
     def __init__(self, spec, model: torch.nn.Module | None = None, rules=None, *,
                  min_elements: int = 1024, seed: int = 0, offset: int = 0,
-                 record: bool = False):
+                 record: bool = False, measure: bool = False):
         _check_spec(spec, "spec")
         rules = dict(rules or {})
         if rules and model is None:
@@ -183,6 +214,7 @@ class QuantizedSaves:
                              f"not {min_elements!r}")
         self.spec, self.model, self.rules = spec, model, rules
         self.min_elements, self.seed, self.record = min_elements, seed, record
+        self.measure = measure
         self._ruled = self._match_rules()
         self._hooks = None
         self._handles = []
@@ -191,6 +223,7 @@ class QuantizedSaves:
         self._offset = offset
         self.stats: dict[str, int] = {}
         self.records: list[dict] = []
+        self.statistics: dict[str, list[list[dict]]] = {}
 
     def _match_rules(self):
         """(module, spec, name) of every module a rule names."""
@@ -215,10 +248,11 @@ class QuantizedSaves:
         self.stats = dict(saved=0, quantized=0, shared=0, kept=0, leaves=0, original_bytes=0,
                           stored_bytes=0, kept_bytes=0)
         self.records = []
+        self.statistics = {}
         for module, rule, name in self._ruled:
             entry = (module, rule, name)
             self._handles.append(module.register_forward_pre_hook(
-                lambda _m, _args, entry=entry: self._active.append(entry)))
+                lambda _m, _args, entry=entry: self._enter_module(entry)))
             self._handles.append(module.register_forward_hook(
                 lambda m, _args, _out: self._leave(m)))
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
@@ -234,6 +268,13 @@ class QuantizedSaves:
         self._active.clear()
         self._shared.clear()
         return False
+
+    def _enter_module(self, entry):
+        """Starts a forward of a ruled module: its saves take its rule, and with ``measure`` its
+        statistics start a new call."""
+        self._active.append(entry)
+        if self.measure:
+            self.statistics.setdefault(entry[2], []).append([])
 
     def _leave(self, module):
         """Ends the innermost forward of ``module`` (and whatever an exception left above it)."""
@@ -290,7 +331,12 @@ class QuantizedSaves:
                 cols = t.shape[-1]
                 rows = t.numel() // cols
                 x = t.detach().contiguous().view(rows, cols)
-                buffer = compress(x, spec, seed=self.seed, offset=self._offset)
+                if self.measure:
+                    buffer, measured = compress_measured(x, spec, seed=self.seed,
+                                                         offset=self._offset)
+                    self.statistics.setdefault(module, [[]])[-1].append(measured)
+                else:
+                    buffer = compress(x, spec, seed=self.seed, offset=self._offset)
                 self._offset += t.numel()
                 packed = _Packed(buffer, spec, t.shape, t.dtype, rows, cols)
                 self._remember(key, t, packed)

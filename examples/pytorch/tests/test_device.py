@@ -144,7 +144,7 @@ class DeviceTest(unittest.TestCase):
                                                                          torch.ones(1024),
                                                                          1e-6)[0]))
 
-    def test_measure_matches_the_cpu(self):
+    def test_measure_and_compress_measured_match_the_cpu(self):
         # One pass (groups of 128 in a row) and two (per row, 1100 columns: the dead zones' pass
         # under each row's absmax), with non-finite values left out.
         for dtype in (torch.float32, torch.bfloat16):
@@ -153,6 +153,9 @@ class DeviceTest(unittest.TestCase):
             for spec in (INT4, "int8_row_sym_rne_f32", "int2_g32_sym_rne_e8m0"):
                 self.assertEqual(agoq.measure(dev(x), spec), agoq.measure(x, spec),
                                  f"measure {spec} {dtype}")
+                buf, st = agoq.compress_measured(dev(x), spec, seed=3)
+                self.assertTrue(torch.equal(buf.cpu(), agoq.compress(x, spec, seed=3)), spec)
+                self.assertEqual(st, agoq.measure(x, spec), f"compress_measured {spec} {dtype}")
 
     def test_nonfinite_values_are_counted(self):
         x = torch.randn(8, 256)

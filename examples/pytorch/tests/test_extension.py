@@ -45,6 +45,23 @@ class TensorTest(unittest.TestCase):
                 self.assertTrue(torch.equal(y, agoq.fake_quantize(x, spec, seed=5, offset=11)),
                                 f"{spec} {dtype}")
 
+    def test_compress_measured_is_compress_and_measure(self):
+        agoq.reset_nonfinite()
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            x = (torch.randn(37, 1100) * 3).to(dtype)
+            x[3, 7] = float("nan")
+            for spec in (INT4, INT8_SR, "int4_g64_asym_rne_bf16", "int8_row_sym_rne_f32",
+                         "int4_tensor_sym_rne_f32"):
+                buf, st = agoq.compress_measured(x, spec, seed=5, offset=11)
+                self.assertTrue(torch.equal(buf, agoq.compress(x, spec, seed=5, offset=11)),
+                                f"{spec} {dtype}")
+                self.assertEqual(st, agoq.measure(x, spec), f"{spec} {dtype}")
+        self.assertEqual(agoq.nonfinite_seen(), 30)  # both calls count each NaN
+        with self.assertRaises(ValueError):
+            agoq.compress_measured(x, "int3_g128_sym_rne_f32")
+        with self.assertRaises((RuntimeError, ValueError)):
+            agoq.compress_measured(x[0], INT4)
+
     def test_nearest_error_within_half_a_step(self):
         x = torch.randn(64, 512, dtype=torch.float64).float()
         y = agoq.decompress(agoq.compress(x, INT4), INT4, 64, 512)

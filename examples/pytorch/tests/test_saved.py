@@ -399,6 +399,60 @@ class QuantizedSavesTest(unittest.TestCase):
         self.assertTrue(all(p.grad is not None and p.grad.isfinite().all()
                             for p in model.parameters()))
 
+    def test_measured_statistics_reach_the_planner(self):
+        """measure=True gathers each quantized save's statistics (the same as measure() of the
+        tensor); statistics_for_plan keeps the modules that quantized one tensor, and make_plan
+        takes them in place of the prior."""
+        torch.manual_seed(0)
+        model = HfLlama()
+        idx = torch.randint(0, 256, (2, 64))
+        inputs = {}
+        handle = model.model.layers[1].mlp.down_proj.register_forward_pre_hook(
+            lambda _m, args: inputs.__setitem__("down", args[0].detach().clone()))
+        rules = agoq.rules_from_plan([{k: INT4 for k in agoq.tensor_kinds("llama")}] * 2)
+        with agoq.QuantizedSaves(None, model, rules, measure=True) as saves:
+            model(idx).sum().backward()
+        handle.remove()
+        down = saves.statistics["model.layers.1.mlp.down_proj"]
+        self.assertEqual(len(down), 1)  # one forward call, one quantized tensor: its input
+        self.assertEqual(down[0][0], agoq.measure(inputs["down"].flatten(0, 1), INT4))
+        # The norm quantized its input, its square (pow saves both) and its normalized output;
+        # K and V shared Q's input.
+        self.assertEqual(len(saves.statistics["model.layers.0.input_layernorm"][0]), 3)
+        self.assertEqual(saves.statistics["model.layers.0.self_attn.k_proj"], [[]])
+        chosen = agoq.statistics_for_plan(saves.statistics, 2)
+        self.assertEqual(set(chosen), {(i, k) for i in range(2) for k in (
+            "qkv_input", "o_proj_input", "mlp_input", "gate_output", "swiglu_output")})
+        self.assertEqual(chosen[(1, "swiglu_output")], down[0][0])
+        # A second forward is a second call; the last one is used.
+        with agoq.QuantizedSaves(None, model, rules, measure=True) as again:
+            model(idx)
+            model(idx[:, :32])
+        self.assertEqual([len(c) for c in again.statistics["model.layers.1.mlp.down_proj"]],
+                         [1, 1])
+        later = agoq.statistics_for_plan(again.statistics, 2)
+        self.assertNotEqual(later[(1, "swiglu_output")], chosen[(1, "swiglu_output")])
+        self.assertEqual(later[(1, "swiglu_output")]["elements"], 32 * 2 * 384)
+        # Without measure, no statistics and the same saved bytes.
+        with agoq.QuantizedSaves(None, model, rules) as plain:
+            model(idx)
+        self.assertEqual(plain.statistics, {})
+        self.assertEqual(plain.stats, saves.stats)
+        # The planner: measured statistics replace the prior for the model of these shapes.
+        shape = dict(style="llama", layers=2, hidden=128, ffn=384, heads=4, kv_heads=4,
+                     head_dim=0, vocab=256, tied_embeddings=False)
+        fixed = {k: (d, [d]) for k, (d, _) in agoq.default_policy().items()}  # int4 inputs
+        prior = agoq.make_plan(shape, 2, 64, 1 << 40, policy=fixed)["error"]
+        measured = agoq.make_plan(shape, 2, 64, 1 << 40, policy=fixed, statistics=chosen)
+        self.assertGreater(prior, 0)
+        self.assertGreater(measured["error"], 0)
+        self.assertNotEqual(prior, measured["error"])
+        with self.assertRaisesRegex(ValueError, "layers"):
+            agoq.statistics_for_plan(saves.statistics, -1)
+        with self.assertRaises(ValueError):  # per-row statistics cannot predict g128 candidates
+            row = {k: stats | {"tile": (1, 384)} for k, stats in chosen.items()}
+            agoq.make_plan(shape, 2, 64, 1 << 40, policy=fixed, statistics=row)
+
     def test_rules_from_plan_choices_and_errors(self):
         kinds = agoq.tensor_kinds("llama")
         plan = [dict.fromkeys(kinds, INT4)]

@@ -197,6 +197,14 @@ class cuda_backend {
   act::tensor_stats measure(A&&... a) const {
     return act::measure(executor(), std::forward<A>(a)...);
   }
+  /// quantize (its count added in stream order like every call's), then measure, which
+  /// synchronizes: what agoq::activation::quantize_measured does on the device.
+  template <class In>
+  act::tensor_stats quantize_measured(agoq::matrix_view<In> x, agoq::quantized_view out,
+                                      agoq::quantize_options opt) const {
+    quantize(x, out, opt);
+    return act::measure(executor(), x, out.spec);
+  }
 
  private:
   /// Runs call(count) with a fresh device count, then adds the count to the total of the device

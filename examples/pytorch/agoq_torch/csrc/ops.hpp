@@ -282,9 +282,34 @@ pybind11::dict measure(torch::Tensor const& x, std::string const& spec) {
   return stats_dict(st);
 }
 
+/// compress that also returns the error model's statistics of x under the groups of `spec`
+/// (agoq::activation::quantize_measured: the buffer compress returns and the dict measure
+/// returns, gathered in one sweep on the CPU); like measure it synchronizes a GPU's stream.
+template <class B>
+std::tuple<torch::Tensor, pybind11::dict> compress_measured(torch::Tensor const& x,
+                                                            std::string const& spec,
+                                                            std::uint64_t seed,
+                                                            std::uint64_t offset) {
+  B const b(x);
+  check_matrix(x, "compress_measured", b);
+  agoq::spec const s = parse_spec(spec);
+  std::int64_t const rows = x.size(0), cols = x.size(1);
+  torch::Tensor buf = new_buffer(b, s, rows, cols);
+  act::tensor_stats st;
+  {
+    pybind11::gil_scoped_release release;
+    dispatch_element(x.scalar_type(), [&]<class T>(T) {
+      st = b.quantize_measured(matrix_of<T const>(x), view_of(s, rows, cols, buf),
+                               options(seed, offset));
+    });
+  }
+  return {buf, stats_dict(st)};
+}
+
 /// Register the calls above on backend B in module m, in three sets that a module may compile in
 /// separate translation units (device.cu does, so that its kernels build in parallel):
-/// register_tensor_ops (compress, decompress, fake_quantize, measure), register_forward_ops (the
+/// register_tensor_ops (compress, decompress, fake_quantize, measure, compress_measured),
+/// register_forward_ops (the
 /// fused ops' forward calls, with and without a saved copy) and register_backward_ops. The same
 /// names, arguments and documents for both executors; agoq_torch/__init__.py sends each call to
 /// the module of its first tensor's device.
@@ -305,6 +330,11 @@ void register_tensor_ops(pybind11::module_& m) {
         py::arg("offset") = 0, nogil,
         "Quantizes and dequantizes a 2-D tensor (same shape and dtype), as compress then "
         "decompress.");
+  m.def("compress_measured", &compress_measured<B>, py::arg("x"), py::arg("spec"),
+        py::arg("seed") = 0, py::arg("offset") = 0,
+        "compress that also returns measure's statistics of x under the groups of `spec`: "
+        "(buffer, statistics), the same buffer and dict as the two calls, gathered in one "
+        "sweep over x on the CPU. Like measure it synchronizes a GPU's stream.");
   m.def("measure", &measure<B>, py::arg("x"), py::arg("spec"),
         "Statistics of a 2-D tensor for the error model under the groups of `spec`: {'tile', "
         "'elements', 'sum_squares', 'sum_group_absmax_sq', 'sum_group_range_sq'} (finite "

@@ -80,6 +80,13 @@ struct cpu_backend : cpu_place {
   act::tensor_stats measure(A&&... a) const {
     return act::measure(executor(), std::forward<A>(a)...);
   }
+  template <class In>
+  act::tensor_stats quantize_measured(agoq::matrix_view<In> x, agoq::quantized_view out,
+                                      agoq::quantize_options opt) const {
+    act::tensor_stats st;
+    note_nonfinite(act::quantize_measured(executor(), x, out, st, opt));
+    return st;
+  }
 };
 
 std::int64_t quantized_bytes(std::string const& spec, std::int64_t rows, std::int64_t cols) {
