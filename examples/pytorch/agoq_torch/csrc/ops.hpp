@@ -38,18 +38,28 @@ torch::Tensor new_like(B const& b, torch::Tensor const& x) {
   return b.empty(x.sizes(), x.scalar_type());
 }
 
-template <class B>
-torch::Tensor compress(torch::Tensor const& x, std::string const& spec, std::uint64_t seed,
-                       std::uint64_t offset) {
-  B const b(x);
-  check_matrix(x, "compress", b);
+/// What compress and compress_measured share: checks x (`what` names the call), makes the new
+/// buffer of `spec` and calls quantize(x's matrix view, the buffer's quantized view) for x's
+/// element type; returns the buffer.
+template <class B, class Quantize>
+torch::Tensor compress_with(B const& b, torch::Tensor const& x, std::string const& spec,
+                            char const* what, Quantize&& quantize) {
+  check_matrix(x, what, b);
   agoq::spec const s = parse_spec(spec);
   std::int64_t const rows = x.size(0), cols = x.size(1);
   torch::Tensor buf = new_buffer(b, s, rows, cols);
   dispatch_element(x.scalar_type(), [&]<class T>(T) {
-    b.quantize(matrix_of<T const>(x), view_of(s, rows, cols, buf), options(seed, offset));
+    quantize(matrix_of<T const>(x), view_of(s, rows, cols, buf));
   });
   return buf;
+}
+
+template <class B>
+torch::Tensor compress(torch::Tensor const& x, std::string const& spec, std::uint64_t seed,
+                       std::uint64_t offset) {
+  B const b(x);
+  return compress_with(b, x, spec, "compress",
+                       [&](auto in, auto out) { b.quantize(in, out, options(seed, offset)); });
 }
 
 template <class B>
@@ -291,16 +301,12 @@ std::tuple<torch::Tensor, pybind11::dict> compress_measured(torch::Tensor const&
                                                             std::uint64_t seed,
                                                             std::uint64_t offset) {
   B const b(x);
-  check_matrix(x, "compress_measured", b);
-  agoq::spec const s = parse_spec(spec);
-  std::int64_t const rows = x.size(0), cols = x.size(1);
-  torch::Tensor buf = new_buffer(b, s, rows, cols);
   act::tensor_stats st;
+  torch::Tensor buf;
   {
     pybind11::gil_scoped_release release;
-    dispatch_element(x.scalar_type(), [&]<class T>(T) {
-      st = b.quantize_measured(matrix_of<T const>(x), view_of(s, rows, cols, buf),
-                               options(seed, offset));
+    buf = compress_with(b, x, spec, "compress_measured", [&](auto in, auto out) {
+      st = b.quantize_measured(in, out, options(seed, offset));
     });
   }
   return {buf, stats_dict(st)};
