@@ -173,8 +173,9 @@ tensor_stats measure(cuda_executor ex, matrix_view<In> x, spec const& s) {
 /// `ex.stream`, then measure() of `in` under the scheme's tile, so `out` holds the host form's
 /// bytes and `stats` its statistics, bit for bit; returns the non-finite input count. Synchronizes
 /// `ex.stream`, as measure() does. Two reads of `in` here (the quantize kernel, then measure's
-/// half warps): most of the device form's time is measure's copy of 72 bytes per slice back to
-/// the host and the host's fold, which the same kernel would not remove.
+/// half warps). By the byte counts (not yet timed on a GPU), measure's copy of 72 bytes per
+/// slice to the host (0.56 byte per element at G = 128, over PCIe) and the host's fold outweigh
+/// a second read of the tensor from device memory, and one kernel for both would keep them.
 /// \throws as quantize_async and measure.
 template <code_list Codes = dispatch_codes, agoq::detail::readable_elements In>
 std::int64_t quantize_measured(cuda_executor ex, matrix_view<In> in, quantized_view out,
