@@ -44,7 +44,8 @@ inline constexpr std::int64_t host_piece_slots = 4096;
 inline constexpr std::int64_t host_band_elements = std::int64_t{1} << 20;
 
 /// Slices quantize_measured quantizes and then measures at a time along a row (rounded up to whole
-/// groups): 4096 elements at G = 128, 8 KiB of bf16, so the second read hits the L1 cache.
+/// groups): 8192 elements at G = 128, 16 KiB of bf16 (32 KiB of float), so the second read hits
+/// the L1 cache.
 inline constexpr std::int64_t fused_slots = 64;
 
 /// The symmetric bit widths whose dead zones are measured (tensor_stats::dead_energy).
