@@ -10,11 +10,14 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstdint>
 #include <numeric>
 #include <set>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../error.hpp"
@@ -146,6 +149,115 @@ inline std::string name_of(recompute_method r) {
                                           : "block";
 }
 
+/// Megatron-Core's selective recomputation (`--recompute-granularity selective
+/// --recompute-modules ...`, TransformerConfig.recompute_modules;
+/// megatron/core/transformer/transformer_layer.py): in every layer, the outputs of the chosen
+/// modules are not kept for the backward but computed again at its start, from tensors the layer
+/// does keep (recompute_sources). Megatron's names; the ones a dense LLaMA- or GPT-style block
+/// has. Full recomputation (recompute_method) excludes it, as in Megatron.
+struct recompute_modules {
+  /// `core_attn`: the core attention runs under a checkpoint of Q, K and V. With a fused (flash)
+  /// attention only the logsumexp is then not kept: the output O is the output projection's input
+  /// (o_proj_input), kept for it anyway. The backward runs the attention forward again (a second
+  /// O, and the logsumexp).
+  bool core_attn = false;
+  /// `layernorm`: both norms discard their outputs once the next linear layer has run
+  /// (CheckpointWithoutOutput): qkv_input and mlp_input (GPT: fc1_input) are not kept; each is
+  /// computed again from the norm's input when the backward reaches its sub-block.
+  bool layernorm = false;
+  /// `mlp`: the MLP runs under a checkpoint of its input: gate_output, up_output and
+  /// swiglu_output (GPT: gelu_input, fc2_input) are not kept; the MLP's backward first runs its
+  /// forward again from mlp_input (GPT: fc1_input), itself recomputed under `layernorm`.
+  bool mlp = false;
+
+  /// True when any module is recomputed.
+  constexpr bool any() const noexcept { return core_attn || layernorm || mlp; }
+  friend constexpr bool operator==(recompute_modules const&, recompute_modules const&) = default;
+};
+
+/// The names of recompute_modules' fields, in their order (Megatron's --recompute-modules values).
+inline constexpr std::array<std::string_view, 3> recompute_module_names = {"core_attn", "layernorm",
+                                                                           "mlp"};
+
+/// `r`'s modules by name, comma-separated in recompute_module_names' order ("" for none).
+inline std::string name_of(recompute_modules const& r) {
+  bool const on[] = {r.core_attn, r.layernorm, r.mlp};
+  std::string out;
+  for (std::size_t i = 0; i < recompute_module_names.size(); ++i)
+    if (on[i]) out += (out.empty() ? "" : ",") + std::string(recompute_module_names[i]);
+  return out;
+}
+
+/// Adds the module named `name` (one of recompute_module_names) to `r`. Throws
+/// agoq::invalid_argument for any other name, naming the ones there are.
+inline void add_recompute_module(recompute_modules& r, std::string_view name) {
+  bool* const on[] = {&r.core_attn, &r.layernorm, &r.mlp};
+  for (std::size_t i = 0; i < recompute_module_names.size(); ++i)
+    if (name == recompute_module_names[i]) {
+      *on[i] = true;
+      return;
+    }
+  agoq::detail::throw_invalid(__FILE__, __LINE__,
+                              "recompute_modules: unknown module '" + std::string(name) +
+                                  "' (modules: core_attn, layernorm, mlp)");
+}
+
+/// True when kind `k` is not kept under the modules `r` (computed again in the backward):
+/// core_attn the logsumexp; layernorm the norm outputs qkv_input, mlp_input, fc1_input; mlp the
+/// MLP's inner tensors gate_output, up_output, swiglu_output, gelu_input, fc2_input.
+inline constexpr bool recomputes(recompute_modules const& r, tensor_kind k) noexcept {
+  switch (k) {
+    case tensor_kind::softmax_lse:
+      return r.core_attn;
+    case tensor_kind::qkv_input:
+    case tensor_kind::mlp_input:
+    case tensor_kind::fc1_input:
+      return r.layernorm;
+    case tensor_kind::gate_output:
+    case tensor_kind::up_output:
+    case tensor_kind::swiglu_output:
+    case tensor_kind::gelu_input:
+    case tensor_kind::fc2_input:
+      return r.mlp;
+    default:
+      return false;
+  }
+}
+
+/// The kept tensors a kind recomputed under `r` is computed from (empty for a kind that is
+/// kept), in block order: the logsumexp from Q and K; a norm output from its norm's input
+/// (attn_norm_input / mlp_norm_input, GPT ln1_input / ln2_input); the MLP's inner tensors from
+/// the MLP's input, or from the MLP norm's input where `layernorm` recomputes that input too.
+/// The error model lets a recomputed tensor inherit its sources' quantization error
+/// (docs/activations.md §5).
+struct recompute_sources {
+  std::array<tensor_kind, 2> kinds{};
+  std::size_t count = 0;
+
+  /// The sources, in block order.
+  std::span<tensor_kind const> get() const noexcept { return {kinds.data(), count}; }
+};
+
+/// recompute_sources of kind `k` of a block of style `s` under `r`.
+inline constexpr recompute_sources sources_of(tensor_kind k, block_style s,
+                                              recompute_modules const& r) noexcept {
+  bool const llama = s == block_style::llama;
+  if (!recomputes(r, k)) return {};
+  switch (k) {
+    case tensor_kind::softmax_lse:
+      return {{tensor_kind::query, tensor_kind::key}, 2};
+    case tensor_kind::qkv_input:
+      return {{llama ? tensor_kind::attn_norm_input : tensor_kind::ln1_input}, 1};
+    case tensor_kind::mlp_input:
+    case tensor_kind::fc1_input:
+      return {{llama ? tensor_kind::mlp_norm_input : tensor_kind::ln2_input}, 1};
+    default: {  // the MLP's inner tensors, from the MLP's input
+      tensor_kind const input = llama ? tensor_kind::mlp_input : tensor_kind::fc1_input;
+      return recomputes(r, input) ? sources_of(input, s, r) : recompute_sources{{input}, 1};
+    }
+  }
+}
+
 /// The default of step_config::reserved_bytes: 1 GiB per GPU (docs/activations.md §4.2).
 inline constexpr std::int64_t default_reserved_bytes = std::int64_t{1} << 30;
 
@@ -166,6 +278,9 @@ struct step_config {
   /// recompute_num_layers per model chunk (at least 1 with a method, 0 without).
   recompute_method recompute = recompute_method::none;
   std::int64_t recompute_layers = 0;
+  /// Selective recomputation (recompute_modules): the modules of every layer whose outputs are
+  /// computed again in the backward instead of kept. Excludes `recompute`.
+  recompute_modules selective{};
 };
 
 /// How gradients are kept between the backward pass and the optimizer.
@@ -573,12 +688,14 @@ inline shard_shape shard_of(parallel_config const& p, step_config const& st) {
 }
 
 /// Bytes of one micro-batch's saved activations of one layer with the storage `choose(kind)`
-/// gives each kind (aliases cost nothing: they read their kind's buffer).
+/// gives each kind (aliases cost nothing: they read their kind's buffer, and neither do the kinds
+/// `selective` recomputes: `choose` is not asked for them).
 template <class Choose>
-std::int64_t layer_activation_bytes(model_shape const& m, shard_shape const& sh, Choose&& choose) {
+std::int64_t layer_activation_bytes(model_shape const& m, shard_shape const& sh, Choose&& choose,
+                                    recompute_modules const& selective = {}) {
   std::int64_t bytes = 0;
   for (tensor_kind const k : block_tensors(m.style)) {
-    if (is_alias(k)) continue;
+    if (is_alias(k) || recomputes(selective, k)) continue;
     bytes += storage(choose(k)).bytes(shape_of(k, m, sh));
   }
   return bytes;
@@ -602,13 +719,20 @@ inline std::int64_t head_activation_bytes(model_shape const& m, shard_shape cons
 }
 
 /// Throws agoq::invalid_argument unless st.recompute_layers suits st.recompute: at least 1 with a
-/// method (Megatron's recompute_num_layers), 0 without.
+/// method (Megatron's recompute_num_layers), 0 without; and unless at most one of full
+/// (st.recompute) and selective (st.selective) recomputation is asked for (Megatron's
+/// recompute_granularity is one or the other).
 inline void check_recompute(step_config const& st) {
   AGOQ_EXPECTS(
       st.recompute == recompute_method::none ? st.recompute_layers == 0 : st.recompute_layers >= 1,
       "step_config: recompute_layers (Megatron's recompute_num_layers) must be at least 1 "
       "with recompute " +
           name_of(st.recompute) + " and 0 without, got " + std::to_string(st.recompute_layers));
+  AGOQ_EXPECTS(st.recompute == recompute_method::none || !st.selective.any(),
+               "step_config: full recomputation (recompute " + name_of(st.recompute) +
+                   ") and selective recomputation (modules " + name_of(st.selective) +
+                   ") exclude each other, as Megatron's recompute_granularity is full or "
+                   "selective");
 }
 
 /// How many of the first layers of a model chunk of `chunk_layers` layers are recomputed under
@@ -690,28 +814,58 @@ inline std::int64_t largest_layer_matrix(model_shape const& m, std::int64_t tp) 
 /// included) and each step's output and fp32 logsumexp until the last step merges them,
 /// cp (4 T0 k + 2 T0 q + L), without the residual-stream gradient; its backward adds to the flash
 /// attention phase two buffers that each hold a KV chunk and its gradient in flight, 16 T0 k.
+///
+/// Under selective recomputation (`selective`), D(x) is also the bf16 bytes of every kind it
+/// recomputes (recomputes), and the tensors computed again at the start of a sub-block's backward
+/// live until their consumer's phase: with `layernorm`, D(qkv_input) in the output-projection and
+/// flash-attention phases, and a phase of its own per norm, D(norm input) + D(norm output) (the
+/// norm's forward again, from its dequantized input); with `layernorm` or `mlp`, D(mlp_input /
+/// fc1_input) in the down-projection and SwiGLU / GeLU phases; with `mlp`, the MLP's inner tensors
+/// in bf16, M = 6 T0 f (gate, up, SwiGLU output; GPT 4 T0 f), replace D(swiglu_output /
+/// fc2_input) in the down-projection phase, the SwiGLU phase holds the gate and up outputs (4 T0 f;
+/// GeLU its input, 2 T0 f) beside its gradients, and the MLP's forward again is a phase of its own,
+/// D(mlp_input) + G + M + 2 T0 h (its output before the reduction); with `core_attn`, the flash
+/// attention phase holds the recomputed output, 2 T0 q, and logsumexp, D(softmax_lse).
 /// Throws agoq::invalid_argument as shape_of.
 template <class Quantized>
 requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_bytes(
-    model_shape const& m, shard_shape const& sh, Quantized&& quantized) {
+    model_shape const& m, shard_shape const& sh, Quantized&& quantized,
+    recompute_modules const& selective = {}) {
   std::int64_t const lse = shape_of(tensor_kind::softmax_lse, m, sh).bytes();  // checks m, sh
-  auto const bf16 = [&](tensor_kind k) { return quantized(k) ? shape_of(k, m, sh).bytes() : 0; };
+  auto const bf16 = [&](tensor_kind k) {
+    return recomputes(selective, k) || quantized(k) ? shape_of(k, m, sh).bytes() : 0;
+  };
   bool const llama = m.style == block_style::llama;
   std::int64_t const t0 = sh.tokens();
   std::int64_t const rows = sh.sp ? t0 / sh.tp : t0;
   std::int64_t const h = m.hidden;
   auto const [q, k, f] = widths_of(m, sh.tp);
   std::int64_t const g = sh.sp ? 2 * t0 * h : 0;
+  tensor_kind const mlp_in = llama ? tensor_kind::mlp_input : tensor_kind::fc1_input;
+  std::int64_t const inner = (llama ? 6 : 4) * t0 * f;  // M: the MLP's inner tensors in bf16
+  // Recomputed at the start of the attention's / the MLP's backward, alive until consumed.
+  std::int64_t const early_attn = selective.layernorm ? bf16(tensor_kind::qkv_input) : 0;
+  std::int64_t const early_mlp = selective.layernorm || selective.mlp ? bf16(mlp_in) : 0;
+  std::int64_t const norm_again =
+      selective.layernorm
+          ? std::max(
+                bf16(llama ? tensor_kind::attn_norm_input : tensor_kind::ln1_input) +
+                    bf16(tensor_kind::qkv_input),
+                bf16(llama ? tensor_kind::mlp_norm_input : tensor_kind::ln2_input) + bf16(mlp_in))
+          : 0;
   std::int64_t const phases[] = {
-      g + 2 * t0 * f + bf16(llama ? tensor_kind::swiglu_output : tensor_kind::fc2_input),
-      (llama ? 6 : 4) * t0 * f,
-      (llama ? 4 : 2) * t0 * f + 2 * t0 * h + g +
-          bf16(llama ? tensor_kind::mlp_input : tensor_kind::fc1_input),
-      g + 2 * t0 * q + bf16(tensor_kind::attention_output),
+      g + 2 * t0 * f + early_mlp +
+          (selective.mlp ? inner
+                         : bf16(llama ? tensor_kind::swiglu_output : tensor_kind::fc2_input)),
+      (llama ? 6 : 4) * t0 * f + early_mlp + (selective.mlp ? (llama ? 4 : 2) * t0 * f : 0),
+      (llama ? 4 : 2) * t0 * f + 2 * t0 * h + g + bf16(mlp_in),
+      selective.mlp ? early_mlp + g + inner + 2 * t0 * h : 0,
+      norm_again,
+      g + 2 * t0 * q + bf16(tensor_kind::attention_output) + early_attn,
       2 * t0 * q + 2 * t0 * (q + 2 * k) + 4 * t0 * q + lse + (k < q ? 4 * t0 * q : 0) +
           (sh.cp > 1 ? 16 * t0 * k : 0) + bf16(tensor_kind::query) + bf16(tensor_kind::key) +
           bf16(tensor_kind::value) + bf16(tensor_kind::attention_output) +
-          bf16(tensor_kind::softmax_lse),
+          bf16(tensor_kind::softmax_lse) + (selective.core_attn ? 2 * t0 * q : 0) + early_attn,
       2 * t0 * (q + 2 * k) + 2 * t0 * h + g + bf16(tensor_kind::qkv_input)};
   std::int64_t const ring_forward = sh.cp > 1 ? sh.cp * (4 * t0 * k + 2 * t0 * q + lse) : 0;
   return std::max(2 * rows * h + std::ranges::max(phases), ring_forward);
@@ -833,19 +987,20 @@ inline void set_activation_peak(stage_memory& s,
 
 /// The working set of pipeline device `stage` (stage_memory::working): the largest
 /// layer_working_bytes of its layers, with `quantized(l, k)` telling whether layer l stores kind k
-/// quantized, and on the last device also the output head's (head_working_bytes, with the head
-/// weight's gradient staged when `staged`).
+/// quantized, under the selective recomputation `selective`, and on the last device also the
+/// output head's (head_working_bytes, with the head weight's gradient staged when `staged`).
 template <class Quantized>
 std::int64_t device_working_bytes(model_shape const& m, parallel_config const& p,
                                   shard_shape const& sh, std::int64_t stage, bool staged,
-                                  Quantized&& quantized) {
+                                  recompute_modules const& selective, Quantized&& quantized) {
   std::int64_t const lc = p.layers_per_chunk(m);
   std::int64_t bytes = stage == p.pp - 1 ? head_working_bytes(m, sh, staged) : 0;
   for (std::int64_t c = 0; c < p.virtual_stages; ++c) {
     std::int64_t const first = first_layer_of(m, p, stage, c);
     for (std::int64_t l = first; l < first + lc; ++l)
-      bytes = std::max(bytes,
-                       layer_working_bytes(m, sh, [&](tensor_kind k) { return quantized(l, k); }));
+      bytes =
+          std::max(bytes, layer_working_bytes(
+                              m, sh, [&](tensor_kind k) { return quantized(l, k); }, selective));
   }
   return bytes;
 }
@@ -862,7 +1017,9 @@ std::int64_t device_working_bytes(model_shape const& m, parallel_config const& p
 /// (step_config::recompute) the recomputed layers of each chunk keep their checkpoints' inputs
 /// instead of their tensors; in the backward a checkpoint's layers save theirs again (as `choose`
 /// stores them) for one micro-batch, the largest checkpoint's counted in the transient memory
-/// (stage_memory::recompute). Throws
+/// (stage_memory::recompute). Under selective recomputation (step_config::selective) every layer
+/// keeps the kinds it does not recompute (`choose` is not asked for the others) and its working
+/// set holds the recomputed ones (layer_working_bytes). Throws
 /// agoq::invalid_argument for an invalid configuration, and for one too large to count in 64-bit
 /// bytes (detail::check_step_size: more than 2^62 bytes on a device, by a generous bound).
 template <class Choose>
@@ -918,7 +1075,8 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
       std::int64_t const first = first_layer_of(m, p, r, c);
       std::vector<std::int64_t> bytes;  // one micro-batch's saved tensors of each layer
       for (std::int64_t l = first; l < first + lc; ++l)
-        bytes.push_back(layer_activation_bytes(m, sh, [&](tensor_kind k) { return choose(l, k); }));
+        bytes.push_back(layer_activation_bytes(
+            m, sh, [&](tensor_kind k) { return choose(l, k); }, st.selective));
       chunk_bytes[static_cast<std::size_t>(c)] =
           checkpoint_bytes +
           std::accumulate(bytes.begin() + recomputed, bytes.end(), std::int64_t{0});
@@ -930,7 +1088,7 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
     detail::set_activation_peak(s, in_flight_peaks(schedule_of(p, st), r), chunk_bytes,
                                 last ? head_activation_bytes(m, sh) : 0);
     s.working = detail::device_working_bytes(
-        m, p, sh, r, stages_gradients(p, f.gradients),
+        m, p, sh, r, stages_gradients(p, f.gradients), st.selective,
         [&](std::int64_t l, tensor_kind k) { return !choose(l, k).is_precise(); });
     s.gradient_buffers = gradient_buffer_bytes(m, p, st, f.gradients, s.parameters);
     s.reserved = st.reserved_bytes;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -42,9 +43,13 @@ struct planned_tensor {
   std::int64_t in_flight = 0;  ///< copies held at its device's activation peak (micro-batches of
                                ///< its chunk then in flight, stage_memory::in_flight)
   double error = 0;            ///< weighted modelled error (sensitivity x relative error)
-  bool recomputed = false;     ///< its layer is recomputed (step_config::recompute): kept precise
-                               ///< (`choice`, `bytes`) only while its checkpoint's backward runs
-                               ///< (stage_memory::recompute), so in_flight 0 and error 0
+  /// Its layer is recomputed (step_config::recompute), or its kind (step_config::selective): not
+  /// held between its forward and its backward, so in_flight 0; held precise (`choice`,
+  /// `bytes`) in the backward only (stage_memory::recompute, or the layer's working set). Error
+  /// 0 under full recomputation (its checkpoint's input is bf16); under selective recomputation
+  /// the error it inherits: its sensitivity times the sum of its sources' relative errors
+  /// (recompute_sources, as planned).
+  bool recomputed = false;
 };
 
 /// The plan of one pipeline device.
@@ -393,7 +398,11 @@ inline std::vector<stage_memory> reserved_memory(planner_input const& in) {
 /// more bits. Under recomputation (step_config::recompute) the recomputed layers are not planned:
 /// their tensors are kept precise (planned_tensor::recomputed; error 0), held only in the
 /// transient memory of their checkpoint's backward, and their chunks hold the checkpoints'
-/// inputs.
+/// inputs. Under selective recomputation (step_config::selective) the kinds it recomputes are not
+/// planned either (planned_tensor::recomputed: held in bf16 in the layer's working set only),
+/// and each inherits its sources' quantization error (recompute_sources): a source's options
+/// cost its own sensitivity plus theirs, times its relative error, so the plan weighs what a
+/// quantized source does to the tensors computed from it.
 ///
 /// Throws agoq::invalid_argument for an invalid configuration, a budget outside (0, 2^62], one
 /// too large to count in 64-bit bytes (estimate_memory; a device whose tensors' bytes weighted by
@@ -428,7 +437,20 @@ inline activation_plan make_plan(planner_input const& in) {
   for (tensor_kind const k : block_tensors(m.style))
     if (!is_alias(k)) owned.push_back(k);
   std::vector<saved_shape> shapes;
-  for (tensor_kind const k : owned) shapes.push_back(shape_of(k, m, sh));
+  std::array<saved_shape, tensor_kind_count> shape_by_kind{};
+  for (tensor_kind const k : owned) {
+    shapes.push_back(shape_of(k, m, sh));
+    shape_by_kind[static_cast<std::size_t>(index_of(k))] = shapes.back();
+  }
+
+  // Selective recomputation: the recomputed kinds are not planned; each source's options carry
+  // the sensitivities of the kinds recomputed from it (`heirs`), which inherit its error.
+  recompute_modules const& selective = in.step.selective;
+  std::vector<std::vector<tensor_kind>> heirs(owned.size());
+  for (std::size_t ki = 0; ki < owned.size(); ++ki)
+    for (tensor_kind const j : owned)
+      for (tensor_kind const src : sources_of(j, m.style, selective).get())
+        if (src == owned[ki]) heirs[ki].push_back(j);
 
   std::vector<stage_plan> stages;
   std::int64_t worst_short = 0;
@@ -471,7 +493,7 @@ inline activation_plan make_plan(planner_input const& in) {
       for (std::int64_t l = first; l < first + lc; ++l) {
         for (std::size_t ki = 0; ki < owned.size(); ++ki) {
           tensor_kind const k = owned[ki];
-          if (recomputed(l)) {  // one option: precise, no bytes held, no error
+          if (recomputed(l) || recomputes(selective, k)) {  // one option: nothing held
             hulls.push_back({{0, 0.0, 0}});
             items.push_back(
                 {l, k, storage::precise(), storage::precise().bytes(shapes[ki]), 0, 0.0, true});
@@ -480,9 +502,13 @@ inline activation_plan make_plan(planner_input const& in) {
           }
           auto const& cands = in.policy.candidates(k);
           std::vector<detail::plan_option> opts;
-          for (std::size_t i = 0; i < cands.size(); ++i)
+          double inherited = 0;  // the sensitivities of the kinds recomputed from it
+          for (tensor_kind const j : heirs[ki]) inherited += in.errors.sensitivity(l, j);
+          for (std::size_t i = 0; i < cands.size(); ++i) {
+            double const rel = in.errors.relative(l, k, shapes[ki], cands[i]);
             opts.push_back({cands[i].bytes(shapes[ki]) * weight[c],
-                            in.errors.weighted(l, k, shapes[ki], cands[i]), i});
+                            in.errors.sensitivity(l, k) * rel + inherited * rel, i});
+          }
           hulls.push_back(detail::lower_hull(std::move(opts)));
           detail::plan_option const& start = hulls.back().front();
           items.push_back({l, k, cands[start.candidate], start.bytes / weight[c], 0, start.error});
@@ -544,15 +570,29 @@ inline activation_plan make_plan(planner_input const& in) {
     }
 
     std::fill(chunk_bytes.begin(), chunk_bytes.end(), checkpoint_bytes);
+    // The relative error of each kept kind of the layer at hand, as planned: a layer's sources
+    // come before the kinds recomputed from them (block order).
+    std::array<double, tensor_kind_count> relative{};
     for (std::size_t i = 0; i < items.size(); ++i) {
-      if (items[i].recomputed) continue;
-      detail::plan_option const& o = hulls[i][at[i]];
       planned_tensor& t = items[i];
+      if (t.recomputed) {
+        if (recomputed(t.layer)) continue;  // full recomputation: error 0
+        double inherited = 0;
+        for (tensor_kind const src : sources_of(t.kind, m.style, selective).get())
+          inherited += relative[static_cast<std::size_t>(index_of(src))];
+        t.error = in.errors.sensitivity(t.layer, t.kind) * inherited;
+        sp.error += t.error;
+        continue;
+      }
+      detail::plan_option const& o = hulls[i][at[i]];
       t.choice = in.policy.candidates(t.kind)[o.candidate];
       t.bytes = o.bytes / weight[chunk_of[i]];
-      t.error = o.error;
+      double const rel = in.errors.relative(
+          t.layer, t.kind, shape_by_kind[static_cast<std::size_t>(index_of(t.kind))], t.choice);
+      relative[static_cast<std::size_t>(index_of(t.kind))] = rel;
+      t.error = in.errors.sensitivity(t.layer, t.kind) * rel;
       chunk_bytes[chunk_of[i]] += t.bytes;
-      sp.error += o.error;
+      sp.error += t.error;
     }
     detail::set_activation_peak(sp.memory, peaks, chunk_bytes, head_bytes);
     for (std::size_t i = 0; i < items.size(); ++i) {
@@ -560,8 +600,8 @@ inline activation_plan make_plan(planner_input const& in) {
       quantized[static_cast<std::size_t>(items[i].layer * tensor_kind_count +
                                          index_of(items[i].kind))] = !items[i].choice.is_precise();
     }
-    sp.memory.working =
-        detail::device_working_bytes(m, p, sh, r, staged, [&](std::int64_t l, tensor_kind k) {
+    sp.memory.working = detail::device_working_bytes(
+        m, p, sh, r, staged, selective, [&](std::int64_t l, tensor_kind k) {
           return quantized[static_cast<std::size_t>(l * tensor_kind_count + index_of(k))] != 0;
         });
     sp.error_lower_bound = std::max(0.0, sp.error - relaxed_gain);
@@ -616,16 +656,17 @@ inline std::vector<stage_memory> smallest_memory(planner_input const& in) {
 /// The fewest layers of each model chunk that block recomputation must recompute
 /// (step_config::recompute = recompute_method::block, recompute_layers = N) for make_plan to fit
 /// in.budget_bytes on every device: 0 when it fits without recomputation, none when it does not
-/// fit even with every layer recomputed. in.step's own recomputation is ignored. Every N from 0
-/// is tried (smallest_memory): from 0 to 1 the transient memory grows by a layer in bf16, so the
-/// fit need not be monotone there. Throws agoq::invalid_argument for a budget outside (0, 2^62]
-/// or as estimate_memory.
+/// fit even with every layer recomputed. in.step's own recomputation (full or selective) is
+/// ignored. Every N from 0 is tried (smallest_memory): from 0 to 1 the transient memory grows by a
+/// layer in bf16, so the fit need not be monotone there. Throws agoq::invalid_argument for a budget
+/// outside (0, 2^62] or as estimate_memory.
 inline std::optional<std::int64_t> least_block_recompute(planner_input in) {
   in.parallel.validate(in.model);
   AGOQ_EXPECTS(in.budget_bytes > 0 && in.budget_bytes <= max_size_count,
                "least_block_recompute: the budget must be positive and at most 2^62 bytes, got " +
                    std::to_string(in.budget_bytes));
   std::int64_t const lc = in.parallel.layers_per_chunk(in.model);
+  in.step.selective = {};
   for (std::int64_t n = 0; n <= lc; ++n) {
     in.step.recompute = n == 0 ? recompute_method::none : recompute_method::block;
     in.step.recompute_layers = n;
