@@ -617,6 +617,165 @@ TEST_CASE("activation recomputation, by hand") {
   CHECK_THROWS_AS(is_recomputed(m, p, with(recompute_method::block, 1), 8), agoq::invalid_argument);
 }
 
+TEST_CASE("selective recomputation, by hand") {
+  recompute_modules const none{};
+  recompute_modules const norms{.layernorm = true};
+  recompute_modules const mlp{.mlp = true};
+  recompute_modules const core{.core_attn = true};
+  recompute_modules const all{true, true, true};
+  SUBCASE("names, recomputed kinds and their sources") {
+    CHECK(name_of(none).empty());
+    CHECK(name_of(recompute_modules{.core_attn = true, .mlp = true}) == "core_attn,mlp");
+    CHECK(name_of(all) == "core_attn,layernorm,mlp");
+    recompute_modules r;
+    add_recompute_module(r, "mlp");
+    add_recompute_module(r, "layernorm");
+    add_recompute_module(r, "mlp");  // twice: still once
+    CHECK(r == recompute_modules{.layernorm = true, .mlp = true});
+    CHECK_THROWS_WITH_AS(add_recompute_module(r, "moe"), doctest::Contains("unknown module 'moe'"),
+                         agoq::invalid_argument);
+    CHECK_THROWS_AS(add_recompute_module(r, ""), agoq::invalid_argument);
+    CHECK(r == recompute_modules{.layernorm = true, .mlp = true});  // a refused name adds nothing
+    auto const sources = [](tensor_kind k, block_style s, recompute_modules const& m) {
+      auto const src = sources_of(k, s, m);
+      return std::vector<tensor_kind>(src.begin(), src.end());
+    };
+    using v = std::vector<tensor_kind>;
+    block_style const llama = block_style::llama;
+    block_style const gpt = block_style::gpt;
+    CHECK(sources(tensor_kind::qkv_input, llama, norms) == v{tensor_kind::attn_norm_input});
+    CHECK(sources(tensor_kind::mlp_input, llama, norms) == v{tensor_kind::mlp_norm_input});
+    CHECK(sources(tensor_kind::qkv_input, gpt, norms) == v{tensor_kind::ln1_input});
+    CHECK(sources(tensor_kind::fc1_input, gpt, norms) == v{tensor_kind::ln2_input});
+    CHECK(sources(tensor_kind::gate_output, llama, mlp) == v{tensor_kind::mlp_input});
+    CHECK(sources(tensor_kind::swiglu_output, llama, all) == v{tensor_kind::mlp_norm_input});
+    CHECK(sources(tensor_kind::fc2_input, gpt, mlp) == v{tensor_kind::fc1_input});
+    CHECK(sources(tensor_kind::gelu_input, gpt, all) == v{tensor_kind::ln2_input});
+    CHECK(sources(tensor_kind::softmax_lse, llama, core) ==
+          v{tensor_kind::query, tensor_kind::key});
+    // Kept kinds have none, and no module recomputes Q, K, V, O or the residual stream.
+    CHECK(sources(tensor_kind::qkv_input, llama, mlp).empty());
+    CHECK(sources(tensor_kind::softmax_lse, llama, norms).empty());
+    for (tensor_kind const k : all_tensor_kinds) {
+      CAPTURE(name_of(k));
+      CHECK_FALSE(recomputes(none, k));
+      if (category_of(k) == tensor_category::residual_stream ||
+          (category_of(k) == tensor_category::attention_core && k != tensor_kind::softmax_lse))
+        CHECK_FALSE(recomputes(all, k));
+      for (tensor_kind const s : sources_of(k, block_style::llama, all))
+        CHECK_FALSE(recomputes(all, s));  // a source is kept
+    }
+  }
+  SUBCASE("saved bytes of a layer") {
+    // LLaMA, h 256, f 512, 4 heads of 64, 2 kv heads, 128 tokens: [128, 256] bf16 tensors 65,536
+    // bytes (norm inputs and outputs, Q, O), K and V 32,768, the logsumexp 2,048, gate, up and
+    // SwiGLU output 131,072: 854,016 in all.
+    model_shape const m{block_style::llama, 8, 256, 512, 4, 2, 0, 1000, false};
+    shard_shape const sh{1, 128, 1, false};
+    std::vector<tensor_kind> asked;
+    auto const bytes = [&](recompute_modules const& r) {
+      asked.clear();
+      return layer_activation_bytes(
+          m, sh,
+          [&](tensor_kind k) {
+            asked.push_back(k);
+            return storage::precise();
+          },
+          r);
+    };
+    CHECK(bytes(none) == 854016);
+    CHECK(asked.size() == 12);  // every owned kind but the alias o_proj_input
+    CHECK(bytes(norms) == 854016 - 2 * 65536);
+    CHECK(asked.size() == 10);  // `choose` is not asked for the recomputed kinds
+    CHECK(bytes(mlp) == 854016 - 3 * 131072);
+    CHECK(bytes(core) == 854016 - 2048);
+    CHECK(bytes(all) == 327680);
+    CHECK(asked.size() == 6);
+    // GPT, h 128, f 512, 4 heads, 64 tokens: eight [64, 128] tensors of 16,384, the logsumexp
+    // 1,024, the GeLU input and output 65,536 each: 263,168.
+    model_shape const g{block_style::gpt, 4, 128, 512, 4, 4, 0, 1000, false};
+    shard_shape const gs{1, 64, 1, false};
+    auto const gpt = [&](recompute_modules const& r) {
+      return layer_activation_bytes(
+          g, gs, [](tensor_kind) { return storage::precise(); }, r);
+    };
+    CHECK(gpt(none) == 263168);
+    CHECK(gpt(norms) == 263168 - 2 * 16384);
+    CHECK(gpt(mlp) == 263168 - 2 * 65536);
+  }
+  SUBCASE("working set of a layer") {
+    auto const precise = [](tensor_kind) { return false; };
+    // The first layer of "transient working memory of a layer, by hand": R = 65,536; phases down
+    // 131,072, SwiGLU 393,216, gate/up 327,680, output projection 65,536, attention 460,800,
+    // QKV 196,608.
+    model_shape const m{block_style::llama, 8, 256, 512, 4, 2, 0, 1000, false};
+    shard_shape const sh{1, 128, 1, false};
+    CHECK(layer_working_bytes(m, sh, precise, none) == 65536 + 460800);
+    // layernorm: the recomputed norm outputs (65,536 each) live from the start of their
+    // sub-block's backward: attention 460,800 + 65,536 is the largest.
+    CHECK(layer_working_bytes(m, sh, precise, norms) == 65536 + 526336);
+    // mlp: M = 6 T0 f = 393,216 in bf16 again; SwiGLU 393,216 + the gate and up outputs
+    // 262,144 = 655,360 (down 131,072 + 393,216; the forward again 393,216 + 2 T0 h 65,536).
+    CHECK(layer_working_bytes(m, sh, precise, mlp) == 65536 + 655360);
+    // core_attn: the attention phase holds the recomputed O (65,536) and logsumexp (2,048).
+    CHECK(layer_working_bytes(m, sh, precise, core) == 65536 + 528384);
+    // All three: SwiGLU 655,360 + the recomputed MLP input 65,536.
+    CHECK(layer_working_bytes(m, sh, precise, all) == 65536 + 720896);
+    // A quantized MLP input under mlp: its bf16 copy (65,536) lives from the MLP's forward again
+    // to its GEMM: SwiGLU 720,896.
+    CHECK(layer_working_bytes(
+              m, sh, [](tensor_kind k) { return k == tensor_kind::mlp_input; }, mlp) ==
+          65536 + 720896);
+    // TP 4, h 256, ffn 384: f = 96, q = k = 64 (4 heads and kv heads), T0 = 128, R = 65,536.
+    // Phases with mlp: down 2 T0 f + M = 24,576 + 73,728 = 98,304; SwiGLU 10 T0 f = 122,880;
+    // gate/up 4 T0 f + 2 T0 h = 114,688; the MLP's forward again M + 2 T0 h = 139,264, the
+    // largest; attention 16,384 + 49,152 + 32,768 + 512 = 98,816; QKV 114,688.
+    model_shape const w{block_style::llama, 4, 256, 384, 4, 4, 0, 1000, false};
+    shard_shape const t4{1, 128, 4, false};
+    CHECK(layer_working_bytes(w, t4, precise, none) == 65536 + 114688);
+    CHECK(layer_working_bytes(w, t4, precise, mlp) == 65536 + 139264);
+    // GPT, h 128, f 512, 64 tokens: R = 16,384; FC2 65,536, GeLU 131,072, FC1 81,920, attention
+    // 99,328. mlp: M = 4 T0 f = 131,072; FC2 65,536 + M = 196,608 ties GeLU 131,072 + 65,536.
+    // layernorm: GeLU 131,072 + D(fc1_input) 16,384 = 147,456.
+    model_shape const g{block_style::gpt, 4, 128, 512, 4, 4, 0, 1000, false};
+    shard_shape const gs{1, 64, 1, false};
+    CHECK(layer_working_bytes(g, gs, precise, mlp) == 16384 + 196608);
+    CHECK(layer_working_bytes(g, gs, precise, norms) == 16384 + 147456);
+  }
+  SUBCASE("a whole pipeline, and what Megatron refuses") {
+    // 8 layers on 2 devices under 1F1B (2 and 1 micro-batches in flight), 4 layers a chunk.
+    model_shape const m{block_style::llama, 8, 256, 512, 4, 2, 0, 1000, false};
+    parallel_config p;
+    p.pp = 2;
+    step_config st{1, 128, 0};
+    auto const base = estimate_memory(m, p, st, {}, policy_table::all_precise());
+    st.selective = all;
+    auto const x = estimate_memory(m, p, st, {}, policy_table::all_precise());
+    for (std::size_t s = 0; s < 2; ++s) {
+      std::int64_t const n = 2 - static_cast<std::int64_t>(s);
+      CHECK(x[s].activations == n * 4 * 327680);
+      CHECK(x[s].recompute == 0);
+      CHECK(x[s].states() == base[s].states());
+    }
+    CHECK(x[0].working == 65536 + 720896);
+    CHECK(x[0].total() == base[0].total() - 2 * 4 * (854016 - 327680) + 720896 - 460800);
+    // The default policy's storage: the kept kinds as it says, the recomputed ones not at all.
+    policy_table const policy;
+    st.selective = norms;
+    auto const q = estimate_memory(m, p, st, {}, policy);
+    shard_shape const sh{1, 128, 1, false};
+    CHECK(q[0].activations ==
+          2 * 4 *
+              layer_activation_bytes(
+                  m, sh, [&](tensor_kind k) { return policy.default_storage(k); }, norms));
+    // Full and selective recomputation exclude each other (Megatron's granularity is one).
+    st.recompute = recompute_method::block;
+    st.recompute_layers = 1;
+    CHECK_THROWS_WITH_AS(estimate_memory(m, p, st, {}, policy),
+                         doctest::Contains("exclude each other"), agoq::invalid_argument);
+  }
+}
+
 TEST_CASE("activations of an interleaved pipeline, by hand") {
   // 8 layers, p = 2, v = 2, m = 4: chunks of 2 layers; device 0 holds layers 0-1 (chunk 0) and
   // 4-5 (chunk 1), device 1 layers 2-3 and 6-7 with the output head. Peak moments (previous

@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <numeric>
 #include <set>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -234,8 +233,11 @@ struct recompute_sources {
   std::array<tensor_kind, 2> kinds{};
   std::size_t count = 0;
 
-  /// The sources, in block order.
-  std::span<tensor_kind const> get() const noexcept { return {kinds.data(), count}; }
+  /// The sources, in block order (iterate the object itself: a range-for over a temporary keeps
+  /// it alive).
+  constexpr tensor_kind const* begin() const noexcept { return kinds.data(); }
+  constexpr tensor_kind const* end() const noexcept { return kinds.data() + count; }
+  constexpr bool empty() const noexcept { return count == 0; }
 };
 
 /// recompute_sources of kind `k` of a block of style `s` under `r`.
@@ -817,15 +819,19 @@ inline std::int64_t largest_layer_matrix(model_shape const& m, std::int64_t tp) 
 ///
 /// Under selective recomputation (`selective`), D(x) is also the bf16 bytes of every kind it
 /// recomputes (recomputes), and the tensors computed again at the start of a sub-block's backward
-/// live until their consumer's phase: with `layernorm`, D(qkv_input) in the output-projection and
-/// flash-attention phases, and a phase of its own per norm, D(norm input) + D(norm output) (the
-/// norm's forward again, from its dequantized input); with `layernorm` or `mlp`, D(mlp_input /
-/// fc1_input) in the down-projection and SwiGLU / GeLU phases; with `mlp`, the MLP's inner tensors
-/// in bf16, M = 6 T0 f (gate, up, SwiGLU output; GPT 4 T0 f), replace D(swiglu_output /
-/// fc2_input) in the down-projection phase, the SwiGLU phase holds the gate and up outputs (4 T0 f;
-/// GeLU its input, 2 T0 f) beside its gradients, and the MLP's forward again is a phase of its own,
-/// D(mlp_input) + G + M + 2 T0 h (its output before the reduction); with `core_attn`, the flash
-/// attention phase holds the recomputed output, 2 T0 q, and logsumexp, D(softmax_lse).
+/// live until their consumer's phase:
+/// - `layernorm`: D(qkv_input) in the output-projection and flash-attention phases (the norm's
+///   forward again, from its input dequantized where that is quantized, holds at most
+///   2 T h + D(norm output), less than its GEMM's phase);
+/// - `layernorm` or `mlp`: D(mlp_input / fc1_input) in the down-projection and SwiGLU / GeLU
+///   phases;
+/// - `mlp`: the MLP's inner tensors in bf16, M = 6 T0 f (gate, up, SwiGLU output; GPT 4 T0 f),
+///   replace D(swiglu_output / fc2_input) in the down-projection phase; the SwiGLU phase holds
+///   the gate and up outputs (4 T0 f; GeLU its input, 2 T0 f) beside its gradients; and the MLP's
+///   forward again is a phase of its own, D(mlp_input) + G + M + 2 T0 h (its output before the
+///   reduction);
+/// - `core_attn`: the flash-attention phase holds the recomputed output, 2 T0 q, and logsumexp,
+///   D(softmax_lse).
 /// Throws agoq::invalid_argument as shape_of.
 template <class Quantized>
 requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_bytes(
@@ -846,13 +852,6 @@ requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_byte
   // Recomputed at the start of the attention's / the MLP's backward, alive until consumed.
   std::int64_t const early_attn = selective.layernorm ? bf16(tensor_kind::qkv_input) : 0;
   std::int64_t const early_mlp = selective.layernorm || selective.mlp ? bf16(mlp_in) : 0;
-  std::int64_t const norm_again =
-      selective.layernorm
-          ? std::max(
-                bf16(llama ? tensor_kind::attn_norm_input : tensor_kind::ln1_input) +
-                    bf16(tensor_kind::qkv_input),
-                bf16(llama ? tensor_kind::mlp_norm_input : tensor_kind::ln2_input) + bf16(mlp_in))
-          : 0;
   std::int64_t const phases[] = {
       g + 2 * t0 * f + early_mlp +
           (selective.mlp ? inner
@@ -860,7 +859,6 @@ requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_byte
       (llama ? 6 : 4) * t0 * f + early_mlp + (selective.mlp ? (llama ? 4 : 2) * t0 * f : 0),
       (llama ? 4 : 2) * t0 * f + 2 * t0 * h + g + bf16(mlp_in),
       selective.mlp ? early_mlp + g + inner + 2 * t0 * h : 0,
-      norm_again,
       g + 2 * t0 * q + bf16(tensor_kind::attention_output) + early_attn,
       2 * t0 * q + 2 * t0 * (q + 2 * k) + 4 * t0 * q + lse + (k < q ? 4 * t0 * q : 0) +
           (sh.cp > 1 ? 16 * t0 * k : 0) + bf16(tensor_kind::query) + bf16(tensor_kind::key) +

@@ -449,7 +449,7 @@ inline activation_plan make_plan(planner_input const& in) {
   std::vector<std::vector<tensor_kind>> heirs(owned.size());
   for (std::size_t ki = 0; ki < owned.size(); ++ki)
     for (tensor_kind const j : owned)
-      for (tensor_kind const src : sources_of(j, m.style, selective).get())
+      for (tensor_kind const src : sources_of(j, m.style, selective))
         if (src == owned[ki]) heirs[ki].push_back(j);
 
   std::vector<stage_plan> stages;
@@ -578,7 +578,7 @@ inline activation_plan make_plan(planner_input const& in) {
       if (t.recomputed) {
         if (recomputed(t.layer)) continue;  // full recomputation: error 0
         double inherited = 0;
-        for (tensor_kind const src : sources_of(t.kind, m.style, selective).get())
+        for (tensor_kind const src : sources_of(t.kind, m.style, selective))
           inherited += relative[static_cast<std::size_t>(index_of(src))];
         t.error = in.errors.sensitivity(t.layer, t.kind) * inherited;
         sp.error += t.error;
