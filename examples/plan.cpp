@@ -57,7 +57,8 @@ void usage() {
       "  [--vp-rules core|legacy] [--dp N] [--cp N] [--zero 0-3] [--sp] [--no-sp]\n"
       "  [--micro-batch N] [--seq N] [--micro-batches N] [--grad fp32|bf16|int8]\n"
       "  [--optim fp32|int8] [--bucket N] [--reserved-gib X] [--recompute none|uniform|block]\n"
-      "  [--recompute-layers N] [--budget-gib X] [--sensitivity KIND[@LAYER]=W]...\n"
+      "  [--recompute-layers N] [--recompute-modules LIST] [--budget-gib X]\n"
+      "  [--sensitivity KIND[@LAYER]=W]...\n"
       "  [--outlier KIND=K]... [--fit-recompute] [--verbose] [--json]\n"
       "--vp N > 1 runs Megatron's interleaved schedule: by default Megatron-Core's, in groups of\n"
       "--vp-group micro-batches (its microbatch_group_size_per_vp_stage; default pp), which\n"
@@ -76,8 +77,15 @@ void usage() {
       "layer in checkpoints of N; block, the first N layers, one checkpoint each. A recomputed\n"
       "layer keeps its checkpoint's input; its largest checkpoint's tensors, saved again in its\n"
       "backward, are transient; the plan keeps them in bf16 and shows them as 'recomputed'.\n"
+      "--recompute-modules LIST (comma-separated: core_attn, layernorm, mlp) is Megatron's\n"
+      "selective recomputation (--recompute-granularity selective): in every layer those\n"
+      "modules' outputs are not kept but computed again in the backward (core_attn the\n"
+      "logsumexp; layernorm qkv_input and mlp_input, GPT fc1_input; mlp the MLP's inner\n"
+      "tensors). The plan shows them as 'recomputed': bf16 in the layer's working memory, with\n"
+      "the error of the kept tensors they are computed from. It excludes --recompute.\n"
       "--fit-recompute (with --budget-gib) prints the fewest layers of each model chunk that\n"
-      "block recomputation must recompute for the baseline and for AGoQ to fit the budget.\n"
+      "block recomputation must recompute for the baseline and for AGoQ to fit the budget; it\n"
+      "tries full recomputation alone, in place of --recompute and --recompute-modules.\n"
       "--sensitivity and --outlier set one saved tensor kind's weight in the planner's\n"
       "objective and its outlier factor (docs/activations.md section 3; measured sensitivities:\n"
       "examples/pytorch/sensitivity.py --plan-config); KIND@LAYER=W weighs one layer's tensor\n"
@@ -139,6 +147,28 @@ kind_value read_kind_value(std::string const& key, std::string const& v, bool pe
     name.resize(at);
   }
   return {act::tensor_kind_named(name), layer, to_number(key, v.substr(eq + 1))};
+}
+
+/// The modules of a comma-separated list of recompute_module_names (replacing any set before);
+/// an empty item or an unknown name is an error naming it (add_recompute_module).
+act::recompute_modules read_recompute_modules(std::string const& v) {
+  act::recompute_modules r;
+  std::size_t begin = 0;
+  for (;;) {
+    std::size_t const comma = v.find(',', begin);
+    act::add_recompute_module(r, std::string_view(v).substr(begin, comma - begin));
+    if (comma == std::string::npos) return r;
+    begin = comma + 1;
+  }
+}
+
+/// The names of `r`'s modules, in recompute_module_names' order.
+std::vector<std::string_view> module_names(act::recompute_modules const& r) {
+  bool const on[] = {r.core_attn, r.layernorm, r.mlp};
+  std::vector<std::string_view> out;
+  for (std::size_t i = 0; i < act::recompute_module_names.size(); ++i)
+    if (on[i]) out.push_back(act::recompute_module_names[i]);
+  return out;
 }
 
 void apply(options& o, std::string const& key, std::string const& v) {
@@ -210,6 +240,8 @@ void apply(options& o, std::string const& key, std::string const& v) {
                            : throw std::invalid_argument("recompute: none|uniform|block");
   } else if (key == "recompute-layers") {
     o.step.recompute_layers = to_int(key, v);
+  } else if (key == "recompute-modules") {
+    o.step.selective = read_recompute_modules(v);
   } else if (key == "budget-gib") {
     o.budget_gib = to_gib(key, v, true);
   } else if (key == "sensitivity") {
@@ -384,6 +416,13 @@ std::string json_array(std::vector<std::string> const& items) {
   return r + "]";
 }
 
+/// ["name", ...] of `r`'s modules ([] for none).
+std::string json_modules(act::recompute_modules const& r) {
+  std::vector<std::string> names;
+  for (std::string_view const n : module_names(r)) names.push_back(json_string(n));
+  return json_array(names);
+}
+
 std::string json_stage(act::stage_memory const& s) {
   std::vector<std::string> flight;
   for (std::int64_t f : s.in_flight) flight.push_back(json_number(f));
@@ -484,7 +523,8 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
                             {"bucket_parameters", json_number(o.step.bucket_parameters)},
                             {"reserved_bytes", json_number(o.step.reserved_bytes)},
                             {"recompute", json_string(act::name_of(o.step.recompute))},
-                            {"recompute_layers", json_number(o.step.recompute_layers)}})},
+                            {"recompute_layers", json_number(o.step.recompute_layers)},
+                            {"recompute_modules", json_modules(o.step.selective)}})},
       {"agoq_states",
        json_object({{"gradients", json_string(act::name_of(o.agoq_states.gradients))},
                     {"optimizer", json_string(act::name_of(o.agoq_states.optimizer))}})},
@@ -601,6 +641,13 @@ int run(int argc, char** argv) {
                                                                                           : "",
         static_cast<long long>(act::recomputed_layers(o.step, p.layers_per_chunk(m))),
         static_cast<long long>(p.layers_per_chunk(m)));
+  if (o.step.selective.any()) {
+    std::string kinds;
+    for (act::tensor_kind const k : act::block_tensors(m.style))
+      if (act::recomputes(o.step.selective, k)) kinds += " " + std::string(act::name_of(k));
+    std::printf("recompute modules: %s (in every layer, computed again in the backward:%s)\n",
+                act::name_of(o.step.selective).c_str(), kinds.c_str());
+  }
   print_table(o, "baseline: bf16 activations, fp32 gradients, fp32 Adam", baseline);
   std::printf(
       "\nagoq default policy: residual int8_g128, linear/activation inputs int4_g128, "
@@ -617,9 +664,10 @@ int run(int argc, char** argv) {
     };
     std::printf(
         "fewest layers of each model chunk's %lld to recompute (block) within %.2f GiB: baseline "
-        "%s, agoq %s\n",
+        "%s, agoq %s%s\n",
         static_cast<long long>(p.layers_per_chunk(m)), o.budget_gib, layers(fit.baseline).c_str(),
-        layers(fit.agoq).c_str());
+        layers(fit.agoq).c_str(),
+        o.step.selective.any() ? " (full recomputation alone, without the recompute modules)" : "");
   }
   if (o.budget_gib > 0) print_plan(o, plan());
   return 0;

@@ -64,6 +64,59 @@ check(fit_recompute_json 0 "\"fit_recompute\": {\"baseline\": null, \"agoq\": 2}
   --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 14
   --recompute block --recompute-layers 2 --fit-recompute --json)
 
+# Selective recomputation (Megatron's --recompute-modules): the norms' outputs and the MLP's inner
+# tensors of every layer are not kept but computed again in the backward, so the README's command
+# keeps 7 of each layer's 12 saved tensors (the peaks are the memory model's). The plan shows the
+# other 5 as recomputed in every layer of each stage (one run per kind).
+set(selective_args --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192
+  --recompute-modules layernorm,mlp)
+string(CONCAT selective "recompute modules: layernorm,mlp \\(in every layer, computed again in the "
+  "backward: qkv_input mlp_input gate_output up_output swiglu_output\\)\n.*"
+  "peak per-GPU memory: 15.64 GiB -> 12.10 GiB, saving 22.6%.*"
+  "stage 0: total 12.72 GiB[^\n]*\n  attn_norm_input   bf16\\[0-7\\]\n"
+  "  qkv_input         recomputed\\[0-7\\]\n.*"
+  "  mlp_input         recomputed\\[0-7\\]\n  gate_output       recomputed\\[0-7\\]\n.*"
+  "stage 3: total 12.34 GiB.*  swiglu_output     recomputed\\[24-31\\]")
+check(recompute_modules 0 "${selective}" ${selective_args} --budget-gib 14)
+# Held only in the backward: no copy in flight.
+check(recompute_modules_verbose 0
+  "    layer   9 gate_output       recomputed  +112.00 MiB x 0  error 0\n"
+  ${selective_args} --budget-gib 14 --verbose)
+# A config file's key, and a flag after it replacing its modules.
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_selective.conf
+  "preset = llama3-8b\nrecompute-modules = core_attn   # the logsumexp\n")
+check(recompute_modules_config 0
+  "recompute modules: core_attn \\(in every layer, computed again in the backward: softmax_lse\\)"
+  --config ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_selective.conf)
+check(recompute_modules_config_then_flag 0
+  "recompute modules: mlp \\([^\n]*backward: gate_output up_output swiglu_output\\)"
+  --config ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_selective.conf --recompute-modules mlp)
+# GPT's kinds, and the modules printed in Megatron's order whatever the order given.
+check(recompute_modules_gpt 0
+  "recompute modules: layernorm,mlp \\([^\n]*backward: qkv_input fc1_input gelu_input fc2_input\\)"
+  --preset gpt3-1.3b --pp 2 --recompute-modules mlp,layernorm)
+string(CONCAT selective_json "\"recompute\": \"none\", \"recompute_layers\": 0, "
+  "\"recompute_modules\": \\[\"layernorm\", \"mlp\"\\]")
+check(recompute_modules_json 0 "${selective_json}" ${selective_args} --json)
+# --fit-recompute tries full recomputation alone, without the modules: the figures of
+# fit_recompute_json, and a note saying so.
+string(CONCAT selective_fit "within 14.00 GiB: baseline none fits, agoq 2 \\(full recomputation "
+  "alone, without the recompute modules\\)")
+check(recompute_modules_fit 0 "${selective_fit}" ${selective_args} --budget-gib 14 --fit-recompute)
+check(recompute_modules_fit_json 0 "\"fit_recompute\": {\"baseline\": null, \"agoq\": 2}"
+  ${selective_args} --budget-gib 14 --fit-recompute --json)
+check(recompute_modules_unknown 1
+  "agoq_plan: .*unknown module 'bogus' \\(modules: core_attn, layernorm, mlp\\)"
+  --recompute-modules bogus)
+check(recompute_modules_empty_item 1 "agoq_plan: .*recompute_modules: unknown module ''"
+  --recompute-modules layernorm,,mlp)
+check(recompute_modules_trailing_comma 1 "agoq_plan: .*recompute_modules: unknown module ''"
+  --recompute-modules mlp,)
+string(CONCAT both "agoq_plan: .*full recomputation \\(recompute uniform\\) and selective "
+  "recomputation \\(modules mlp\\) exclude each other")
+check(recompute_modules_and_full 1 "${both}"
+  --recompute uniform --recompute-layers 1 --recompute-modules mlp)
+
 # Context parallelism: CP 2 over 16384-token sequences keeps CP 1's activations at 8192 (17.02
 # GiB on stage 0) with ZeRO-1 over dp x cp = 8 (memory_model_test checks it by hand).
 string(CONCAT cp_table "parallel: tp 2, pp 4 \\(1F1B\\), dp 4, cp 2, ZeRO-1, sp on; micro-batch 1 x "
@@ -225,6 +278,11 @@ else()
   if(NOT kind STREQUAL "attn_norm_input" OR NOT layer EQUAL 0)
     message(SEND_ERROR "json: the first planned tensor is ${kind} of layer ${layer}")
   endif()
+  string(JSON modules_type TYPE "${doc}" step recompute_modules)
+  string(JSON modules LENGTH "${doc}" step recompute_modules)
+  if(NOT modules_type STREQUAL "ARRAY" OR NOT modules EQUAL 0)
+    message(SEND_ERROR "json: recompute_modules is a ${modules_type} of ${modules}")
+  endif()
   message(STATUS "json: ok")
 endif()
 
@@ -252,4 +310,42 @@ if(NOT rc EQUAL 0 OR NOT n EQUAL 1 OR NOT layer EQUAL 1 OR NOT kind STREQUAL "ke
                      "${kind}, weight ${w}, the kind's ${kw}")
 else()
   message(STATUS "json_per_layer: ok")
+endif()
+
+# Selective recomputation in the JSON document: the modules as a list, and in the plan the kinds
+# they recompute, each recomputed in every layer, kept precise and never in flight.
+execute_process(COMMAND ${PLAN} ${selective_args} --budget-gib 14 --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE doc ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(SEND_ERROR "json_recompute_modules: exit status ${rc}: ${err}")
+else()
+  json_get(first step recompute_modules 0)
+  json_get(second step recompute_modules 1)
+  string(JSON modules LENGTH "${doc}" step recompute_modules)
+  set(recomputed_kinds "")
+  string(JSON n LENGTH "${doc}" plan stages 0 tensors)
+  math(EXPR last "${n} - 1")
+  set(bad "")
+  foreach(i RANGE ${last})
+    json_get(kind plan stages 0 tensors ${i} kind)
+    json_get(recomputed plan stages 0 tensors ${i} recomputed)
+    json_get(in_flight plan stages 0 tensors ${i} in_flight)
+    json_get(storage plan stages 0 tensors ${i} storage)
+    if(recomputed)
+      list(APPEND recomputed_kinds ${kind})
+      if(NOT in_flight EQUAL 0 OR NOT storage STREQUAL "bf16")
+        string(APPEND bad " ${kind}: ${storage} x ${in_flight}")
+      endif()
+    endif()
+  endforeach()
+  list(LENGTH recomputed_kinds recomputed_count)
+  list(REMOVE_DUPLICATES recomputed_kinds)
+  if(NOT first STREQUAL "layernorm" OR NOT second STREQUAL "mlp" OR NOT modules EQUAL 2
+     OR NOT recomputed_kinds STREQUAL "qkv_input;mlp_input;gate_output;up_output;swiglu_output"
+     OR NOT recomputed_count EQUAL 40 OR bad)
+    message(SEND_ERROR "json_recompute_modules: modules ${first}, ${second} (${modules}); "
+                       "${recomputed_count} recomputed on stage 0: ${recomputed_kinds};${bad}")
+  else()
+    message(STATUS "json_recompute_modules: ok")
+  endif()
 endif()
