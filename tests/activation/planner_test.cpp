@@ -598,6 +598,134 @@ TEST_CASE("recomputed layers are not planned: precise, held only while recompute
                        agoq::invalid_argument);
 }
 
+TEST_CASE(
+    "selective recomputation: recomputed kinds are not planned and inherit their sources' "
+    "error") {
+  // 4 layers on 2 stages; the norms recomputed (layernorm): qkv_input and mlp_input are computed
+  // again from the residual stream, whose two kinds take int4, int8 or bf16.
+  planner_input in = small_input();
+  in.step.selective = {.layernorm = true};
+  tensor_kind const sources[2] = {tensor_kind::attn_norm_input, tensor_kind::mlp_norm_input};
+  tensor_kind const heirs[2] = {tensor_kind::qkv_input, tensor_kind::mlp_input};
+  for (tensor_kind const k : sources) in.policy.set(k, storage::with(int4_g128), three);
+  shard_shape const sh = shard_of(in.parallel, in.step);
+  saved_shape const shape = shape_of(tensor_kind::attn_norm_input, in.model, sh);
+  auto const need = minimum(in);
+  SUBCASE("brute force, with each source weighted by its own and its heir's sensitivity") {
+    in.errors.set_sensitivity(tensor_kind::mlp_input, 3.0);
+    for (std::int64_t extra = 0; extra <= 300000; extra += 12500) {
+      in.budget_bytes = std::max(need[0], need[1]) + extra;
+      auto const plan = make_plan(in);
+      for (std::int64_t s = 0; s < 2; ++s) {
+        auto const& st = plan.stages()[static_cast<std::size_t>(s)];
+        std::int64_t const n = 2 - s;
+        double best = std::numeric_limits<double>::infinity();
+        for (int code = 0; code < 81; ++code) {  // 2 layers x 2 sources x 3 options
+          std::int64_t bytes = 0;
+          double err = 0;
+          int c = code;
+          for (std::int64_t l = 2 * s; l < 2 * s + 2; ++l)
+            for (std::size_t i = 0; i < 2; ++i) {
+              storage const& o = three[static_cast<std::size_t>(c % 3)];
+              c /= 3;
+              bytes += n * (o.bytes(shape) - storage::with(int4_g128).bytes(shape));
+              err += (in.errors.sensitivity(sources[i]) + in.errors.sensitivity(heirs[i])) *
+                     in.errors.relative(l, sources[i], shape, o);
+            }
+          if (need[static_cast<std::size_t>(s)] + bytes <= in.budget_bytes)
+            best = std::min(best, err);
+        }
+        CHECK(st.error >= best * (1 - 1e-12));
+        CHECK(st.error_lower_bound <= best * (1 + 1e-12));
+        CHECK(st.memory.total() <= in.budget_bytes);
+        // Each heir: not held, bf16 in the backward, its source's relative error times its own
+        // sensitivity; the stage's error is the sum of its tensors'.
+        double error = 0;
+        for (auto const& t : st.tensors) {
+          error += t.error;
+          for (std::size_t i = 0; i < 2; ++i) {
+            if (t.kind != heirs[i]) continue;
+            CAPTURE(t.layer);
+            CHECK(t.recomputed);
+            CHECK(t.in_flight == 0);
+            CHECK(t.choice.is_precise());
+            CHECK(t.bytes == shape.bytes());
+            CHECK(t.error == in.errors.sensitivity(heirs[i]) *
+                                 in.errors.relative(t.layer, sources[i], shape,
+                                                    plan.storage_of(t.layer, sources[i])));
+            CHECK((t.error > 0.0) == !plan.storage_of(t.layer, sources[i]).is_precise());
+          }
+        }
+        CHECK(st.error == error);
+      }
+    }
+  }
+  SUBCASE("a sensitive heir moves bits to its source") {
+    // Room for one int4 -> int8 step of a residual-stream tensor on the tighter stage. Both
+    // sources have the same sensitivity and statistics, so without heirs the tie goes to the
+    // first in block order, attn_norm_input; a sensitive mlp_input (inherited by
+    // mlp_norm_input) takes it instead.
+    std::int64_t const step =
+        storage::with(int8_g128).bytes(shape) - storage::with(int4_g128).bytes(shape);
+    in.budget_bytes = std::max(need[0] + 2 * step, need[1] + step);
+    std::size_t const tight = need[0] + 2 * step >= need[1] + step ? 0 : 1;
+    for (tensor_kind const favoured : heirs) {
+      CAPTURE(name_of(favoured));
+      in.errors = error_model{};
+      in.errors.set_sensitivity(favoured, 100.0);
+      tensor_kind const source = favoured == heirs[0] ? sources[0] : sources[1];
+      auto const plan = make_plan(in);
+      int raised = 0;
+      for (auto const& t : plan.stages()[tight].tensors)
+        if (!t.recomputed && t.choice.bits() == 8) {
+          ++raised;
+          CHECK(t.kind == source);
+        }
+      CHECK(raised == 1);
+      auto const first = static_cast<std::int64_t>(2 * tight);  // the tight stage's layers
+      for (std::int64_t l = first; l < first + 2; ++l)
+        for (std::int64_t j = first; j < first + 2; ++j)
+          CHECK(bits_of(plan, l, source) >=
+                bits_of(plan, j, source == sources[0] ? sources[1] : sources[0]));
+    }
+  }
+  SUBCASE("plan memory equals the memory model, for every module") {
+    for (recompute_modules const r :
+         {recompute_modules{.core_attn = true}, recompute_modules{.mlp = true},
+          recompute_modules{true, true, true}}) {
+      CAPTURE(name_of(r));
+      planner_input x = small_input();
+      x.policy = policy_table{};
+      x.step.selective = r;
+      for (std::int64_t extra : {std::int64_t{0}, std::int64_t{200000}, std::int64_t{1} << 40}) {
+        x.budget_bytes = peak_total(smallest_memory(x)) + extra;
+        auto const plan = make_plan(x);
+        auto const check =
+            estimate_memory(x.model, x.parallel, x.step, x.states,
+                            [&](std::int64_t l, tensor_kind k) { return plan.storage_of(l, k); });
+        for (std::size_t s = 0; s < 2; ++s) {
+          auto const& st = plan.stages()[s];
+          CHECK(st.memory.total() == check[s].total());
+          CHECK(st.memory.activations == check[s].activations);
+          CHECK(st.memory.working == check[s].working);
+          for (auto const& t : st.tensors) {
+            CAPTURE(name_of(t.kind));
+            CHECK(t.recomputed == recomputes(r, t.kind));
+            if (t.recomputed) CHECK(t.in_flight == 0);
+          }
+        }
+        // The recomputed kinds cost nothing held: the plan holds less than without them.
+        planner_input y = x;
+        y.step.selective = {};
+        y.budget_bytes = std::int64_t{1} << 40;
+        x.budget_bytes = std::int64_t{1} << 40;
+        CHECK(make_plan(x).stages()[0].memory.activations <
+              make_plan(y).stages()[0].memory.activations);
+      }
+    }
+  }
+}
+
 TEST_CASE("smallest_memory is make_plan's boundary, and the fewest layers to recompute") {
   planner_input a = small_input();
   a.policy = policy_table{};
@@ -617,7 +745,9 @@ TEST_CASE("smallest_memory is make_plan's boundary, and the fewest layers to rec
   f.parallel.cp = 2;
   f.parallel.dp = 2;
   f.parallel.zero_stage = 1;
-  for (planner_input in : {a, b, c, d, e, f}) {
+  planner_input g = c;  // selective recomputation
+  g.step.selective = {.layernorm = true, .mlp = true};
+  for (planner_input in : {a, b, c, d, e, f, g}) {
     in.budget_bytes = peak_total(smallest_memory(in));
     CHECK_NOTHROW(make_plan(in));
     in.budget_bytes -= 1;
@@ -654,9 +784,14 @@ TEST_CASE("smallest_memory is make_plan's boundary, and the fewest layers to rec
   CHECK(*n == 2);
   CHECK(fits(base, *n));
   CHECK(!fits(base, *n - 1));
-  // in.step's own recomputation is ignored.
+  // in.step's own recomputation, full or selective, is ignored.
   base.step.recompute = recompute_method::uniform;
   base.step.recompute_layers = 1;
+  CHECK(least_block_recompute(base) == n);
+  base.step.selective = {true, true, true};
+  CHECK(least_block_recompute(base) == n);
+  base.step.recompute = recompute_method::none;
+  base.step.recompute_layers = 0;
   CHECK(least_block_recompute(base) == n);
   base.budget_bytes = 0;
   CHECK_THROWS_AS(least_block_recompute(base), agoq::invalid_argument);
