@@ -406,6 +406,76 @@ class PlanningTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "at least 1 with recompute uniform"):
             agoq.estimate_memory(LLAMA, 8, 128, recompute="uniform")
 
+    def test_selective_recomputation(self):
+        # Megatron's recompute_modules: layernorm recomputes the norms' outputs, mlp the MLP's
+        # inner tensors, so of a layer's saved tensors only the others are kept, on every stage
+        # and for every micro-batch in flight. The largest micro-batch count is stage 0's.
+        modules = ["layernorm", "mlp"]
+        gone = ["qkv_input", "mlp_input", "gate_output", "up_output", "swiglu_output"]
+        bf16 = {k: ("fp32" if k == "softmax_lse" else "bf16") for k in agoq.tensor_kinds("llama")}
+        layer = agoq.layer_activation_bytes(LLAMA, 8, 128, bf16)
+        shapes = agoq.saved_shapes(LLAMA, 8, 128)
+        dropped = sum(2 * shapes[k][0] * shapes[k][1] for k in gone)
+        self.assertGreater(dropped, 0)
+        kw = dict(pp=2, gradients="int8",
+                  policy={k: (v, [v]) for k, v in bf16.items() if k != "o_proj_input"})
+        base = agoq.estimate_memory(LLAMA, 8, 128, **kw)
+        sel = agoq.estimate_memory(LLAMA, 8, 128, recompute_modules=modules, **kw)
+        for b, s in zip(base, sel):
+            flight = s["in_flight"][0]
+            self.assertEqual(b["activations"], flight * 2 * layer)  # 2 layers a stage
+            self.assertEqual(s["activations"], flight * 2 * (layer - dropped))
+            self.assertLess(s["activations"], b["activations"])
+            self.assertEqual(s["total"], s["states"] + s["activations"]
+                             + s["head_activations"] + s["transient"])
+        # The order given does not matter, nor does a module named twice.
+        self.assertEqual(agoq.estimate_memory(LLAMA, 8, 128, recompute_modules=["mlp", "layernorm",
+                                                                                 "mlp"], **kw),
+                         sel)
+        # The plan: those kinds recomputed in every layer (bf16 in 'layers', as recomputed
+        # layers' tensors are), the others planned, and no layer fully recomputed.
+        budget = 2 * sel[0]["total"]
+        plan = agoq.make_plan(LLAMA, 8, 128, budget, pp=2, recompute_modules=modules)
+        self.assertEqual(plan["recompute_modules"], modules)
+        self.assertEqual(plan["recomputed_kinds"], gone)
+        self.assertEqual(plan["recomputed"], [])
+        for kinds in plan["layers"]:
+            self.assertEqual(set(kinds), set(bf16))
+            for k in gone:
+                self.assertEqual(kinds[k], "bf16")
+        plain = agoq.make_plan(LLAMA, 8, 128, budget, pp=2)
+        self.assertEqual((plain["recompute_modules"], plain["recomputed_kinds"]), ([], []))
+        # core_attn recomputes the logsumexp alone; GPT's norm outputs and MLP tensors by name.
+        attn = agoq.make_plan(LLAMA, 8, 128, budget, pp=2, recompute_modules=["core_attn"])
+        self.assertEqual(attn["recomputed_kinds"], ["softmax_lse"])
+        self.assertEqual(attn["layers"][0]["softmax_lse"], "fp32")
+        gpt = dict(LLAMA, style="gpt")
+        gpt_plan = agoq.make_plan(gpt, 8, 128, 4 * sel[0]["total"], pp=2,
+                                  recompute_modules=["mlp", "layernorm"])
+        self.assertEqual(gpt_plan["recompute_modules"], modules)
+        self.assertEqual(gpt_plan["recomputed_kinds"],
+                         ["qkv_input", "fc1_input", "gelu_input", "fc2_input"])
+        # The kept tensors that fit with the modules recomputed but not without: a plan with them
+        # fits a budget that refuses one without (bf16 only: nothing to quantize instead).
+        tight = max(s["total"] for s in sel)
+        agoq.make_plan(LLAMA, 8, 128, tight, recompute_modules=modules, **kw)
+        with self.assertRaisesRegex(ValueError, "falls short"):
+            agoq.make_plan(LLAMA, 8, 128, tight, **kw)
+        # An unknown name (or an empty one) and full recomputation beside it: ValueError.
+        for bad in (["bogus"], ["mlp", ""]):
+            with self.assertRaisesRegex(ValueError, "unknown module"):
+                agoq.estimate_memory(LLAMA, 8, 128, recompute_modules=bad)
+            with self.assertRaisesRegex(ValueError, "unknown module"):
+                agoq.make_plan(LLAMA, 8, 128, budget, recompute_modules=bad)
+        with self.assertRaisesRegex(ValueError, "exclude each other"):
+            agoq.estimate_memory(LLAMA, 8, 128, recompute="uniform", recompute_layers=1,
+                                 recompute_modules=["mlp"])
+        with self.assertRaisesRegex(ValueError, "exclude each other"):
+            agoq.make_plan(LLAMA, 8, 128, budget, recompute="uniform", recompute_layers=1,
+                           recompute_modules=["mlp"])
+        with self.assertRaises(TypeError):  # a list of names, not one string
+            agoq.estimate_memory(LLAMA, 8, 128, recompute_modules="mlp")
+
     def test_context_parallelism(self):
         # CP 2 over 256-token sequences: each rank holds 128 tokens of each, so the activations of
         # CP 1 at 128 and the states of DP 4 (ZeRO-1 shards over dp x cp).

@@ -151,17 +151,35 @@ act::recompute_method recompute_of(std::string const& name) {
   throw agoq::invalid_argument("recompute: 'none', 'uniform' or 'block', got '" + name + "'");
 }
 
+/// Selective recomputation's modules from their names (agoq::activation::recompute_module_names);
+/// an unknown name raises ValueError (add_recompute_module).
+act::recompute_modules recompute_modules_of(std::vector<std::string> const& names) {
+  act::recompute_modules r;
+  for (std::string const& n : names) act::add_recompute_module(r, n);
+  return r;
+}
+
+/// The names of `r`'s modules, in recompute_module_names' order.
+py::list module_names(act::recompute_modules const& r) {
+  bool const on[] = {r.core_attn, r.layernorm, r.mlp};
+  py::list out;
+  for (std::size_t i = 0; i < act::recompute_module_names.size(); ++i)
+    if (on[i]) out.append(std::string(act::recompute_module_names[i]));
+  return out;
+}
+
 layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t micro_batches,
                       std::int64_t tp, std::int64_t pp, std::int64_t vp, std::int64_t dp, int zero,
                       bool sp, std::int64_t vp_group, std::string const& vp_rules,
                       std::int64_t bucket_parameters, std::int64_t reserved_bytes,
-                      std::string const& recompute, std::int64_t recompute_layers,
-                      std::int64_t cp) {
+                      std::string const& recompute, std::int64_t recompute_layers, std::int64_t cp,
+                      std::vector<std::string> const& recompute_modules) {
   layout_args a;
   a.parallel = {tp, pp, dp, vp, zero, sp, vp_group, rules_of(vp_rules), cp};
   a.step = {micro_batch, seq, micro_batches, bucket_parameters, reserved_bytes};
   a.step.recompute = recompute_of(recompute);
   a.step.recompute_layers = recompute_layers;
+  a.step.selective = recompute_modules_of(recompute_modules);
   return a;
 }
 
@@ -272,12 +290,13 @@ act::planner_input planner_input_of(py::dict const& model, std::int64_t micro_ba
                                     std::string const& optimizer, std::int64_t vp_group,
                                     std::string const& vp_rules, std::int64_t bucket_parameters,
                                     std::int64_t reserved_bytes, std::string const& recompute,
-                                    std::int64_t recompute_layers, std::int64_t cp) {
+                                    std::int64_t recompute_layers, std::int64_t cp,
+                                    std::vector<std::string> const& recompute_modules) {
   act::planner_input in;
   in.model = model_of(model);
-  auto const l =
-      layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group, vp_rules,
-                bucket_parameters, reserved_bytes, recompute, recompute_layers, cp);
+  auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
+                           vp_rules, bucket_parameters, reserved_bytes, recompute, recompute_layers,
+                           cp, recompute_modules);
   in.parallel = l.parallel;
   in.step = l.step;
   in.states = {gradient_format_of(gradients), optimizer_format_of(optimizer)};
@@ -294,11 +313,12 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
                    std::int64_t vp_group, std::string const& vp_rules,
                    std::int64_t bucket_parameters, std::int64_t reserved_bytes,
                    py::object const& sensitivity, py::object const& outlier,
-                   std::string const& recompute, std::int64_t recompute_layers, std::int64_t cp) {
+                   std::string const& recompute, std::int64_t recompute_layers, std::int64_t cp,
+                   std::vector<std::string> const& recompute_modules) {
   act::planner_input in =
       planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
                        micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
-                       reserved_bytes, recompute, recompute_layers, cp);
+                       reserved_bytes, recompute, recompute_layers, cp, recompute_modules);
   // The error model's overrides: {kind or (layer, kind): weight} and {kind: factor}.
   if (!sensitivity.is_none()) {
     for (auto const& [key, value] : sensitivity.cast<py::dict>()) {
@@ -347,9 +367,16 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
     d["unused_bytes"] = s.unused_bytes;
     stages.append(d);
   }
+  // Selective recomputation: the kinds no layer keeps (bf16 in `layers`, as recomputed layers).
+  py::list recomputed_kinds;
+  for (act::tensor_kind const k : act::block_tensors(in.model.style))
+    if (act::recomputes(in.step.selective, k))
+      recomputed_kinds.append(std::string(act::name_of(k)));
   py::dict out;
   out["layers"] = layers;
   out["recomputed"] = recomputed;
+  out["recompute_modules"] = module_names(in.step.selective);
+  out["recomputed_kinds"] = recomputed_kinds;
   out["stages"] = stages;
   out["error"] = plan.total_error();
   return out;
@@ -363,9 +390,10 @@ py::object least_block_recompute(py::dict const& model, std::int64_t micro_batch
                                  std::int64_t vp_group, std::string const& vp_rules,
                                  std::int64_t bucket_parameters, std::int64_t reserved_bytes,
                                  std::int64_t cp) {
-  auto const n = act::least_block_recompute(planner_input_of(
-      model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
-      gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, "none", 0, cp));
+  auto const n = act::least_block_recompute(
+      planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
+                       micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
+                       reserved_bytes, "none", 0, cp, {}));
   return n ? py::object(py::int_(*n)) : py::object(py::none());
 }
 
@@ -376,11 +404,12 @@ py::list estimate_memory(py::dict const& model, std::int64_t micro_batch, std::i
                          std::int64_t micro_batches, std::int64_t vp_group,
                          std::string const& vp_rules, std::int64_t bucket_parameters,
                          std::int64_t reserved_bytes, std::string const& recompute,
-                         std::int64_t recompute_layers, std::int64_t cp) {
+                         std::int64_t recompute_layers, std::int64_t cp,
+                         std::vector<std::string> const& recompute_modules) {
   act::model_shape const m = model_of(model);
-  auto const l =
-      layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group, vp_rules,
-                bucket_parameters, reserved_bytes, recompute, recompute_layers, cp);
+  auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
+                           vp_rules, bucket_parameters, reserved_bytes, recompute, recompute_layers,
+                           cp, recompute_modules);
   py::list out;
   for (act::stage_memory const& s : act::estimate_memory(
            m, l.parallel, l.step, {gradient_format_of(gradients), optimizer_format_of(optimizer)},
@@ -419,8 +448,10 @@ void register_planning(py::module_& m) {
         py::arg("reserved_bytes") = act::default_reserved_bytes,
         py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(),
         py::arg("recompute") = "none", py::arg("recompute_layers") = 0, py::arg("cp") = 1,
+        py::arg("recompute_modules") = std::vector<std::string>{},
         "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], "
-        "'recomputed': [layer], 'stages': [memory], 'error': float}. The budget holds each "
+        "'recomputed': [layer], 'recompute_modules': [module], 'recomputed_kinds': [kind], "
+        "'stages': [memory], 'error': float}. The budget holds each "
         "stage's transient working memory "
         "too (memory keys 'working', 'gradient_buffers', 'reserved', summed in 'transient'; "
         "bucket_parameters: the gradient bucket, 0: Megatron-Core's default; reserved_bytes: "
@@ -436,7 +467,12 @@ void register_planning(py::module_& m) {
         "('uniform' or 'block') with recompute_layers is Megatron's full activation "
         "recomputation (recompute_method, recompute_num_layers per model chunk): the "
         "recomputed layers are kept in bf16 while their checkpoint's backward runs (memory key "
-        "'recompute', in 'transient') and their checkpoints' inputs in between. cp > 1 is "
+        "'recompute', in 'transient') and their checkpoints' inputs in between. "
+        "recompute_modules (names of 'core_attn', 'layernorm', 'mlp') is Megatron's selective "
+        "recomputation, which excludes recompute: in every layer the kinds those modules output "
+        "(listed in 'recomputed_kinds', bf16 in 'layers') are not kept but computed again in the "
+        "backward, in the layer's working memory, with the error of the kept tensors they come "
+        "from; an unknown name raises ValueError. cp > 1 is "
         "context parallelism: each sequence split over cp ranks (seq a multiple of 2 cp), ZeRO "
         "and the gradient reduction over dp x cp.");
   m.def("least_block_recompute", &least_block_recompute, py::arg("model"), py::arg("micro_batch"),
@@ -448,7 +484,8 @@ void register_planning(py::module_& m) {
         py::arg("cp") = 1,
         "The fewest layers of each model chunk that block recomputation must recompute for "
         "make_plan (same arguments) to fit budget_bytes: 0 when it fits without, None when not "
-        "even every layer fits.");
+        "even every layer fits. Full recomputation alone: no selective recomputation "
+        "(recompute_modules) is tried beside it.");
   m.def("estimate_memory", &estimate_memory, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("gradients") = "fp32", py::arg("optimizer") = "fp32",
         py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,
@@ -456,10 +493,11 @@ void register_planning(py::module_& m) {
         py::arg("vp_group") = 0, py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
         py::arg("reserved_bytes") = act::default_reserved_bytes, py::arg("recompute") = "none",
         py::arg("recompute_layers") = 0, py::arg("cp") = 1,
+        py::arg("recompute_modules") = std::vector<std::string>{},
         "Per-pipeline-device memory of one step with every tensor at its policy default "
         "(vp_group, vp_rules: the interleaved schedule; bucket_parameters, reserved_bytes: the "
         "transient memory's settings; recompute, recompute_layers: full recomputation; cp: "
-        "context parallelism; as make_plan).");
+        "context parallelism; recompute_modules: selective recomputation; as make_plan).");
 }
 
 }  // namespace agoq_torch
