@@ -162,15 +162,6 @@ act::recompute_modules read_recompute_modules(std::string const& v) {
   }
 }
 
-/// The names of `r`'s modules, in recompute_module_names' order.
-std::vector<std::string_view> module_names(act::recompute_modules const& r) {
-  bool const on[] = {r.core_attn, r.layernorm, r.mlp};
-  std::vector<std::string_view> out;
-  for (std::size_t i = 0; i < act::recompute_module_names.size(); ++i)
-    if (on[i]) out.push_back(act::recompute_module_names[i]);
-  return out;
-}
-
 void apply(options& o, std::string const& key, std::string const& v) {
   if (key == "preset") {
     o.model = act::preset_model(v);
@@ -419,7 +410,7 @@ std::string json_array(std::vector<std::string> const& items) {
 /// ["name", ...] of `r`'s modules ([] for none).
 std::string json_modules(act::recompute_modules const& r) {
   std::vector<std::string> names;
-  for (std::string_view const n : module_names(r)) names.push_back(json_string(n));
+  for (std::string_view const n : act::names_of(r)) names.push_back(json_string(n));
   return json_array(names);
 }
 

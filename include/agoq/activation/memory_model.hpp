@@ -178,12 +178,19 @@ struct recompute_modules {
 inline constexpr std::array<std::string_view, 3> recompute_module_names = {"core_attn", "layernorm",
                                                                            "mlp"};
 
-/// `r`'s modules by name, comma-separated in recompute_module_names' order ("" for none).
-inline std::string name_of(recompute_modules const& r) {
+/// The names of `r`'s modules, in recompute_module_names' order (none: empty).
+inline std::vector<std::string_view> names_of(recompute_modules const& r) {
   bool const on[] = {r.core_attn, r.layernorm, r.mlp};
-  std::string out;
+  std::vector<std::string_view> out;
   for (std::size_t i = 0; i < recompute_module_names.size(); ++i)
-    if (on[i]) out += (out.empty() ? "" : ",") + std::string(recompute_module_names[i]);
+    if (on[i]) out.push_back(recompute_module_names[i]);
+  return out;
+}
+
+/// names_of(r) comma-separated ("" for none).
+inline std::string name_of(recompute_modules const& r) {
+  std::string out;
+  for (std::string_view const n : names_of(r)) out += (out.empty() ? "" : ",") + std::string(n);
   return out;
 }
 

@@ -159,15 +159,6 @@ act::recompute_modules recompute_modules_of(std::vector<std::string> const& name
   return r;
 }
 
-/// The names of `r`'s modules, in recompute_module_names' order.
-py::list module_names(act::recompute_modules const& r) {
-  bool const on[] = {r.core_attn, r.layernorm, r.mlp};
-  py::list out;
-  for (std::size_t i = 0; i < act::recompute_module_names.size(); ++i)
-    if (on[i]) out.append(std::string(act::recompute_module_names[i]));
-  return out;
-}
-
 layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t micro_batches,
                       std::int64_t tp, std::int64_t pp, std::int64_t vp, std::int64_t dp, int zero,
                       bool sp, std::int64_t vp_group, std::string const& vp_rules,
@@ -375,7 +366,9 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
   py::dict out;
   out["layers"] = layers;
   out["recomputed"] = recomputed;
-  out["recompute_modules"] = module_names(in.step.selective);
+  py::list modules;
+  for (std::string_view const n : act::names_of(in.step.selective)) modules.append(std::string(n));
+  out["recompute_modules"] = modules;
   out["recomputed_kinds"] = recomputed_kinds;
   out["stages"] = stages;
   out["error"] = plan.total_error();
