@@ -9,6 +9,7 @@
 #include <iterator>
 #include <numeric>
 #include <set>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -627,6 +628,9 @@ TEST_CASE("selective recomputation, by hand") {
     CHECK(name_of(none).empty());
     CHECK(name_of(recompute_modules{.core_attn = true, .mlp = true}) == "core_attn,mlp");
     CHECK(name_of(all) == "core_attn,layernorm,mlp");
+    CHECK(names_of(none).empty());
+    CHECK(names_of(recompute_modules{.layernorm = true, .mlp = true}) ==
+          std::vector<std::string_view>{"layernorm", "mlp"});
     recompute_modules r;
     add_recompute_module(r, "mlp");
     add_recompute_module(r, "layernorm");
