@@ -39,6 +39,25 @@ std::vector<std::int64_t> minimum(planner_input const& in) {
   return out;
 }
 
+/// Checks that every stage of `plan` (made for `in`) has the memory estimate_memory gives the
+/// storage it chose.
+void check_plan_is_the_model(planner_input const& in, activation_plan const& plan) {
+  auto const check =
+      estimate_memory(in.model, in.parallel, in.step, in.states,
+                      [&](std::int64_t l, tensor_kind k) { return plan.storage_of(l, k); });
+  REQUIRE(check.size() == plan.stages().size());
+  for (std::size_t s = 0; s < check.size(); ++s) {
+    CAPTURE(s);
+    stage_memory const& m = plan.stages()[s].memory;
+    CHECK(m.total() == check[s].total());
+    CHECK(m.activations == check[s].activations);
+    CHECK(m.working == check[s].working);
+    CHECK(m.recompute == check[s].recompute);
+    CHECK(m.transient() == check[s].transient());
+    CHECK(m.in_flight == check[s].in_flight);
+  }
+}
+
 int bits_of(activation_plan const& p, std::int64_t layer, tensor_kind k) {
   return p.storage_of(layer, k).bits();
 }
@@ -446,16 +465,9 @@ TEST_CASE("plan memory equals the memory model, and in-flight counts come from t
     in.budget_bytes = std::max(need[0], need[1]) + (std::int64_t{32} << 20);
     auto const plan = make_plan(in);
     CHECK(plan.total_error() > 0.0);
-    auto const check =
-        estimate_memory(in.model, in.parallel, in.step, in.states,
-                        [&](std::int64_t l, tensor_kind k) { return plan.storage_of(l, k); });
+    check_plan_is_the_model(in, plan);
     for (std::size_t s = 0; s < 2; ++s) {
       auto const& st = plan.stages()[s];
-      CHECK(st.memory.total() == check[s].total());
-      CHECK(st.memory.activations == check[s].activations);
-      CHECK(st.memory.working == check[s].working);
-      CHECK(st.memory.transient() == check[s].transient());
-      CHECK(st.memory.in_flight == check[s].in_flight);
       auto const peaks = in_flight_peaks(2, 2, static_cast<std::int64_t>(s), 8);
       CHECK(std::find(peaks.begin(), peaks.end(), st.memory.in_flight) != peaks.end());
       std::int64_t activations = 0;
@@ -559,16 +571,10 @@ TEST_CASE("recomputed layers are not planned: precise, held only while recompute
   CHECK_THROWS_AS(make_plan(plain), agoq::invalid_argument);
   auto const plan = make_plan(in);
   CHECK(plan.total_error() > 0.0);
-  auto const check =
-      estimate_memory(in.model, in.parallel, in.step, in.states,
-                      [&](std::int64_t l, tensor_kind k) { return plan.storage_of(l, k); });
+  check_plan_is_the_model(in, plan);
   shard_shape const sh = shard_of(in.parallel, in.step);
   for (std::size_t s = 0; s < 8; ++s) {
     auto const& st = plan.stages()[s];
-    CHECK(st.memory.total() == check[s].total());
-    CHECK(st.memory.activations == check[s].activations);
-    CHECK(st.memory.recompute == check[s].recompute);
-    CHECK(st.memory.working == check[s].working);
     CHECK(st.unused_bytes == in.budget_bytes - st.memory.total());
     std::int64_t recomputed = 0;
     double error = 0;
@@ -700,14 +706,9 @@ TEST_CASE(
       for (std::int64_t extra : {std::int64_t{0}, std::int64_t{200000}, std::int64_t{1} << 40}) {
         x.budget_bytes = peak_total(smallest_memory(x)) + extra;
         auto const plan = make_plan(x);
-        auto const check =
-            estimate_memory(x.model, x.parallel, x.step, x.states,
-                            [&](std::int64_t l, tensor_kind k) { return plan.storage_of(l, k); });
+        check_plan_is_the_model(x, plan);
         for (std::size_t s = 0; s < 2; ++s) {
           auto const& st = plan.stages()[s];
-          CHECK(st.memory.total() == check[s].total());
-          CHECK(st.memory.activations == check[s].activations);
-          CHECK(st.memory.working == check[s].working);
           for (auto const& t : st.tensors) {
             CAPTURE(name_of(t.kind));
             CHECK(t.recomputed == recomputes(r, t.kind));
