@@ -68,6 +68,33 @@ std::vector<storage> const three = {storage::with(int4_g128), storage::with(int8
                                     storage::precise()};
 tensor_kind const kinds[2] = {tensor_kind::mlp_input, tensor_kind::swiglu_output};
 
+/// The least error over the 81 plans of 1F1B stage s of small_input() (2 - s micro-batches in
+/// flight, layers 2s and 2s + 1) that give each of the two kinds `planned` one of `three` and fit
+/// in.budget_bytes, `need` being the stage's memory with both at int4; error(l, k, shape, o) is
+/// layer l's kind k's error at option o.
+template <class Error>
+double brute_force(planner_input const& in, std::int64_t s, std::int64_t need,
+                   tensor_kind const (&planned)[2], Error&& error) {
+  shard_shape const sh = shard_of(in.parallel, in.step);
+  std::int64_t const n = 2 - s;
+  double best = std::numeric_limits<double>::infinity();
+  for (int code = 0; code < 81; ++code) {
+    std::int64_t bytes = 0;
+    double err = 0;
+    int c = code;
+    for (std::int64_t l = 2 * s; l < 2 * s + 2; ++l)
+      for (tensor_kind k : planned) {
+        storage const& o = three[static_cast<std::size_t>(c % 3)];
+        c /= 3;
+        saved_shape const shape = shape_of(k, in.model, sh);
+        bytes += n * (o.bytes(shape) - storage::with(int4_g128).bytes(shape));
+        err += error(l, k, shape, o);
+      }
+    if (need + bytes <= in.budget_bytes) best = std::min(best, err);
+  }
+  return best;
+}
+
 /// p = 2, v = 2, m = 4, one layer per chunk: device 0 holds layers 0 and 2, device 1 layers 1
 /// and 3; device 0 peaks at (3,2) and (4,1) chunk micro-batches, device 1 at (2,1) and (3,0).
 /// `kinds` take `three`, everything else bf16.
@@ -117,31 +144,16 @@ TEST_CASE("the planner matches brute force within its own bound") {
   planner_input in = small_input();
   for (tensor_kind const k : kinds) in.policy.set(k, storage::with(int4_g128), three);
   in.errors.set_outlier(tensor_kind::swiglu_output, 5.0);
-  shard_shape const sh = shard_of(in.parallel, in.step);
   auto const need = minimum(in);
   for (std::int64_t extra = 0; extra <= 600000; extra += 25000) {
     in.budget_bytes = std::max(need[0], need[1]) + extra;
     auto const plan = make_plan(in);
     for (std::int64_t s = 0; s < 2; ++s) {
       auto const& st = plan.stages()[static_cast<std::size_t>(s)];
-      std::int64_t const n = 2 - s;
-      // 2 layers x 2 kinds x 3 options = 81 plans.
-      double best = std::numeric_limits<double>::infinity();
-      for (int code = 0; code < 81; ++code) {
-        std::int64_t bytes = 0;
-        double err = 0;
-        int c = code;
-        for (std::int64_t l = 2 * s; l < 2 * s + 2; ++l)
-          for (tensor_kind k : kinds) {
-            storage const& o = three[static_cast<std::size_t>(c % 3)];
-            c /= 3;
-            saved_shape const shape = shape_of(k, in.model, sh);
-            bytes += n * (o.bytes(shape) - storage::with(int4_g128).bytes(shape));
-            err += in.errors.weighted(l, k, shape, o);
-          }
-        if (need[static_cast<std::size_t>(s)] + bytes <= in.budget_bytes)
-          best = std::min(best, err);
-      }
+      double const best =
+          brute_force(in, s, need[static_cast<std::size_t>(s)], kinds,
+                      [&](std::int64_t l, tensor_kind k, saved_shape const& shape,
+                          storage const& o) { return in.errors.weighted(l, k, shape, o); });
       CHECK(st.error >= best * (1 - 1e-12));
       CHECK(st.error_lower_bound <= best * (1 + 1e-12));
       CHECK(st.memory.total() <= in.budget_bytes);
@@ -624,23 +636,13 @@ TEST_CASE(
       auto const plan = make_plan(in);
       for (std::int64_t s = 0; s < 2; ++s) {
         auto const& st = plan.stages()[static_cast<std::size_t>(s)];
-        std::int64_t const n = 2 - s;
-        double best = std::numeric_limits<double>::infinity();
-        for (int code = 0; code < 81; ++code) {  // 2 layers x 2 sources x 3 options
-          std::int64_t bytes = 0;
-          double err = 0;
-          int c = code;
-          for (std::int64_t l = 2 * s; l < 2 * s + 2; ++l)
-            for (std::size_t i = 0; i < 2; ++i) {
-              storage const& o = three[static_cast<std::size_t>(c % 3)];
-              c /= 3;
-              bytes += n * (o.bytes(shape) - storage::with(int4_g128).bytes(shape));
-              err += (in.errors.sensitivity(sources[i]) + in.errors.sensitivity(heirs[i])) *
-                     in.errors.relative(l, sources[i], shape, o);
-            }
-          if (need[static_cast<std::size_t>(s)] + bytes <= in.budget_bytes)
-            best = std::min(best, err);
-        }
+        double const best =
+            brute_force(in, s, need[static_cast<std::size_t>(s)], sources,
+                        [&](std::int64_t l, tensor_kind k, saved_shape const& x, storage const& o) {
+                          tensor_kind const heir = k == sources[0] ? heirs[0] : heirs[1];
+                          return (in.errors.sensitivity(k) + in.errors.sensitivity(heir)) *
+                                 in.errors.relative(l, k, x, o);
+                        });
         CHECK(st.error >= best * (1 - 1e-12));
         CHECK(st.error_lower_bound <= best * (1 + 1e-12));
         CHECK(st.memory.total() <= in.budget_bytes);
