@@ -635,7 +635,10 @@ int run(int argc, char** argv) {
   if (o.step.selective.any()) {
     std::string kinds;
     for (act::tensor_kind const k : act::block_tensors(m.style))
-      if (act::recomputes(o.step.selective, k)) kinds += " " + std::string(act::name_of(k));
+      if (act::recomputes(o.step.selective, k)) {
+        kinds += ' ';
+        kinds += act::name_of(k);
+      }
     std::printf("recompute modules: %s (in every layer, computed again in the backward:%s)\n",
                 act::name_of(o.step.selective).c_str(), kinds.c_str());
   }

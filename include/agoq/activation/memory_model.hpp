@@ -190,7 +190,10 @@ inline std::vector<std::string_view> names_of(recompute_modules const& r) {
 /// names_of(r) comma-separated ("" for none).
 inline std::string name_of(recompute_modules const& r) {
   std::string out;
-  for (std::string_view const n : names_of(r)) out += (out.empty() ? "" : ",") + std::string(n);
+  for (std::string_view const n : names_of(r)) {
+    if (!out.empty()) out += ',';
+    out += n;
+  }
   return out;
 }
 
