@@ -657,6 +657,12 @@ TEST_CASE("selective recomputation, by hand") {
     CHECK(sources(tensor_kind::gelu_input, gpt, all) == v{tensor_kind::ln2_input});
     CHECK(sources(tensor_kind::softmax_lse, llama, core) ==
           v{tensor_kind::query, tensor_kind::key});
+    // The SwiGLU output multiplies two tensors that each carry its source's error.
+    CHECK(sources_of(tensor_kind::swiglu_output, llama, mlp).factor == 2.0);
+    CHECK(sources_of(tensor_kind::swiglu_output, llama, all).factor == 2.0);
+    CHECK(sources_of(tensor_kind::gate_output, llama, all).factor == 1.0);
+    CHECK(sources_of(tensor_kind::fc2_input, gpt, mlp).factor == 1.0);
+    CHECK(sources_of(tensor_kind::qkv_input, llama, norms).factor == 1.0);
     // Kept kinds have none, and no module recomputes Q, K, V, O or the residual stream.
     CHECK(sources(tensor_kind::qkv_input, llama, mlp).empty());
     CHECK(sources(tensor_kind::softmax_lse, llama, norms).empty());

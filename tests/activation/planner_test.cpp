@@ -668,6 +668,62 @@ TEST_CASE(
       }
     }
   }
+  SUBCASE("brute force under mlp: the SwiGLU output inherits twice its source's error") {
+    // mlp recomputes gate, up and SwiGLU outputs from mlp_input (factor 1, 1, 2); the attention
+    // norm's input inherits nothing here.
+    in.step.selective = {.mlp = true};
+    in.policy.set(tensor_kind::mlp_input, storage::with(int4_g128), three);
+    in.policy.set(tensor_kind::mlp_norm_input, storage::precise(), {storage::precise()});
+    tensor_kind const planned[2] = {tensor_kind::attn_norm_input, tensor_kind::mlp_input};
+    CHECK(sources_of(tensor_kind::swiglu_output, block_style::llama, in.step.selective).factor ==
+          2.0);
+    auto const base = minimum(in);
+    error_model const& e = in.errors;
+    double const heirs_weight = e.sensitivity(tensor_kind::gate_output) +
+                                e.sensitivity(tensor_kind::up_output) +
+                                2 * e.sensitivity(tensor_kind::swiglu_output);
+    for (std::int64_t extra = 0; extra <= 300000; extra += 12500) {
+      in.budget_bytes = std::max(base[0], base[1]) + extra;
+      auto const plan = make_plan(in);
+      for (std::int64_t s = 0; s < 2; ++s) {
+        auto const& st = plan.stages()[static_cast<std::size_t>(s)];
+        double const best = brute_force(
+            in, s, base[static_cast<std::size_t>(s)], planned,
+            [&](std::int64_t l, tensor_kind k, saved_shape const& x, storage const& o) {
+              double const w = e.sensitivity(k) + (k == tensor_kind::mlp_input ? heirs_weight : 0);
+              return w * e.relative(l, k, x, o);
+            });
+        CHECK(st.error >= best * (1 - 1e-12));
+        CHECK(st.error_lower_bound <= best * (1 + 1e-12));
+        for (auto const& t : st.tensors) {
+          if (!t.recomputed) continue;
+          CAPTURE(name_of(t.kind));
+          double const factor = t.kind == tensor_kind::swiglu_output ? 2.0 : 1.0;
+          CHECK(t.error ==
+                e.sensitivity(t.kind) *
+                    (factor * e.relative(t.layer, tensor_kind::mlp_input, shape,
+                                         plan.storage_of(t.layer, tensor_kind::mlp_input))));
+        }
+      }
+    }
+    // The factor decides here: attn_norm_input weighs 6.5, mlp_input 1 + 2 + 2 + 2 x 1 = 7 (6
+    // with a factor of 1 for the SwiGLU output). With the same statistics, the one int4 -> int8
+    // step the tighter stage has room for goes to mlp_input.
+    in.errors = error_model{};
+    in.errors.set_outlier(tensor_kind::attn_norm_input, e.outlier(tensor_kind::mlp_input));
+    in.errors.set_sensitivity(tensor_kind::attn_norm_input, 6.5);
+    std::int64_t const step =
+        storage::with(int8_g128).bytes(shape) - storage::with(int4_g128).bytes(shape);
+    in.budget_bytes = std::max(base[0] + 2 * step, base[1] + step);
+    std::size_t const tight = base[0] + 2 * step >= base[1] + step ? 0 : 1;
+    int raised = 0;
+    for (auto const& t : make_plan(in).stages()[tight].tensors)
+      if (!t.recomputed && t.choice.bits() == 8) {
+        ++raised;
+        CHECK(t.kind == tensor_kind::mlp_input);
+      }
+    CHECK(raised == 1);
+  }
   SUBCASE("a sensitive heir moves bits to its source") {
     // Room for one int4 -> int8 step of a residual-stream tensor on the tighter stage. Both
     // sources have the same sensitivity and statistics, so without heirs the tie goes to the

@@ -237,11 +237,16 @@ inline constexpr bool recomputes(recompute_modules const& r, tensor_kind k) noex
 /// kept), in block order: the logsumexp from Q and K; a norm output from its norm's input
 /// (attn_norm_input / mlp_norm_input, GPT ln1_input / ln2_input); the MLP's inner tensors from
 /// the MLP's input, or from the MLP norm's input where `layernorm` recomputes that input too.
-/// The error model lets a recomputed tensor inherit its sources' quantization error
-/// (docs/activations.md §5).
+/// The error model lets a recomputed tensor inherit its sources' quantization error, `factor`
+/// times their relative errors' sum (docs/activations.md §5).
 struct recompute_sources {
   std::array<tensor_kind, 2> kinds{};
   std::size_t count = 0;
+  /// The recomputed tensor's relative error per unit of its sources' (to first order): 2 for the
+  /// SwiGLU output, the product of the gate and up outputs, which each carry the MLP input's
+  /// error (measured 1.9-2.5); 1 for the others, computed by a norm, a linear layer or the GeLU
+  /// from one quantized tensor (measured 0.9-1.2; docs/activations.md §5).
+  double factor = 1;
 
   /// The sources, in block order (iterate the object itself: a range-for over a temporary keeps
   /// it alive).
@@ -265,7 +270,10 @@ inline constexpr recompute_sources sources_of(tensor_kind k, block_style s,
       return {{llama ? tensor_kind::mlp_norm_input : tensor_kind::ln2_input}, 1};
     default: {  // the MLP's inner tensors, from the MLP's input
       tensor_kind const input = llama ? tensor_kind::mlp_input : tensor_kind::fc1_input;
-      return recomputes(r, input) ? sources_of(input, s, r) : recompute_sources{{input}, 1};
+      recompute_sources out =
+          recomputes(r, input) ? sources_of(input, s, r) : recompute_sources{{input}, 1};
+      if (k == tensor_kind::swiglu_output) out.factor = 2;
+      return out;
     }
   }
 }

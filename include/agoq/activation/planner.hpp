@@ -11,6 +11,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../error.hpp"
@@ -47,8 +48,8 @@ struct planned_tensor {
   /// held between its forward and its backward, so in_flight 0; held precise (`choice`,
   /// `bytes`) in the backward only (stage_memory::recompute, or the layer's working set). Error
   /// 0 under full recomputation (its checkpoint's input is bf16); under selective recomputation
-  /// the error it inherits: its sensitivity times the sum of its sources' relative errors
-  /// (recompute_sources, as planned).
+  /// the error it inherits: its sensitivity times recompute_sources::factor times the sum of its
+  /// sources' relative errors (as planned).
   bool recomputed = false;
 };
 
@@ -400,9 +401,10 @@ inline std::vector<stage_memory> reserved_memory(planner_input const& in) {
 /// transient memory of their checkpoint's backward, and their chunks hold the checkpoints'
 /// inputs. Under selective recomputation (step_config::selective) the kinds it recomputes are not
 /// planned either (planned_tensor::recomputed: held in bf16 in the layer's working set only),
-/// and each inherits its sources' quantization error (recompute_sources): a source's options
-/// cost its own sensitivity plus theirs, times its relative error, so the plan weighs what a
-/// quantized source does to the tensors computed from it.
+/// and each inherits its sources' quantization error (recompute_sources, factor times their
+/// relative errors' sum): a source's options cost its own sensitivity plus theirs (each times
+/// its factor), times its relative error, so the plan weighs what a quantized source does to the
+/// tensors computed from it.
 ///
 /// Throws agoq::invalid_argument for an invalid configuration, a budget outside (0, 2^62], one
 /// too large to count in 64-bit bytes (estimate_memory; a device whose tensors' bytes weighted by
@@ -446,11 +448,13 @@ inline activation_plan make_plan(planner_input const& in) {
   // Selective recomputation: the recomputed kinds are not planned; each source's options carry
   // the sensitivities of the kinds recomputed from it (`heirs`), which inherit its error.
   recompute_modules const& selective = in.step.selective;
-  std::vector<std::vector<tensor_kind>> heirs(owned.size());
+  std::vector<std::vector<std::pair<tensor_kind, double>>> heirs(owned.size());  // kind, factor
   for (std::size_t ki = 0; ki < owned.size(); ++ki)
-    for (tensor_kind const j : owned)
-      for (tensor_kind const src : sources_of(j, m.style, selective))
-        if (src == owned[ki]) heirs[ki].push_back(j);
+    for (tensor_kind const j : owned) {
+      recompute_sources const from = sources_of(j, m.style, selective);
+      for (tensor_kind const src : from)
+        if (src == owned[ki]) heirs[ki].push_back({j, from.factor});
+    }
 
   std::vector<stage_plan> stages;
   std::int64_t worst_short = 0;
@@ -502,8 +506,9 @@ inline activation_plan make_plan(planner_input const& in) {
           }
           auto const& cands = in.policy.candidates(k);
           std::vector<detail::plan_option> opts;
-          double inherited = 0;  // the sensitivities of the kinds recomputed from it
-          for (tensor_kind const j : heirs[ki]) inherited += in.errors.sensitivity(l, j);
+          double inherited = 0;  // the sensitivities of the kinds recomputed from it, weighted
+          for (auto const& [j, factor] : heirs[ki])
+            inherited += factor * in.errors.sensitivity(l, j);
           for (std::size_t i = 0; i < cands.size(); ++i) {
             double const rel = in.errors.relative(l, k, shapes[ki], cands[i]);
             opts.push_back({cands[i].bytes(shapes[ki]) * weight[c],
@@ -577,10 +582,11 @@ inline activation_plan make_plan(planner_input const& in) {
       planned_tensor& t = items[i];
       if (t.recomputed) {
         if (recomputed(t.layer)) continue;  // full recomputation: error 0
+        recompute_sources const from = sources_of(t.kind, m.style, selective);
         double inherited = 0;
-        for (tensor_kind const src : sources_of(t.kind, m.style, selective))
+        for (tensor_kind const src : from)
           inherited += relative[static_cast<std::size_t>(index_of(src))];
-        t.error = in.errors.sensitivity(t.layer, t.kind) * inherited;
+        t.error = in.errors.sensitivity(t.layer, t.kind) * (from.factor * inherited);
         sp.error += t.error;
         continue;
       }
