@@ -6,7 +6,7 @@
 /// exactly what the portable loop of segment.hpp computes: the same division x / scale, the same
 /// clamp, round-half-to-even (vroundps with its rounding in the instruction, exact on clamped
 /// values like numeric::rne_small, whatever MXCSR says), the same bit-level bfloat16 rounding.
-/// FP8 codes take the portable loops. Included by simd.hpp, which includes <immintrin.h> first.
+/// FP8 codes take the portable loops. Included by simd.hpp.
 #pragma once
 
 #include <cstdint>
@@ -15,9 +15,12 @@
 
 #include "../../numeric/bits.hpp"
 #include "../../numeric/codec.hpp"
+#include "../../numeric/rounding.hpp"
 #include "segment.hpp"
 
 #if defined(__AVX2__) && !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__))
+
+#include <immintrin.h>
 
 namespace agoq::detail::host {
 
