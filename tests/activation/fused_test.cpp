@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include "statistics_support.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -1049,6 +1051,186 @@ TEST_CASE_TEMPLATE("fused ops count non-finite inputs and keep the saved copy ex
                            std::span<T const>(w), mview(dx, rows, cols),
                            std::span<float>(dw)) == 3);
   }
+}
+
+// ---- Measured forms ---------------------------------------------------------------------------
+
+/// The statistics measure gathers of x for scheme s (the measured forms' reference).
+template <class T>
+tensor_stats measured(agoq::host_executor ex, std::vector<T> const& x, std::int64_t rows,
+                      std::int64_t cols, spec const& s) {
+  return measure(ex, cview(x, rows, cols), s);
+}
+
+/// The same statistics, bit for bit.
+bool same_stats(tensor_stats const& a, tensor_stats const& b) {
+  return statistics_test::same_bits(a, b);
+}
+
+/// A tensor_stats no op writes: a refused call must leave it so.
+tensor_stats untouched() {
+  tensor_stats st;
+  st.elements = 99;
+  st.sum_squares = -1.0;
+  return st;
+}
+
+/// Runs the four forward ops on [rows, cols] tensors, fused and measured, on `ex`, in place or
+/// not, and checks that the measured forms give the fused ops' outputs, saved copies, rstd and
+/// counts bit for bit, and measure's statistics of the saved tensors (the inputs as they were
+/// before the op, the residual add's sum after it).
+template <class T>
+void check_measured_forms(agoq::host_executor ex, spec const& s, std::vector<T> const& x,
+                          std::vector<T> const& u, std::vector<T> const& w, std::int64_t rows,
+                          std::int64_t cols, bool in_place) {
+  auto const n = static_cast<std::size_t>(rows * cols);
+  auto const ws = std::span<T const>(w);
+  tensor_stats const stats_x = measured(ex, x, rows, cols, s);
+  // Outputs of the fused op (1) and of its measured form (2); in place, the input is the output.
+  std::vector<T> y1 = x, y2 = x;
+  auto const input = [&](std::vector<T> const& y) { return cview(in_place ? y : x, rows, cols); };
+  quantized_tensor a1(s, rows, cols), a2(s, rows, cols), b1(s, rows, cols), b2(s, rows, cols);
+  std::vector<float> r1(static_cast<std::size_t>(rows)), r2(r1);
+  tensor_stats st = untouched(), su = untouched();
+  CHECK(rmsnorm_forward(ex, input(y1), ws, eps, mview(y1, rows, cols), a1.view(),
+                        std::span<float>(r1), opts) ==
+        rmsnorm_forward_measured(ex, input(y2), ws, eps, mview(y2, rows, cols), a2.view(),
+                                 std::span<float>(r2), st, opts));
+  CHECK((same_bits(y1, y2) && same_bits(r1, r2) && bytes_of(a1) == bytes_of(a2)));
+  CHECK(same_stats(st, stats_x));
+
+  y1 = x;
+  y2 = x;
+  st = untouched();
+  CHECK(gelu_forward(ex, input(y1), mview(y1, rows, cols), a1.view(), opts) ==
+        gelu_forward_measured(ex, input(y2), mview(y2, rows, cols), a2.view(), st, opts));
+  CHECK((same_bits(y1, y2) && bytes_of(a1) == bytes_of(a2)));
+  CHECK(same_stats(st, stats_x));
+
+  y1 = x;  // gate, and in place the output
+  y2 = x;
+  st = untouched();
+  CHECK(swiglu_forward(ex, input(y1), cview(u, rows, cols), mview(y1, rows, cols), a1.view(),
+                       b1.view(), opts) ==
+        swiglu_forward_measured(ex, input(y2), cview(u, rows, cols), mview(y2, rows, cols),
+                                a2.view(), b2.view(), st, su, opts));
+  CHECK((same_bits(y1, y2) && bytes_of(a1) == bytes_of(a2) && bytes_of(b1) == bytes_of(b2)));
+  CHECK(same_stats(st, stats_x));
+  CHECK(same_stats(su, measured(ex, u, rows, cols, s)));
+
+  y1 = x;  // the residual stream, and in place the sum
+  y2 = x;
+  st = untouched();
+  std::vector<T> sum1(n), sum2(n);
+  auto const out = [&](std::vector<T>& y, std::vector<T>& sum) {
+    return in_place ? mview(y, rows, cols) : mview(sum, rows, cols);
+  };
+  CHECK(residual_add(ex, input(y1), cview(u, rows, cols), out(y1, sum1), a1.view(), opts) ==
+        residual_add_measured(ex, input(y2), cview(u, rows, cols), out(y2, sum2), a2.view(), st,
+                              opts));
+  std::vector<T> const& sum = in_place ? y2 : sum2;
+  CHECK((same_bits(y1, y2) && same_bits(sum1, sum2) && bytes_of(a1) == bytes_of(a2)));
+  CHECK(same_stats(st, measured(ex, sum, rows, cols, s)));
+}
+
+TEST_CASE_TEMPLATE("measured fused ops: the fused ops' bits and measure's statistics", T, float,
+                   bfloat16, half) {
+  float const inf = std::numeric_limits<float>::infinity();
+  for (shape const sh : shapes) {
+    std::int64_t const n = sh.rows * sh.cols;
+    auto x = random_tensor<T>(n, 61);
+    x[1] = numeric::from_float<T>(std::numeric_limits<float>::quiet_NaN());
+    x[static_cast<std::size_t>(n / 2)] = numeric::from_float<T>(inf);
+    x[static_cast<std::size_t>(n - 1)] = numeric::from_float<T>(-inf);
+    auto const u = random_tensor<T>(n, 62);
+    auto const w = random_tensor<T>(sh.cols, 63, 1.0f);
+    // Row by row (groups in rows, on both executors' savers) and the separate passes of the
+    // groupings that span rows.
+    for (spec const& s : forward_specs()) {
+      for (agoq::host_executor ex : {agoq::host, portable}) {
+        for (bool in_place : {false, true}) {
+          CAPTURE(sh.rows);
+          CAPTURE(sh.cols);
+          CAPTURE(s.name());
+          CAPTURE(ex.simd);
+          CAPTURE(in_place);
+          check_measured_forms(ex, s, x, u, w, sh.rows, sh.cols, in_place);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("measured fused ops: sets of rows, and rows too long to measure beside the op") {
+  // 300 rows of 4096: 128 rows a set (host_piece_slots / 32 slices a row), so three sets; then
+  // one row of 1,100,000 columns (8594 groups of 128, more slices than a set holds), measured in
+  // a pass of its own (before the op, after it for the residual add's sum).
+  for (shape const sh : {shape{300, 4096}, shape{1, 1100000}}) {
+    std::int64_t const n = sh.rows * sh.cols;
+    auto const x = random_tensor<bfloat16>(n, 64);
+    auto const u = random_tensor<bfloat16>(n, 65);
+    auto const w = random_tensor<bfloat16>(sh.cols, 66, 1.0f);
+    for (spec const& s : {int8_g128, spec::parse("int4_row_sym_rne_f32")}) {
+      CAPTURE(sh.cols);
+      CAPTURE(s.name());
+      check_measured_forms(agoq::host, s, x, u, w, sh.rows, sh.cols, true);
+    }
+  }
+}
+
+TEST_CASE("measured fused ops: empty tensors, and refused calls write nothing") {
+  std::vector<float> w(128, 1.0f);
+  std::span<float const> const ws(w);
+  for (std::int64_t rows : {0, 3}) {
+    std::int64_t const cols = rows == 0 ? 128 : 0;
+    CAPTURE(rows);
+    quantized_tensor saved(int4_g128, rows, cols);
+    auto const x = matrix_view<float const>(nullptr, rows, cols);
+    auto const y = matrix_view<float>(nullptr, rows, cols);
+    tensor_stats const empty = measure(agoq::host, x, int4_g128);
+    CHECK(empty.elements == 0);
+    std::vector<float> rstd(static_cast<std::size_t>(rows), 7.0f);
+    tensor_stats st = untouched(), su = untouched();
+    CHECK(rmsnorm_forward_measured(agoq::host, x, ws.first(static_cast<std::size_t>(cols)), eps, y,
+                                   saved.view(), std::span<float>(rstd), st) == 0);
+    CHECK(same_stats(st, empty));
+    CHECK(rstd == std::vector<float>(static_cast<std::size_t>(rows), 7.0f));
+    st = untouched();
+    CHECK(swiglu_forward_measured(agoq::host, x, x, y, saved.view(), saved.view(), st, su) == 0);
+    CHECK((same_stats(st, empty) && same_stats(su, empty)));
+    st = untouched();
+    CHECK(gelu_forward_measured(agoq::host, x, y, saved.view(), st) == 0);
+    CHECK(same_stats(st, empty));
+    st = untouched();
+    CHECK(residual_add_measured(agoq::host, x, x, y, saved.view(), st) == 0);
+    CHECK(same_stats(st, empty));
+  }
+  // Mismatched extents, a partial overlap, a code family outside the code list.
+  std::int64_t const rows = 4, cols = 128;
+  std::vector<float> x(rows * cols, 1.0f), y(rows * cols), rstd(rows);
+  auto const xv = cview(x, rows, cols);
+  auto const yv = mview(y, rows, cols);
+  quantized_tensor saved(int4_g128, rows, cols), wrong(int4_g128, rows, cols * 2);
+  quantized_tensor fp8(spec::parse("fp8e4m3_g128_rne_f32"), rows, cols);
+  using listed = agoq::type_list<agoq::int_sym<4>, agoq::int_sym<8>>;
+  tensor_stats st = untouched(), su = untouched();
+  CHECK_THROWS_AS(rmsnorm_forward_measured(agoq::host, xv, ws, eps, yv, wrong.view(),
+                                           std::span<float>(rstd), st),
+                  agoq::invalid_argument);
+  CHECK_THROWS_AS(rmsnorm_forward_measured<listed>(agoq::host, xv, ws, eps, yv, fp8.view(),
+                                                   std::span<float>(rstd), st),
+                  agoq::unsupported_scheme);
+  CHECK_THROWS_AS(
+      swiglu_forward_measured(agoq::host, xv, xv, yv, saved.view(), wrong.view(), st, su),
+      agoq::invalid_argument);
+  CHECK_THROWS_AS(
+      gelu_forward_measured(agoq::host, xv, matrix_view<float>(x.data() + 1, rows - 1, cols),
+                            saved.view(), st),
+      agoq::invalid_argument);
+  CHECK_THROWS_AS(residual_add_measured<listed>(agoq::host, xv, xv, yv, fp8.view(), st),
+                  agoq::unsupported_scheme);
+  CHECK(same_stats(st, untouched()));
+  CHECK(same_stats(su, untouched()));
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include "statistics_support.hpp"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -20,6 +22,7 @@ using agoq::matrix_view;
 using agoq::quantize_options;
 using agoq::quantized_tensor;
 using agoq::spec;
+using statistics_test::same_bits;
 namespace numeric = agoq::numeric;
 
 namespace {
@@ -62,15 +65,19 @@ matrix_view<bfloat16 const> cview(tensor const& x, std::int64_t rows, std::int64
   return matrix_view<bfloat16 const>(x.data(), rows, cols);
 }
 
-// What one run of all seven ops writes.
+// What one run of all seven ops writes, and the statistics of the saved tensors where the
+// forward ops ran in their measured forms.
 struct outputs {
   std::vector<quantized_tensor> saved;
   std::vector<tensor> values;
   std::vector<float> rstd, dweight;
   std::vector<std::int64_t> counts;
+  std::vector<tensor_stats> stats;
 };
 
-outputs run_all(host_executor ex, spec const& s, std::int64_t rows, std::int64_t cols) {
+// With `measured`, the forward ops' measured forms, whose statistics measure must give too.
+outputs run_all(host_executor ex, spec const& s, std::int64_t rows, std::int64_t cols,
+                bool measured = false) {
   std::int64_t const n = rows * cols;
   tensor const x = sample(n, 1), g = sample(n, 2), u = sample(n, 3), dy = sample(n, 4);
   tensor w = sample(cols, 5);
@@ -82,12 +89,17 @@ outputs run_all(host_executor ex, spec const& s, std::int64_t rows, std::int64_t
   o.values.reserve(8);
   o.rstd.resize(static_cast<std::size_t>(rows));
   o.dweight.assign(static_cast<std::size_t>(cols), 0.5f);
+  o.stats.resize(5);
 
   quantized_tensor* sx = saved();
   tensor* y = value();
-  o.counts.push_back(rmsnorm_forward<codes>(ex, cview(x, rows, cols), std::span<bfloat16 const>(w),
-                                            1e-5f, view(*y, rows, cols), sx->view(),
-                                            std::span<float>(o.rstd), opt));
+  auto const ws = std::span<bfloat16 const>(w);
+  o.counts.push_back(
+      measured ? rmsnorm_forward_measured<codes>(ex, cview(x, rows, cols), ws, 1e-5f,
+                                                 view(*y, rows, cols), sx->view(),
+                                                 std::span<float>(o.rstd), o.stats[0], opt)
+               : rmsnorm_forward<codes>(ex, cview(x, rows, cols), ws, 1e-5f, view(*y, rows, cols),
+                                        sx->view(), std::span<float>(o.rstd), opt));
   tensor* dx = value();
   o.counts.push_back(rmsnorm_backward<codes>(
       ex, cview(dy, rows, cols), sx->view(), std::span<float const>(o.rstd),
@@ -95,8 +107,12 @@ outputs run_all(host_executor ex, spec const& s, std::int64_t rows, std::int64_t
   quantized_tensor* sg = saved();
   quantized_tensor* su = saved();
   tensor* out = value();
-  o.counts.push_back(swiglu_forward<codes>(ex, cview(g, rows, cols), cview(u, rows, cols),
-                                           view(*out, rows, cols), sg->view(), su->view(), opt));
+  o.counts.push_back(
+      measured ? swiglu_forward_measured<codes>(ex, cview(g, rows, cols), cview(u, rows, cols),
+                                                view(*out, rows, cols), sg->view(), su->view(),
+                                                o.stats[1], o.stats[2], opt)
+               : swiglu_forward<codes>(ex, cview(g, rows, cols), cview(u, rows, cols),
+                                       view(*out, rows, cols), sg->view(), su->view(), opt));
   tensor* dg = value();
   tensor* du = value();
   o.counts.push_back(swiglu_backward<codes>(ex, cview(dy, rows, cols), sg->view(), su->view(),
@@ -105,15 +121,21 @@ outputs run_all(host_executor ex, spec const& s, std::int64_t rows, std::int64_t
   tensor* gy = value();
   *gy = x;  // in place
   o.counts.push_back(
-      gelu_forward(ex, cview(*gy, rows, cols), view(*gy, rows, cols), sgelu->view(), opt));
+      measured
+          ? gelu_forward_measured(ex, cview(*gy, rows, cols), view(*gy, rows, cols), sgelu->view(),
+                                  o.stats[3], opt)
+          : gelu_forward(ex, cview(*gy, rows, cols), view(*gy, rows, cols), sgelu->view(), opt));
   tensor* gdx = value();
   o.counts.push_back(
       gelu_backward(ex, cview(dy, rows, cols), sgelu->view(), view(*gdx, rows, cols)));
   quantized_tensor* ssum = saved();
   tensor* sum = value();
   *sum = g;  // in place: the residual stream
-  o.counts.push_back(residual_add<codes>(ex, cview(*sum, rows, cols), cview(u, rows, cols),
-                                         view(*sum, rows, cols), ssum->view(), opt));
+  o.counts.push_back(
+      measured ? residual_add_measured<codes>(ex, cview(*sum, rows, cols), cview(u, rows, cols),
+                                              view(*sum, rows, cols), ssum->view(), o.stats[4], opt)
+               : residual_add<codes>(ex, cview(*sum, rows, cols), cview(u, rows, cols),
+                                     view(*sum, rows, cols), ssum->view(), opt));
   return o;
 }
 
@@ -166,4 +188,44 @@ TEST_CASE("RMSNorm backward splits dweight's blocks of rows among threads in blo
       run_all(host_executor{.threads = 4, .min_elements_per_thread = 1}, s, 2000, 64);
   CHECK(same(one.dweight, four.dweight));
   CHECK(same(one.values[1], four.values[1]));
+}
+
+TEST_CASE("the measured fused ops give the fused ops' bits and measure's statistics on threads") {
+  // Row savers (g7: 43 groups a row, 95 rows a thread in a set of rows, so 400 rows cross sets on
+  // any thread count), the AVX-512 group savers, rows measured in two passes (per row beyond 256
+  // columns) and a grouping spanning rows (measured in a pass of its own).
+  std::vector<std::string> const specs = {"int2_g7_sym_rne_f32", "int8_g128_sym_rne_f32",
+                                          "int4_row_sym_rne_f32", "int4_col_asym_sr_f32"};
+  std::vector<std::pair<std::int64_t, std::int64_t>> const shapes = {{400, 300}, {37, 300}};
+  for (auto const& name : specs) {
+    spec const s = spec::parse(name);
+    for (auto const& shape : shapes) {
+      std::int64_t const rows = shape.first;
+      std::int64_t const cols = shape.second;
+      std::int64_t const n = rows * cols;
+      outputs const ref = run_all(host_executor{}, s, rows, cols);
+      // The saved tensors as the sample makes them (gate the first input, the sum the last output).
+      std::vector<tensor_stats> const expected = {
+          measure(agoq::host, cview(sample(n, 1), rows, cols), s),
+          measure(agoq::host, cview(sample(n, 2), rows, cols), s),
+          measure(agoq::host, cview(sample(n, 3), rows, cols), s),
+          measure(agoq::host, cview(sample(n, 1), rows, cols), s),
+          measure(agoq::host, cview(ref.values.back(), rows, cols), s)};
+      for (int threads : {1, 2, 3, 7}) {
+        INFO(name << " " << rows << "x" << cols << ", " << threads << " threads");
+        outputs const got = run_all(host_executor{.threads = threads, .min_elements_per_thread = 1},
+                                    s, rows, cols, true);
+        CHECK(got.counts == ref.counts);
+        CHECK(same(got.rstd, ref.rstd));
+        CHECK(same(got.dweight, ref.dweight));
+        for (std::size_t i = 0; i < ref.values.size(); ++i)
+          CHECK(same(got.values[i], ref.values[i]));
+        for (std::size_t i = 0; i < ref.saved.size(); ++i) CHECK(same(got.saved[i], ref.saved[i]));
+        for (std::size_t i = 0; i < expected.size(); ++i) {
+          INFO("statistics " << i);
+          CHECK(same_bits(got.stats[i], expected[i]));
+        }
+      }
+    }
+  }
 }

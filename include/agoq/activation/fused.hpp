@@ -54,6 +54,7 @@
 #include "../numeric/exp.hpp"
 #include "../quantize.hpp"
 #include "../scheme/dispatch.hpp"
+#include "statistics.hpp"
 
 namespace agoq::activation {
 
@@ -458,13 +459,40 @@ std::int64_t save_whole(host_executor ex, quantized_view const* v, quantize_opti
   return with_saver<T, Codes>(ex, v, opt, [&](auto& save) { return save.whole(x); });
 }
 
-/// Runs f(save, r0, r1) over ranges of the rows [0, rows) (of `cols` elements) on the executor's
-/// threads, each range with a saver of its own (with_saver), and returns the sum.
-template <class T, class Codes, class F>
-std::int64_t save_rows(host_executor ex, quantized_view const* v, quantize_options opt,
-                       std::int64_t rows, std::int64_t cols, F&& f) {
-  return agoq::detail::host::parallel_sum(ex, rows, cols, [&](std::int64_t r0, std::int64_t r1) {
-    return with_saver<T, Codes>(ex, v, opt, [&](auto& save) { return f(save, r0, r1); });
+/// The driver of an op's rows without statistics: `drive(rows, cols, range)` runs the op `range`
+/// (as stats_detail::measured_rows takes it) over ranges of the rows on the executor's threads
+/// (stats_detail::all_rows). The measured forms drive the rows with measuring() instead.
+inline auto plain_rows(host_executor ex) noexcept {
+  return [ex](std::int64_t rows, std::int64_t cols, auto&& range) {
+    return stats_detail::all_rows(ex, rows, cols, range);
+  };
+}
+
+/// The driver of a measured form's rows: stats_detail::measured_rows, measuring the tensors `m`
+/// beside the op, each row before the op's (`before`, inputs) or after it (outputs).
+template <class... In>
+auto measuring(host_executor ex, bool before, stats_detail::measured_tensor<In>... m) {
+  return [=](std::int64_t rows, std::int64_t cols, auto&& range) {
+    return stats_detail::measured_rows(ex, rows, cols, before, range, m...);
+  };
+}
+
+/// What an op returns for an empty tensor: nothing runs, and a measured driver writes the empty
+/// statistics.
+template <class Drive>
+std::int64_t no_rows(Drive&& drive, std::int64_t rows, std::int64_t cols) {
+  return drive(rows, cols, [](std::int64_t, std::int64_t, auto&&) { return std::int64_t{0}; });
+}
+
+/// Runs f(save, a, b) over the rows [0, rows) (of `cols` elements) as `drive` runs them, each
+/// thread's range of rows with a saver of its own (with_saver), and returns the sum.
+template <class T, class Codes, class Drive, class F>
+std::int64_t save_rows(Drive&& drive, host_executor ex, quantized_view const* v,
+                       quantize_options opt, std::int64_t rows, std::int64_t cols, F&& f) {
+  return drive(rows, cols, [&](std::int64_t, std::int64_t, auto&& go) {
+    return with_saver<T, Codes>(ex, v, opt, [&](auto& save) {
+      return go([&](std::int64_t a, std::int64_t b) { return f(save, a, b); });
+    });
   });
 }
 
@@ -1098,18 +1126,18 @@ std::int64_t residual_rows(A const* a, B const* b, T* sum, std::int64_t r0, std:
 
 /// RMSNorm forward, saving x into *saved (its code family one of Codes), or nothing under
 /// no_codes (saved null).
-template <class Codes, class X, class W, class Y>
+template <class Codes, class X, class W, class Y, class Drive>
 std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
                              matrix_view<Y> y, std::span<float> rstd, quantized_view const* saved,
-                             quantize_options opt) {
+                             quantize_options opt, Drive&& drive) {
   std::int64_t const rows = x.extent(0);
   std::int64_t const cols = x.extent(1);
   char const* what = "rmsnorm_forward";
   check_rmsnorm_outputs(x, weight, y, rstd, what);
-  if (x.size() == 0) return 0;
+  if (x.size() == 0) return no_rows(drive, rows, cols);
   using T = std::remove_const_t<X>;
   std::int64_t const nonfinite = save_whole<T, Codes>(ex, saved, opt, x.data_handle());
-  return nonfinite + save_rows<T, Codes>(ex, saved, opt, rows, cols,
+  return nonfinite + save_rows<T, Codes>(drive, ex, saved, opt, rows, cols,
                                          [&](auto& save, std::int64_t r0, std::int64_t r1) {
                                            return rmsnorm_rows(x.data_handle(), weight.data(), eps,
                                                                y.data_handle(), rstd.data(), r0, r1,
@@ -1124,15 +1152,15 @@ inline constexpr std::int64_t piece_target = 1024;
 
 /// SwiGLU forward, saving gate into *saved_gate and up into *saved_up (their code families among
 /// Codes), or nothing under no_codes (both null).
-template <class Codes, class G, class U, class O>
+template <class Codes, class G, class U, class O, class Drive>
 std::int64_t swiglu_forward(host_executor ex, matrix_view<G> gate, matrix_view<U> up,
                             matrix_view<O> out, quantized_view const* saved_gate,
-                            quantized_view const* saved_up, quantize_options opt) {
+                            quantized_view const* saved_up, quantize_options opt, Drive&& drive) {
   std::int64_t const rows = gate.extent(0);
   std::int64_t const cols = gate.extent(1);
   char const* what = "swiglu_forward";
   check_binary(gate, up, out, what, "gate", "up", "out");
-  if (gate.size() == 0) return 0;
+  if (gate.size() == 0) return no_rows(drive, rows, cols);
   using GT = std::remove_const_t<G>;
   using UT = std::remove_const_t<U>;
   using OT = std::remove_const_t<O>;
@@ -1155,29 +1183,31 @@ std::int64_t swiglu_forward(host_executor ex, matrix_view<G> gate, matrix_view<U
   // savers agree on a step), the saves first: out may be gate or up itself.
   std::int64_t const gs = first.first.step(cols, piece_target);
   std::int64_t const step = gs == first.second.step(cols, piece_target) ? gs : cols;
-  auto const run = [&](std::int64_t r0, std::int64_t r1) {
+  auto const range = [&](std::int64_t, std::int64_t, auto&& go) {
     auto s = savers();
-    auto& [gate_saver, up_saver] = s;
-    std::int64_t count = 0;
-    for (std::int64_t r = r0; r < r1; ++r) {
-      auto const* gr = gp + r * cols;
-      auto const* ur = up_p + r * cols;
-      OT* orow = op + r * cols;
-      for (std::int64_t c = 0; c < cols; c += step) {
-        std::int64_t const e = std::min(cols, c + step);
-        if (!gate_saver.saves_rows()) {  // a hint for the op's loop (prefetch_ahead)
-          agoq::detail::host::prefetch_ahead(gr + c,
-                                             (e - c) * static_cast<std::int64_t>(sizeof(*gr)));
-          agoq::detail::host::prefetch_ahead(ur + c,
-                                             (e - c) * static_cast<std::int64_t>(sizeof(*ur)));
+    return go([&](std::int64_t r0, std::int64_t r1) {
+      auto& [gate_saver, up_saver] = s;
+      std::int64_t count = 0;
+      for (std::int64_t r = r0; r < r1; ++r) {
+        auto const* gr = gp + r * cols;
+        auto const* ur = up_p + r * cols;
+        OT* orow = op + r * cols;
+        for (std::int64_t c = 0; c < cols; c += step) {
+          std::int64_t const e = std::min(cols, c + step);
+          if (!gate_saver.saves_rows()) {  // a hint for the op's loop (prefetch_ahead)
+            agoq::detail::host::prefetch_ahead(gr + c,
+                                               (e - c) * static_cast<std::int64_t>(sizeof(*gr)));
+            agoq::detail::host::prefetch_ahead(ur + c,
+                                               (e - c) * static_cast<std::int64_t>(sizeof(*ur)));
+          }
+          count += gate_saver.range(gr, r, c, e) + up_saver.range(ur, r, c, e);
+          swiglu_span(gr + c, ur + c, orow + c, e - c);
         }
-        count += gate_saver.range(gr, r, c, e) + up_saver.range(ur, r, c, e);
-        swiglu_span(gr + c, ur + c, orow + c, e - c);
       }
-    }
-    return count;
+      return count;
+    });
   };
-  return nonfinite + agoq::detail::host::parallel_sum(ex, rows, cols, run);
+  return nonfinite + drive(rows, cols, range);
 }
 
 /// GeLU rows, the saving of x by a row_saver: the save of each piece of a row first, then the op
@@ -1246,34 +1276,34 @@ std::int64_t gelu_rows(X const* x, Y* y, std::int64_t r0, std::int64_t r1, std::
 
 /// GeLU forward, saving x into *saved (its code family one of Codes), or nothing under no_codes
 /// (saved null).
-template <class Codes, class X, class Y>
+template <class Codes, class X, class Y, class Drive>
 std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y,
-                          quantized_view const* saved, quantize_options opt) {
+                          quantized_view const* saved, quantize_options opt, Drive&& drive) {
   std::int64_t const rows = x.extent(0);
   std::int64_t const cols = x.extent(1);
   check_unary(x, y, "gelu_forward");
-  if (x.size() == 0) return 0;
+  if (x.size() == 0) return no_rows(drive, rows, cols);
   using T = std::remove_const_t<X>;
   std::int64_t const nonfinite = save_whole<T, Codes>(ex, saved, opt, x.data_handle());
   return nonfinite +
          save_rows<T, Codes>(
-             ex, saved, opt, rows, cols, [&](auto& save, std::int64_t r0, std::int64_t r1) {
+             drive, ex, saved, opt, rows, cols, [&](auto& save, std::int64_t r0, std::int64_t r1) {
                return gelu_rows(x.data_handle(), y.data_handle(), r0, r1, cols, save);
              });
 }
 
 /// Residual add, saving the sum into *saved (its code family one of Codes), or nothing under
 /// no_codes (saved null).
-template <class Codes, class A, class B, class S>
+template <class Codes, class A, class B, class S, class Drive>
 std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum,
-                          quantized_view const* saved, quantize_options opt) {
+                          quantized_view const* saved, quantize_options opt, Drive&& drive) {
   std::int64_t const rows = a.extent(0);
   std::int64_t const cols = a.extent(1);
   char const* what = "residual_add";
   check_binary(a, b, sum, what, "a", "b", "sum");
-  if (a.size() == 0) return 0;
+  if (a.size() == 0) return no_rows(drive, rows, cols);
   std::int64_t const nonfinite = save_rows<S, Codes>(
-      ex, saved, opt, rows, cols, [&](auto& save, std::int64_t r0, std::int64_t r1) {
+      drive, ex, saved, opt, rows, cols, [&](auto& save, std::int64_t r0, std::int64_t r1) {
         return residual_rows(a.data_handle(), b.data_handle(), sum.data_handle(), r0, r1, cols,
                              save);
       });
@@ -1411,6 +1441,53 @@ template <code_format Code, class DY, class W, class DX>
 
 #endif  // AGOQ_HOST_AVX512
 
+/// The fused RMSNorm forward's checks, then the op with its rows driven by `drive` (plain_rows,
+/// or measuring for the measured form).
+template <class Codes, class X, class W, class Y, class Drive>
+std::int64_t rmsnorm_saving(host_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
+                            matrix_view<Y> y, quantized_view saved_x, std::span<float> rstd,
+                            quantize_options opt, Drive&& drive) {
+  check_rmsnorm_args(x, y, x.extent(1), static_cast<std::int64_t>(weight.size()), eps,
+                     "rmsnorm_forward");
+  check_saved(saved_x, x.extent(0), x.extent(1), "rmsnorm_forward", "saved_x");
+  check_vector(weight, x.extent(1), "rmsnorm_forward", "weight");
+  require_code<Codes>(saved_x.spec);
+  return rmsnorm_forward<Codes>(ex, x, weight, eps, y, rstd, &saved_x, opt, drive);
+}
+
+/// The fused SwiGLU forward's checks, then the op with its rows driven by `drive`.
+template <class Codes, class G, class U, class O, class Drive>
+std::int64_t swiglu_saving(host_executor ex, matrix_view<G> gate, matrix_view<U> up,
+                           matrix_view<O> out, quantized_view saved_gate, quantized_view saved_up,
+                           quantize_options opt, Drive&& drive) {
+  std::int64_t const rows = gate.extent(0);
+  std::int64_t const cols = gate.extent(1);
+  check_saved(saved_gate, rows, cols, "swiglu_forward", "saved_gate");
+  check_saved(saved_up, rows, cols, "swiglu_forward", "saved_up");
+  require_code<Codes>(saved_gate.spec);
+  require_code<Codes>(saved_up.spec);
+  return swiglu_forward<Codes>(ex, gate, up, out, &saved_gate, &saved_up, opt, drive);
+}
+
+/// The fused GeLU forward's checks, then the op with its rows driven by `drive`.
+template <class Codes, class X, class Y, class Drive>
+std::int64_t gelu_saving(host_executor ex, matrix_view<X> x, matrix_view<Y> y,
+                         quantized_view saved_x, quantize_options opt, Drive&& drive) {
+  check_saved(saved_x, x.extent(0), x.extent(1), "gelu_forward", "saved_x");
+  require_code<Codes>(saved_x.spec);
+  return gelu_forward<Codes>(ex, x, y, &saved_x, opt, drive);
+}
+
+/// The fused residual add's checks, then the op with its rows driven by `drive`.
+template <class Codes, class A, class B, class S, class Drive>
+std::int64_t residual_saving(host_executor ex, matrix_view<A> a, matrix_view<B> b,
+                             matrix_view<S> sum, quantized_view saved_sum, quantize_options opt,
+                             Drive&& drive) {
+  check_saved(saved_sum, a.extent(0), a.extent(1), "residual_add", "saved_sum");
+  require_code<Codes>(saved_sum.spec);
+  return residual_add<Codes>(ex, a, b, sum, &saved_sum, opt, drive);
+}
+
 }  // namespace fused_detail
 
 /// Element types the fused ops read (possibly const).
@@ -1438,12 +1515,26 @@ template <code_list Codes = dispatch_codes, fused_input X, fused_input W, fused_
 std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
                              matrix_view<Y> y, quantized_view saved_x, std::span<float> rstd,
                              quantize_options opt = {}) {
-  fused_detail::check_rmsnorm_args(x, y, x.extent(1), static_cast<std::int64_t>(weight.size()), eps,
-                                   "rmsnorm_forward");
-  fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), "rmsnorm_forward", "saved_x");
-  fused_detail::check_vector(weight, x.extent(1), "rmsnorm_forward", "weight");
-  require_code<Codes>(saved_x.spec);
-  return fused_detail::rmsnorm_forward<Codes>(ex, x, weight, eps, y, rstd, &saved_x, opt);
+  return fused_detail::rmsnorm_saving<Codes>(ex, x, weight, eps, y, saved_x, rstd, opt,
+                                             fused_detail::plain_rows(ex));
+}
+
+/// rmsnorm_forward that also gathers the statistics of x that measure(ex, x, saved_x.spec)
+/// returns (into `stats`, the same bits; for the error model, e.g. make_plan's measured
+/// statistics), beside the op: each row is measured right before the op reads it, which then
+/// finds it in the caches, so x is read from memory once. y, rstd, saved_x and the count are
+/// rmsnorm_forward's, bit for bit, on any number of threads. Where saved_x's groups span rows, or
+/// a row exceeds stats_detail::host_band_elements elements, x is measured in a pass of its own
+/// before the op (two reads). y may be x itself. Host only; synchronous.
+/// \throws as rmsnorm_forward; a refused call writes nothing, `stats` included.
+template <code_list Codes = dispatch_codes, fused_input X, fused_input W, fused_output Y>
+std::int64_t rmsnorm_forward_measured(host_executor ex, matrix_view<X> x, std::span<W> weight,
+                                      float eps, matrix_view<Y> y, quantized_view saved_x,
+                                      std::span<float> rstd, tensor_stats& stats,
+                                      quantize_options opt = {}) {
+  return fused_detail::rmsnorm_saving<Codes>(
+      ex, x, weight, eps, y, saved_x, rstd, opt,
+      fused_detail::measuring(ex, true, stats_detail::measured_tensor<X>{x, saved_x.spec, &stats}));
 }
 
 /// The plain RMSNorm forward (no saved copy): the same arithmetic and output bits as the fused
@@ -1456,7 +1547,7 @@ std::int64_t rmsnorm_forward(host_executor ex, matrix_view<X> x, std::span<W> we
                                    "rmsnorm_forward");
   fused_detail::check_vector(weight, x.extent(1), "rmsnorm_forward", "weight");
   return fused_detail::rmsnorm_forward<fused_detail::no_codes>(ex, x, weight, eps, y, rstd, nullptr,
-                                                               {});
+                                                               {}, fused_detail::plain_rows(ex));
 }
 
 /// RMSNorm backward from the quantized input: with x̂ the decoded saved_x (fp32, row by row) and
@@ -1532,13 +1623,28 @@ template <code_list Codes = dispatch_codes, fused_input G, fused_input U, fused_
 std::int64_t swiglu_forward(host_executor ex, matrix_view<G> gate, matrix_view<U> up,
                             matrix_view<O> out, quantized_view saved_gate, quantized_view saved_up,
                             quantize_options opt = {}) {
-  std::int64_t const rows = gate.extent(0);
-  std::int64_t const cols = gate.extent(1);
-  fused_detail::check_saved(saved_gate, rows, cols, "swiglu_forward", "saved_gate");
-  fused_detail::check_saved(saved_up, rows, cols, "swiglu_forward", "saved_up");
-  require_code<Codes>(saved_gate.spec);
-  require_code<Codes>(saved_up.spec);
-  return fused_detail::swiglu_forward<Codes>(ex, gate, up, out, &saved_gate, &saved_up, opt);
+  return fused_detail::swiglu_saving<Codes>(ex, gate, up, out, saved_gate, saved_up, opt,
+                                            fused_detail::plain_rows(ex));
+}
+
+/// swiglu_forward that also gathers the statistics of gate and of up that measure(ex, gate,
+/// saved_gate.spec) and measure(ex, up, saved_up.spec) return (into `stats_gate` and `stats_up`,
+/// the same bits), beside the op: each row of both is measured right before the op reads it, which
+/// then finds it in the caches. out, the saved copies and the count are swiglu_forward's, bit for
+/// bit, on any number of threads. Where a saved copy's groups span rows, or a row exceeds
+/// stats_detail::host_band_elements elements, both inputs are measured in a pass of their own
+/// before the op. out may be gate or up itself. Host only; synchronous.
+/// \throws as swiglu_forward; a refused call writes nothing, the statistics included.
+template <code_list Codes = dispatch_codes, fused_input G, fused_input U, fused_output O>
+std::int64_t swiglu_forward_measured(host_executor ex, matrix_view<G> gate, matrix_view<U> up,
+                                     matrix_view<O> out, quantized_view saved_gate,
+                                     quantized_view saved_up, tensor_stats& stats_gate,
+                                     tensor_stats& stats_up, quantize_options opt = {}) {
+  return fused_detail::swiglu_saving<Codes>(
+      ex, gate, up, out, saved_gate, saved_up, opt,
+      fused_detail::measuring(ex, true,
+                              stats_detail::measured_tensor<G>{gate, saved_gate.spec, &stats_gate},
+                              stats_detail::measured_tensor<U>{up, saved_up.spec, &stats_up}));
 }
 
 /// The plain SwiGLU forward (no saved copies), same output bits. Returns 0. Host only;
@@ -1548,7 +1654,7 @@ template <fused_input G, fused_input U, fused_output O>
 std::int64_t swiglu_forward(host_executor ex, matrix_view<G> gate, matrix_view<U> up,
                             matrix_view<O> out) {
   return fused_detail::swiglu_forward<fused_detail::no_codes>(ex, gate, up, out, nullptr, nullptr,
-                                                              {});
+                                                              {}, fused_detail::plain_rows(ex));
 }
 
 /// SwiGLU backward from the quantized inputs: with ĝ, û decoded in fp32 and s = sigmoid(ĝ),
@@ -1609,9 +1715,23 @@ std::int64_t swiglu_backward(host_executor ex, matrix_view<D> dout, const_quanti
 template <code_list Codes = dispatch_codes, fused_input X, fused_output Y>
 std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y,
                           quantized_view saved_x, quantize_options opt = {}) {
-  fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), "gelu_forward", "saved_x");
-  require_code<Codes>(saved_x.spec);
-  return fused_detail::gelu_forward<Codes>(ex, x, y, &saved_x, opt);
+  return fused_detail::gelu_saving<Codes>(ex, x, y, saved_x, opt, fused_detail::plain_rows(ex));
+}
+
+/// gelu_forward that also gathers the statistics of x that measure(ex, x, saved_x.spec) returns
+/// (into `stats`, the same bits), beside the op: each row is measured right before the op reads
+/// it, which then finds it in the caches. y, saved_x and the count are gelu_forward's, bit for
+/// bit, on any number of threads. Where saved_x's groups span rows, or a row exceeds
+/// stats_detail::host_band_elements elements, x is measured in a pass of its own before the op.
+/// y may be x itself. Host only; synchronous.
+/// \throws as gelu_forward; a refused call writes nothing, `stats` included.
+template <code_list Codes = dispatch_codes, fused_input X, fused_output Y>
+std::int64_t gelu_forward_measured(host_executor ex, matrix_view<X> x, matrix_view<Y> y,
+                                   quantized_view saved_x, tensor_stats& stats,
+                                   quantize_options opt = {}) {
+  return fused_detail::gelu_saving<Codes>(
+      ex, x, y, saved_x, opt,
+      fused_detail::measuring(ex, true, stats_detail::measured_tensor<X>{x, saved_x.spec, &stats}));
 }
 
 /// The plain GeLU forward (tanh approximation, no saved copy), same output bits. Returns 0. Host
@@ -1619,7 +1739,8 @@ std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y,
 /// \throws agoq::invalid_argument as the fused overload.
 template <fused_input X, fused_output Y>
 std::int64_t gelu_forward(host_executor ex, matrix_view<X> x, matrix_view<Y> y) {
-  return fused_detail::gelu_forward<fused_detail::no_codes>(ex, x, y, nullptr, {});
+  return fused_detail::gelu_forward<fused_detail::no_codes>(ex, x, y, nullptr, {},
+                                                            fused_detail::plain_rows(ex));
 }
 
 /// GeLU backward (tanh approximation) from the quantized input: with x̂ decoded in fp32,
@@ -1676,9 +1797,25 @@ std::int64_t gelu_backward(host_executor ex, matrix_view<DY> dy, const_quantized
 template <code_list Codes = dispatch_codes, fused_input A, fused_input B, fused_output S>
 std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum,
                           quantized_view saved_sum, quantize_options opt = {}) {
-  fused_detail::check_saved(saved_sum, a.extent(0), a.extent(1), "residual_add", "saved_sum");
-  require_code<Codes>(saved_sum.spec);
-  return fused_detail::residual_add<Codes>(ex, a, b, sum, &saved_sum, opt);
+  return fused_detail::residual_saving<Codes>(ex, a, b, sum, saved_sum, opt,
+                                              fused_detail::plain_rows(ex));
+}
+
+/// residual_add that also gathers the statistics of the sum that measure(ex, sum, saved_sum.spec)
+/// returns (into `stats`, the same bits), beside the op: each row of the sum is measured right
+/// after the op writes it, from the caches. sum, saved_sum and the count are residual_add's, bit
+/// for bit, on any number of threads. Where saved_sum's groups span rows, or a row exceeds
+/// stats_detail::host_band_elements elements, the sum is measured in a pass of its own after the
+/// op. sum may be a or b itself. Host only; synchronous.
+/// \throws as residual_add; a refused call writes nothing, `stats` included.
+template <code_list Codes = dispatch_codes, fused_input A, fused_input B, fused_output S>
+std::int64_t residual_add_measured(host_executor ex, matrix_view<A> a, matrix_view<B> b,
+                                   matrix_view<S> sum, quantized_view saved_sum,
+                                   tensor_stats& stats, quantize_options opt = {}) {
+  return fused_detail::residual_saving<Codes>(
+      ex, a, b, sum, saved_sum, opt,
+      fused_detail::measuring(ex, false,
+                              stats_detail::measured_tensor<S>{sum, saved_sum.spec, &stats}));
 }
 
 /// The plain residual add (no saved copy), same output bits. Returns 0. Host only; synchronous.
@@ -1686,7 +1823,8 @@ std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b, 
 template <fused_input A, fused_input B, fused_output S>
 std::int64_t residual_add(host_executor ex, matrix_view<A> a, matrix_view<B> b,
                           matrix_view<S> sum) {
-  return fused_detail::residual_add<fused_detail::no_codes>(ex, a, b, sum, nullptr, {});
+  return fused_detail::residual_add<fused_detail::no_codes>(ex, a, b, sum, nullptr, {},
+                                                            fused_detail::plain_rows(ex));
 }
 
 }  // namespace agoq::activation

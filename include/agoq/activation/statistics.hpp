@@ -9,9 +9,11 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -555,6 +557,48 @@ inline bool band_fits(slice_grid const& g) noexcept {
   return band_rows * g.cols <= host_band_elements && band_rows * g.per_row() <= host_piece_slots;
 }
 
+/// Slot `s` of row `r` of the elements `x` of grid `g`: its first element, and its length in
+/// `count`.
+template <class In>
+In const* slot_data(In const* x, slice_grid const& g, std::int64_t r, std::int64_t s,
+                    std::int64_t& count) noexcept {
+  std::int64_t c = 0;
+  g.columns(s, c, count);
+  return x + r * g.cols + c;
+}
+
+/// The first pass over slots [a, e) of row r of `x` (grid `g`): the statistics of slot s into
+/// part[s - a] (with its dead zones where g.one_pass()), and its group's absmax into absmax[s /
+/// g.per_group] where larger (the largest of its slices', as slice_folder records it).
+template <class In>
+void first_pass(bool simd, In const* x, slice_grid const& g, std::int64_t r, std::int64_t a,
+                std::int64_t e, slice_partial* part, float* absmax) noexcept {
+  for (std::int64_t s = a, count = 0; s < e; ++s) {
+    auto const* xs = slot_data(x, g, r, s, count);
+    part[s - a] = slice_statistics(simd, xs, count, g.one_pass());
+    float& m = absmax[s / g.per_group];
+    m = std::max(m, part[s - a].absmax);
+  }
+}
+
+/// The second pass over rows [r0, r1) of a band of `x` (grid `g`, not one_pass()): the dead zones
+/// of slot s of row r, under its group's absmax[s / g.per_group] (first_pass's), into
+/// part[(r - r0) * g.per_row() + s].
+template <class In>
+void dead_zone_pass(bool simd, In const* x, slice_grid const& g, std::int64_t r0, std::int64_t r1,
+                    slice_partial* part, float const* absmax) noexcept {
+  std::int64_t const per_row = g.per_row();
+  for (std::int64_t r = r0; r < r1; ++r) {
+    for (std::int64_t s = 0, count = 0; s < per_row; ++s) {
+      auto const* xs = slot_data(x, g, r, s, count);
+      slice_partial& z = part[(r - r0) * per_row + s];
+      z = slice_partial{};
+      z.absmax = absmax[s / g.per_group];
+      slice_dead_zones(simd, xs, count, z);
+    }
+  }
+}
+
 /// What sweep() returns: the statistics, and the sum of the hook's results.
 struct swept {
   tensor_stats stats;
@@ -574,12 +618,6 @@ swept sweep(host_executor ex, matrix_view<In> x, slice_grid const& g, Hook const
   slice_folder fold(g);
   std::int64_t const per_row = g.per_row();
   int const threads = h::call_threads(ex, g.slots(), std::max<std::int64_t>(g.cols / per_row, 1));
-  // Slot s of row r: its first element, and its length in `count`.
-  auto const slice = [&](std::int64_t r, std::int64_t s, std::int64_t& count) {
-    std::int64_t c = 0;
-    g.columns(s, c, count);
-    return x.data_handle() + r * g.cols + c;
-  };
   std::int64_t const band_rows = std::min(g.tile.rows, g.rows);
   std::int64_t const bands = (g.rows - 1) / band_rows + 1;
   std::int64_t const band_elements = band_rows * g.cols;
@@ -618,24 +656,13 @@ swept sweep(host_executor ex, matrix_view<In> x, slice_grid const& g, Hook const
                   n += hook(r0, r1, 0, per_row);
                 }
               }
-              for (std::int64_t s = a, count = 0; s < e; ++s) {
-                auto const* xs = slice(r, s, count);
-                slice_partial& p = first[static_cast<std::size_t>(r * per_row + s - s0)];
-                p = slice_statistics(simd, xs, count, g.one_pass());
-                float& m = absmax[static_cast<std::size_t>(s / g.per_group)];
-                m = std::max(m, p.absmax);
-              }
+              first_pass(simd, x.data_handle(), g, r, a, e, first.data() + (r * per_row + a - s0),
+                         absmax.data());
             }
           }
-          for (std::int64_t r = r0; r < r1 && !g.one_pass(); ++r) {
-            for (std::int64_t s = 0, count = 0; s < per_row; ++s) {
-              auto const* xs = slice(r, s, count);
-              slice_partial& z = second[static_cast<std::size_t>(r * per_row + s - s0)];
-              z = slice_partial{};
-              z.absmax = absmax[static_cast<std::size_t>(s / g.per_group)];
-              slice_dead_zones(simd, xs, count, z);
-            }
-          }
+          if (!g.one_pass())
+            dead_zone_pass(simd, x.data_handle(), g, r0, r1, second.data() + (r0 * per_row - s0),
+                           absmax.data());
         }
         return n;
       });
@@ -665,7 +692,7 @@ swept sweep(host_executor ex, matrix_view<In> x, slice_grid const& g, Hook const
               called += hook(r, r + 1, s, std::min({per_row, (s / piece + 1) * piece, s + i1 - i}));
           }
           std::int64_t count = 0;
-          auto const* xs = slice(r, s, count);
+          auto const* xs = slot_data(x.data_handle(), g, r, s, count);
           slice_partial& out = parts[static_cast<std::size_t>(i)];
           if (zones) {
             out = slice_partial{};
@@ -787,5 +814,140 @@ std::int64_t quantize_measured(host_executor ex, matrix_view<In> in, quantized_v
   stats = r.stats;
   return r.hooked;
 }
+
+namespace stats_detail {
+
+/// A tensor an op's measured form measures (measured_rows): its elements, the scheme of its saved
+/// copy (a valid spec) and where its statistics go.
+template <class In>
+struct measured_tensor {
+  matrix_view<In> x;
+  spec scheme;
+  tensor_stats* stats;
+
+  /// The group tile of the saved copy.
+  tile_shape tile() const { return scheme.tile(x.extent(0), x.extent(1)); }
+};
+
+/// True when measured_rows can measure a tensor of grid `g` row by row beside an op: groups one row
+/// tall (as the fused ops save row by row) and a row that band_fits (at most host_band_elements
+/// elements and host_piece_slots slices).
+inline bool rows_measurable(slice_grid const& g) noexcept {
+  return g.tile.rows == 1 && band_fits(g);
+}
+
+/// Runs an op given as measured_rows takes it (`range`) over the rows [0, rows) of `cols` columns
+/// on the executor's threads, each thread's range of rows in one call; returns the sum of its
+/// counts. The ops' driver where nothing is measured.
+template <class Range>
+std::int64_t all_rows(host_executor ex, std::int64_t rows, std::int64_t cols, Range&& range) {
+  return agoq::detail::host::parallel_sum(ex, rows, cols, [&](std::int64_t r0, std::int64_t r1) {
+    return range(r0, r1, [&](auto&& run) { return run(r0, r1); });
+  });
+}
+
+/// One measured_tensor of measured_rows: its grid, folder and the partials of a set of rows.
+template <class In>
+class row_measurer {
+ public:
+  row_measurer(measured_tensor<In> const& m, std::int64_t set_rows)
+      : m_(m),
+        g_(make_slice_grid(m.x.extent(0), m.x.extent(1), m.tile())),
+        fold_(g_),
+        first_(static_cast<std::size_t>(set_rows * g_.per_row())),
+        second_(g_.one_pass() ? 0 : first_.size()) {}
+
+  slice_grid const& grid() const noexcept { return g_; }
+
+  /// Measures row r of the set that begins at row r0 (both passes, the second from the caches);
+  /// `absmax` has room for the row's groups.
+  void row(bool simd, std::int64_t r, std::int64_t r0, float* absmax) noexcept {
+    std::int64_t const per_row = g_.per_row();
+    std::fill(absmax, absmax + g_.group_cols, 0.0f);
+    std::size_t const at = static_cast<std::size_t>((r - r0) * per_row);
+    first_pass(simd, m_.x.data_handle(), g_, r, 0, per_row, first_.data() + at, absmax);
+    if (!g_.one_pass())
+      dead_zone_pass(simd, m_.x.data_handle(), g_, r, r + 1, second_.data() + at, absmax);
+  }
+
+  /// Folds the rows [r0, r1) of the set that begins at r0, in slot order.
+  void fold(std::int64_t r0, std::int64_t r1) {
+    std::int64_t const per_row = g_.per_row();
+    fold_.add(first_.data(), r0 * per_row, (r1 - r0) * per_row);
+    if (!g_.one_pass()) fold_.add_dead_zones(second_.data(), r0 * per_row, (r1 - r0) * per_row);
+  }
+
+  /// Writes the statistics of everything folded.
+  void finish() const { *m_.stats = fold_.result(); }
+
+ private:
+  measured_tensor<In> m_;
+  slice_grid g_;
+  slice_folder fold_;
+  std::vector<slice_partial> first_, second_;
+};
+
+/// Runs an op over the rows [0, rows) of [rows, cols] tensors on the executor's threads, and
+/// measures the tensors `m` (each [rows, cols]) into their `stats`, as measure(ex, x, tile) would
+/// (the same bits, on any number of threads): row by row beside the op, each row right before the
+/// op's row (`before`: the op's inputs, which its output may overwrite in place) or right after it
+/// (its outputs), so that the second of the two reads finds the row in the caches. The op is
+/// `range(r0, r1, f)`, which runs on one thread: it prepares the op's state for rows [r0, r1)
+/// (e.g. its savers) and returns f(run), where run(a, b) runs the op on rows [a, b) (in order,
+/// within [r0, r1)) and returns a count; f calls it on every row. Threads start once per set of
+/// rows whose slices' partials (72 bytes each, host_piece_slots a thread at most) the calling
+/// thread then folds. Where a tensor's groups span rows or a row does not fit a band
+/// (rows_measurable), the op runs over all rows and the tensors are measured whole before or
+/// after it (two reads). Returns the sum of the op's counts; on an exception no `stats` is
+/// written.
+template <class Range, class... In>
+std::int64_t measured_rows(host_executor ex, std::int64_t rows, std::int64_t cols, bool before,
+                           Range&& range, measured_tensor<In> const&... m) {
+  namespace h = agoq::detail::host;
+  bool const fits =
+      (rows_measurable(make_slice_grid(m.x.extent(0), m.x.extent(1), m.tile())) && ...);
+  if (rows == 0 || cols == 0 || !fits) {
+    std::array<tensor_stats, sizeof...(In)> stats;
+    auto const measure_all = [&] {
+      std::size_t i = 0;
+      ((stats[i++] = measure(ex, m.x, m.tile())), ...);
+    };
+    if (before) measure_all();
+    std::int64_t const count = all_rows(ex, rows, cols, range);
+    if (!before) measure_all();
+    std::size_t i = 0;
+    ((*m.stats = stats[i++]), ...);
+    return count;
+  }
+  int const threads = h::call_threads(ex, rows, cols);
+  std::int64_t const per_row = std::max({make_slice_grid(rows, cols, m.tile()).per_row()...});
+  std::int64_t const group_cols = std::max({make_slice_grid(rows, cols, m.tile()).group_cols...});
+  std::int64_t const per_set =
+      threads * std::min(host_band_elements / cols, host_piece_slots / per_row);
+  std::tuple<row_measurer<In>...> measurers{row_measurer<In>(m, std::min(rows, per_set))...};
+  bool const simd = ex.simd;
+  std::int64_t count = 0;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += per_set) {
+    std::int64_t const r1 = std::min(rows, r0 + per_set);
+    count += h::parallel_sum(ex.pool, threads, r1 - r0, [&](std::int64_t i0, std::int64_t i1) {
+      return range(r0 + i0, r0 + i1, [&](auto&& run) {
+        std::vector<float> absmax(static_cast<std::size_t>(group_cols));
+        std::int64_t n = 0;
+        for (std::int64_t r = r0 + i0; r < r0 + i1; ++r) {
+          if (!before) n += run(r, r + 1);
+          std::apply([&](auto&... each) { (each.row(simd, r, r0, absmax.data()), ...); },
+                     measurers);
+          if (before) n += run(r, r + 1);
+        }
+        return n;
+      });
+    });
+    std::apply([&](auto&... each) { (each.fold(r0, r1), ...); }, measurers);
+  }
+  std::apply([&](auto const&... each) { (each.finish(), ...); }, measurers);
+  return count;
+}
+
+}  // namespace stats_detail
 
 }  // namespace agoq::activation
