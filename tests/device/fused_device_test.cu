@@ -459,6 +459,112 @@ TEST_CASE("fused ops compiled for a code list give the same bits and refuse othe
   CHECK(same_bits(dweight.download(), std::vector<float>(static_cast<std::size_t>(cols), 1.0f)));
 }
 
+/// The same statistics, bit for bit.
+bool same_stats(tensor_stats const& a, tensor_stats const& b) {
+  return a.tile == b.tile && a.elements == b.elements && a.sum_squares == b.sum_squares &&
+         a.sum_group_absmax_sq == b.sum_group_absmax_sq &&
+         a.sum_group_range_sq == b.sum_group_range_sq && a.has_dead_zones == b.has_dead_zones &&
+         a.dead_energy == b.dead_energy && a.live_absmax_sq == b.live_absmax_sq &&
+         a.live_error_2bit == b.live_error_2bit;
+}
+
+TEST_CASE("the measured forms on the device equal the host's, in place") {
+  // Row-wise groups (measured beside the op on the host), groups spanning rows and long rows.
+  for (auto const& [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {3, 5}, {33, 129}, {2, 4097}, {3, 13000}}) {
+    std::int64_t const n = rows * cols;
+    auto const x = test::random_input<element>(n, 41 + rows, true);
+    auto const u = test::random_input<element>(n, 42 + cols, true);
+    auto const w = test::random_input<element>(cols, 43, false);
+    dvec<element> dw(w), du(u);
+    auto const uv = matrix_view<element const>(du.get(), rows, cols);
+    for (char const* name : {"int8_g128_sym_rne_f32", "int4_g128_sym_sr_f32",
+                             "int8_row_sym_rne_f32", "int8_col_sym_rne_f32"}) {
+      CAPTURE(name);
+      CAPTURE(rows);
+      CAPTURE(cols);
+      spec const s = spec::parse(name);
+      // The host's measured forms, in place.
+      std::vector<element> hy = x;
+      std::vector<float> hr(static_cast<std::size_t>(rows));
+      quantized_tensor ha(s, rows, cols), hb(s, rows, cols);
+      tensor_stats h1, h2;
+      auto const hv = matrix_view<element>(hy.data(), rows, cols);
+      std::int64_t const bad = rmsnorm_forward_measured(host, matrix_view<element const>(hv),
+                                                        std::span<element const>(w), 1e-5f, hv,
+                                                        ha.view(), std::span<float>(hr), h1, opt);
+      // The device's.
+      dvec<element> dy(x);
+      dvec<float> dr(hr);
+      dsaved sa(s, rows, cols), sb(s, rows, cols);
+      device_bytes count(sizeof(std::int64_t));
+      auto* nonfinite = reinterpret_cast<std::int64_t*>(count.get());
+      auto const dv = matrix_view<element>(dy.get(), rows, cols);
+      tensor_stats d1, d2;
+      rmsnorm_forward_measured(ex, matrix_view<element const>(dv),
+                               std::span<element const>(dw.get(), cols), 1e-5f, dv, sa.v,
+                               std::span<float>(dr.get(), rows), d1, opt, nonfinite);
+      CHECK(count_of(count) == bad);
+      CHECK(same_bits(dy.download(), hy));
+      CHECK(same_bits(dr.download(), hr));
+      check_same_saved(sa.v, ha);
+      CHECK(same_stats(d1, h1));
+      CHECK(same_stats(d1, measure(host, cview(x, rows, cols), s)));
+
+      hy = x;
+      dvec<element> dg(x);
+      auto const gv = matrix_view<element>(dg.get(), rows, cols);
+      CHECK(gelu_forward_measured(host, matrix_view<element const>(hv), hv, ha.view(), h1, opt) ==
+            bad);
+      gelu_forward_measured(ex, matrix_view<element const>(gv), gv, sa.v, d1, opt, nonfinite);
+      CHECK(count_of(count) == bad);
+      CHECK(same_bits(dg.download(), hy));
+      check_same_saved(sa.v, ha);
+      CHECK(same_stats(d1, h1));
+
+      hy = x;  // gate, and the output
+      dvec<element> ds(x);
+      auto const sv = matrix_view<element>(ds.get(), rows, cols);
+      std::int64_t const bad2 =
+          swiglu_forward_measured(host, matrix_view<element const>(hv), cview(u, rows, cols), hv,
+                                  ha.view(), hb.view(), h1, h2, opt);
+      swiglu_forward_measured(ex, matrix_view<element const>(sv), uv, sv, sa.v, sb.v, d1, d2, opt,
+                              nonfinite);
+      CHECK(count_of(count) == bad2);
+      CHECK(same_bits(ds.download(), hy));
+      check_same_saved(sa.v, ha);
+      check_same_saved(sb.v, hb);
+      CHECK((same_stats(d1, h1) && same_stats(d2, h2)));
+
+      hy = x;  // the residual stream, and the sum
+      dvec<element> dsum(x);
+      auto const rv = matrix_view<element>(dsum.get(), rows, cols);
+      std::int64_t const bad3 = residual_add_measured(host, matrix_view<element const>(hv),
+                                                      cview(u, rows, cols), hv, ha.view(), h1, opt);
+      residual_add_measured(ex, matrix_view<element const>(rv), uv, rv, sa.v, d1, opt, nonfinite);
+      CHECK(count_of(count) == bad3);
+      CHECK(same_bits(dsum.download(), hy));
+      check_same_saved(sa.v, ha);
+      CHECK(same_stats(d1, h1));
+    }
+  }
+  // Empty tensors: the empty statistics; a refused call writes none.
+  spec const s = spec::parse("int4_g128_sym_rne_f32");
+  quantized_view const none{s, 0, 128, nullptr, nullptr, nullptr};
+  tensor_stats st;
+  st.elements = 99;
+  gelu_forward_measured(ex, matrix_view<element const>(nullptr, 0, 128),
+                        matrix_view<element>(nullptr, 0, 128), none, st);
+  CHECK(same_stats(st, measure(host, matrix_view<element const>(nullptr, 0, 128), s)));
+  st.elements = 99;
+  dsaved sv(s, 4, 128);
+  dvec<element> x{std::vector<element>(4 * 128)};
+  CHECK_THROWS_AS(gelu_forward_measured(ex, matrix_view<element const>(x.get(), 4, 128),
+                                        matrix_view<element>(x.get() + 1, 4, 127), sv.v, st),
+                  invalid_argument);
+  CHECK(st.elements == 99);
+}
+
 TEST_CASE("the device fused ops validate like the CPU ops") {
   std::int64_t const rows = 4, cols = 64;
   spec const s = spec::parse("int8_g32_sym_rne_f32");

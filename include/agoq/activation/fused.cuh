@@ -36,6 +36,7 @@
 
 #include "../quantize.cuh"
 #include "fused.hpp"
+#include "statistics.cuh"
 
 namespace agoq::activation {
 
@@ -698,10 +699,16 @@ inline elementwise_launch make_elementwise_launch(std::int64_t rows, std::int64_
   return {agoq::detail::gpu::grid_for(device::unit_count(rows, cols), pol), pol.block_threads};
 }
 
-template <class Codes, class X, class W, class Y>
+/// What the ops call once their arguments are checked, before they enqueue their work: nothing,
+/// or (the measured forms) the measuring of their inputs.
+struct nothing {
+  void operator()() const noexcept {}
+};
+
+template <class Codes, class X, class W, class Y, class Before = nothing>
 void rmsnorm_forward(cuda_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
                      matrix_view<Y> y, std::span<float> rstd, quantized_view const* saved,
-                     quantize_options opt, std::int64_t* nonfinite) {
+                     quantize_options opt, std::int64_t* nonfinite, Before const& before = {}) {
   using namespace fused_detail;
   std::int64_t const rows = x.extent(0);
   std::int64_t const cols = x.extent(1);
@@ -712,6 +719,7 @@ void rmsnorm_forward(cuda_executor ex, matrix_view<X> x, std::span<W> weight, fl
   if (x.size() == 0) return;
   check_device_pointers(what, {x.data_handle(), y.data_handle(), weight.data(), rstd.data()});
   if (saved) agoq::detail::gpu::check_device_view(*saved, what);
+  before();
   using XT = std::remove_const_t<X>;
   using WT = std::remove_const_t<W>;
   using YT = std::remove_const_t<Y>;
@@ -727,9 +735,9 @@ void rmsnorm_forward(cuda_executor ex, matrix_view<X> x, std::span<W> weight, fl
   end_row_launch(rl, stream);
 }
 
-template <class Codes, class X, class Y>
+template <class Codes, class X, class Y, class Before = nothing>
 void gelu_forward(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y, quantized_view const* saved,
-                  quantize_options opt, std::int64_t* nonfinite) {
+                  quantize_options opt, std::int64_t* nonfinite, Before const& before = {}) {
   using namespace fused_detail;
   std::int64_t const rows = x.extent(0);
   std::int64_t const cols = x.extent(1);
@@ -740,6 +748,7 @@ void gelu_forward(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y, quantize
   if (x.size() == 0) return;
   check_device_pointers(what, {x.data_handle(), y.data_handle()});
   if (saved) agoq::detail::gpu::check_device_view(*saved, what);
+  before();
   using XT = std::remove_const_t<X>;
   using YT = std::remove_const_t<Y>;
   save_second_pass<Codes>(static_cast<XT const*>(x.data_handle()), saved, opt, count, stream);
@@ -751,10 +760,10 @@ void gelu_forward(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y, quantize
   AGOQ_CUDA_TRY(cudaGetLastError());
 }
 
-template <class Codes, class G, class U, class O>
+template <class Codes, class G, class U, class O, class Before = nothing>
 void swiglu_forward(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, matrix_view<O> out,
                     quantized_view const* saved_gate, quantized_view const* saved_up,
-                    quantize_options opt, std::int64_t* nonfinite) {
+                    quantize_options opt, std::int64_t* nonfinite, Before const& before = {}) {
   using namespace fused_detail;
   std::int64_t const rows = gate.extent(0);
   std::int64_t const cols = gate.extent(1);
@@ -780,6 +789,7 @@ void swiglu_forward(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, ma
     agoq::detail::gpu::check_device_view(*saved_gate, what);
     agoq::detail::gpu::check_device_view(*saved_up, what);
   }
+  before();
   if (!together) {
     if (saved_gate != nullptr) {
       launch_save<Codes>(static_cast<GT const*>(gate.data_handle()), *saved_gate, opt, count,
@@ -831,6 +841,75 @@ void residual_add(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_v
   save_second_pass<Codes>(static_cast<S const*>(sum.data_handle()), saved, opt, count, stream);
 }
 
+/// The fused RMSNorm forward's checks, then the op, calling `before` once they pass.
+template <class Codes, class X, class W, class Y, class Before>
+void rmsnorm_saving(cuda_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
+                    matrix_view<Y> y, quantized_view saved_x, std::span<float> rstd,
+                    quantize_options opt, std::int64_t* nonfinite, Before const& before) {
+  char const* what = "rmsnorm_forward_async";
+  fused_detail::check_rmsnorm_args(x, y, x.extent(1), static_cast<std::int64_t>(weight.size()), eps,
+                                   what);
+  fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), what, "saved_x");
+  fused_detail::check_vector(weight, x.extent(1), what, "weight");
+  require_code<Codes>(saved_x.spec);
+  rmsnorm_forward<Codes>(ex, x, weight, eps, y, rstd, &saved_x, opt, nonfinite, before);
+}
+
+/// The fused SwiGLU forward's checks, then the op, calling `before` once they pass.
+template <class Codes, class G, class U, class O, class Before>
+void swiglu_saving(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up, matrix_view<O> out,
+                   quantized_view saved_gate, quantized_view saved_up, quantize_options opt,
+                   std::int64_t* nonfinite, Before const& before) {
+  char const* what = "swiglu_forward_async";
+  fused_detail::check_saved(saved_gate, gate.extent(0), gate.extent(1), what, "saved_gate");
+  fused_detail::check_saved(saved_up, gate.extent(0), gate.extent(1), what, "saved_up");
+  require_code<Codes>(saved_gate.spec);
+  require_code<Codes>(saved_up.spec);
+  swiglu_forward<Codes>(ex, gate, up, out, &saved_gate, &saved_up, opt, nonfinite, before);
+}
+
+/// The fused GeLU forward's checks, then the op, calling `before` once they pass.
+template <class Codes, class X, class Y, class Before>
+void gelu_saving(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y, quantized_view saved_x,
+                 quantize_options opt, std::int64_t* nonfinite, Before const& before) {
+  fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), "gelu_forward_async", "saved_x");
+  require_code<Codes>(saved_x.spec);
+  gelu_forward<Codes>(ex, x, y, &saved_x, opt, nonfinite, before);
+}
+
+/// An input a device measured form measures once the op's arguments are checked (before()), with
+/// measure() on the device.
+template <class In>
+class measured_input {
+ public:
+  measured_input(cuda_executor ex, matrix_view<In> x) : ex_(ex), x_(x) {}
+
+  /// The callable that measures x under the saved copy's scheme (a valid spec by then).
+  auto before(quantized_view const& saved) {
+    return [this, &saved] {
+      stats_ = measure(ex_, x_, saved.spec);
+      measured_ = true;
+    };
+  }
+
+  /// The statistics: measure()'s, or for an empty tensor (whose op returns before measuring)
+  /// the empty statistics measure() returns.
+  tensor_stats result(quantized_view const& saved) const {
+    if (measured_) return stats_;
+    std::int64_t const rows = x_.extent(0);
+    std::int64_t const cols = x_.extent(1);
+    return stats_detail::slice_folder(
+               stats_detail::make_slice_grid(rows, cols, saved.spec.tile(rows, cols)))
+        .result();
+  }
+
+ private:
+  cuda_executor ex_;
+  matrix_view<In> x_;
+  tensor_stats stats_;
+  bool measured_ = false;
+};
+
 }  // namespace fused_gpu
 
 /// RMSNorm forward on the device, fused with saving its input: the twin of
@@ -846,13 +925,25 @@ template <code_list Codes = dispatch_codes, fused_input X, fused_input W, fused_
 void rmsnorm_forward_async(cuda_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
                            matrix_view<Y> y, quantized_view saved_x, std::span<float> rstd,
                            quantize_options opt = {}, std::int64_t* nonfinite = nullptr) {
-  char const* what = "rmsnorm_forward_async";
-  fused_detail::check_rmsnorm_args(x, y, x.extent(1), static_cast<std::int64_t>(weight.size()), eps,
-                                   what);
-  fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), what, "saved_x");
-  fused_detail::check_vector(weight, x.extent(1), what, "weight");
-  require_code<Codes>(saved_x.spec);
-  fused_gpu::rmsnorm_forward<Codes>(ex, x, weight, eps, y, rstd, &saved_x, opt, nonfinite);
+  fused_gpu::rmsnorm_saving<Codes>(ex, x, weight, eps, y, saved_x, rstd, opt, nonfinite,
+                                   fused_gpu::nothing{});
+}
+
+/// rmsnorm_forward_async that also returns in `stats` the statistics of x that measure(ex, x,
+/// saved_x.spec) gives (the host forms' bits): once the arguments are checked, measure() runs on
+/// ex.stream and synchronizes it, then the op is enqueued (so y may be x itself) and not waited
+/// for. Two reads of x (measure's and the op's); on the host, rmsnorm_forward_measured reads it
+/// once. \throws as rmsnorm_forward_async and measure(); a refused call writes nothing, `stats`
+/// included.
+template <code_list Codes = dispatch_codes, fused_input X, fused_input W, fused_output Y>
+void rmsnorm_forward_measured(cuda_executor ex, matrix_view<X> x, std::span<W> weight, float eps,
+                              matrix_view<Y> y, quantized_view saved_x, std::span<float> rstd,
+                              tensor_stats& stats, quantize_options opt = {},
+                              std::int64_t* nonfinite = nullptr) {
+  fused_gpu::measured_input<X> m(ex, x);
+  fused_gpu::rmsnorm_saving<Codes>(ex, x, weight, eps, y, saved_x, rstd, opt, nonfinite,
+                                   m.before(saved_x));
+  stats = m.result(saved_x);
 }
 
 /// The plain RMSNorm forward on the device (no saved copy): the same y and rstd bits.
@@ -934,13 +1025,31 @@ template <code_list Codes = dispatch_codes, fused_input G, fused_input U, fused_
 void swiglu_forward_async(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up,
                           matrix_view<O> out, quantized_view saved_gate, quantized_view saved_up,
                           quantize_options opt = {}, std::int64_t* nonfinite = nullptr) {
-  fused_detail::check_saved(saved_gate, gate.extent(0), gate.extent(1), "swiglu_forward_async",
-                            "saved_gate");
-  fused_detail::check_saved(saved_up, gate.extent(0), gate.extent(1), "swiglu_forward_async",
-                            "saved_up");
-  require_code<Codes>(saved_gate.spec);
-  require_code<Codes>(saved_up.spec);
-  fused_gpu::swiglu_forward<Codes>(ex, gate, up, out, &saved_gate, &saved_up, opt, nonfinite);
+  fused_gpu::swiglu_saving<Codes>(ex, gate, up, out, saved_gate, saved_up, opt, nonfinite,
+                                  fused_gpu::nothing{});
+}
+
+/// swiglu_forward_async that also returns in `stats_gate` and `stats_up` the statistics of gate
+/// and up that measure(ex, gate, saved_gate.spec) and measure(ex, up, saved_up.spec) give (the host
+/// forms' bits): once the arguments are checked, both are measured on ex.stream, which synchronizes
+/// it, then the op is enqueued (so out may be gate or up itself) and not waited for.
+/// \throws as swiglu_forward_async and measure(); a refused call writes nothing, the statistics
+/// included.
+template <code_list Codes = dispatch_codes, fused_input G, fused_input U, fused_output O>
+void swiglu_forward_measured(cuda_executor ex, matrix_view<G> gate, matrix_view<U> up,
+                             matrix_view<O> out, quantized_view saved_gate, quantized_view saved_up,
+                             tensor_stats& stats_gate, tensor_stats& stats_up,
+                             quantize_options opt = {}, std::int64_t* nonfinite = nullptr) {
+  fused_gpu::measured_input<G> mg(ex, gate);
+  fused_gpu::measured_input<U> mu(ex, up);
+  auto const before_g = mg.before(saved_gate);
+  auto const before_u = mu.before(saved_up);
+  fused_gpu::swiglu_saving<Codes>(ex, gate, up, out, saved_gate, saved_up, opt, nonfinite, [&] {
+    before_g();
+    before_u();
+  });
+  stats_gate = mg.result(saved_gate);
+  stats_up = mu.result(saved_up);
 }
 
 /// The plain SwiGLU forward on the device (no saved copies). Stream-ordered.
@@ -997,9 +1106,21 @@ template <code_list Codes = dispatch_codes, fused_input X, fused_output Y>
 void gelu_forward_async(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y,
                         quantized_view saved_x, quantize_options opt = {},
                         std::int64_t* nonfinite = nullptr) {
-  fused_detail::check_saved(saved_x, x.extent(0), x.extent(1), "gelu_forward_async", "saved_x");
-  require_code<Codes>(saved_x.spec);
-  fused_gpu::gelu_forward<Codes>(ex, x, y, &saved_x, opt, nonfinite);
+  fused_gpu::gelu_saving<Codes>(ex, x, y, saved_x, opt, nonfinite, fused_gpu::nothing{});
+}
+
+/// gelu_forward_async that also returns in `stats` the statistics of x that measure(ex, x,
+/// saved_x.spec) gives (the host forms' bits): once the arguments are checked, measure() runs on
+/// ex.stream and synchronizes it, then the op is enqueued (so y may be x itself) and not waited
+/// for. \throws as gelu_forward_async and measure(); a refused call writes nothing, `stats`
+/// included.
+template <code_list Codes = dispatch_codes, fused_input X, fused_output Y>
+void gelu_forward_measured(cuda_executor ex, matrix_view<X> x, matrix_view<Y> y,
+                           quantized_view saved_x, tensor_stats& stats, quantize_options opt = {},
+                           std::int64_t* nonfinite = nullptr) {
+  fused_gpu::measured_input<X> m(ex, x);
+  fused_gpu::gelu_saving<Codes>(ex, x, y, saved_x, opt, nonfinite, m.before(saved_x));
+  stats = m.result(saved_x);
 }
 
 /// The plain GeLU forward on the device (no saved copy). Stream-ordered.
@@ -1052,6 +1173,18 @@ void residual_add_async(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, ma
   fused_detail::check_saved(saved_sum, a.extent(0), a.extent(1), "residual_add_async", "saved_sum");
   require_code<Codes>(saved_sum.spec);
   fused_gpu::residual_add<Codes>(ex, a, b, sum, &saved_sum, opt, nonfinite);
+}
+
+/// residual_add_async that also returns in `stats` the statistics of the sum that measure(ex, sum,
+/// saved_sum.spec) gives (the host forms' bits): the op is enqueued on ex.stream, then measure()
+/// reads the sum after it and synchronizes the stream. sum may be a or b itself.
+/// \throws as residual_add_async and measure(); a refused call writes nothing, `stats` included.
+template <code_list Codes = dispatch_codes, fused_input A, fused_input B, fused_output S>
+void residual_add_measured(cuda_executor ex, matrix_view<A> a, matrix_view<B> b, matrix_view<S> sum,
+                           quantized_view saved_sum, tensor_stats& stats, quantize_options opt = {},
+                           std::int64_t* nonfinite = nullptr) {
+  residual_add_async<Codes>(ex, a, b, sum, saved_sum, opt, nonfinite);
+  stats = measure(ex, sum, saved_sum.spec);
 }
 
 /// The plain residual add on the device (no saved copy), same sum bits. Stream-ordered.
