@@ -16,6 +16,13 @@
 /// plain op's with none of their arithmetic: its `vs_plain` is the least the fused op's can be
 /// on this machine where memory bounds both (a target below it cannot be met there).
 ///
+/// A sixth, `measured`, runs the measured form (e.g. rmsnorm_forward_measured: the fused op that
+/// also gathers measure's statistics of its saved tensors, row by row beside the op) and, in every
+/// iteration, the fused op alone and the fused op followed by activation::measure of the saved
+/// tensors: `vs_fused` is the measured form's time over the fused op's (what the statistics add),
+/// `vs_apart` the fused op and measure's summed time over the measured form's (above 1: gathering
+/// the statistics beside the op is faster than a pass of their own).
+///
 /// The backward ops (`rmsnorm_backward`, `swiglu_backward`, `gelu_backward`, each `/from_saved`)
 /// read the gradient and the quantized saved copies the fused forward wrote, and write the input
 /// gradients. Each iteration also times a memcpy of the gradients' bytes (a source of the same
@@ -85,6 +92,33 @@ void run(benchmark::State& state, Plain&& plain, Run&& measured, std::int64_t by
   }
   state.SetBytesProcessed(state.iterations() * bytes);
   state.counters["vs_plain"] = measured_s / plain_s;
+}
+
+/// The measured form: `measured` (the measured op) timed, and in every iteration `fused` (the
+/// fused op) and `apart` (the fused op, then measure) against it.
+template <class Fused, class Measured, class Apart>
+void run_measured(benchmark::State& state, Fused&& fused, Measured&& measured, Apart&& apart,
+                  std::int64_t bytes) {
+  using clock = std::chrono::steady_clock;
+  measured();
+  double measured_s = 0, fused_s = 0, apart_s = 0;
+  for (auto _ : state) {
+    auto const t0 = clock::now();
+    measured();
+    auto const t1 = clock::now();
+    fused();
+    auto const t2 = clock::now();
+    apart();
+    auto const t3 = clock::now();
+    double const m = std::chrono::duration<double>(t1 - t0).count();
+    measured_s += m;
+    fused_s += std::chrono::duration<double>(t2 - t1).count();
+    apart_s += std::chrono::duration<double>(t3 - t2).count();
+    state.SetIterationTime(m);
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["vs_fused"] = measured_s / fused_s;
+  state.counters["vs_apart"] = apart_s / measured_s;
 }
 
 /// The two-thread form: the fused op on two threads against the same op on one.
@@ -157,11 +191,12 @@ class traffic {
 /// Form `form` of one op (register_all's names): 0 the plain op, 1 fused, 2 unfused (each timed
 /// against the plain op), 3 the fused op on two threads against one, 4 the op's memory floor (the
 /// fused op's bytes moved, timed against the plain op's: the least vs_plain can be where memory
-/// bounds the op). `fused_on(ex)` runs the fused op on an executor.
-template <class Plain, class FusedOn, class Unfused>
+/// bounds the op), 5 the measured form (run_measured; `measured` runs it, `stats` measures the
+/// saved tensors apart). `fused_on(ex)` runs the fused op on an executor.
+template <class Plain, class FusedOn, class Unfused, class Measured, class Stats>
 void run_form(benchmark::State& state, int form, Plain const& plain, FusedOn const& fused_on,
-              Unfused const& unfused, std::int64_t bytes, int inputs,
-              std::vector<std::int64_t> const& saved_bytes) {
+              Unfused const& unfused, Measured const& measured, Stats const& stats,
+              std::int64_t bytes, int inputs, std::vector<std::int64_t> const& saved_bytes) {
   if (form == 0) run(state, plain, plain, bytes);
   if (form == 1)
     run(
@@ -172,6 +207,14 @@ void run_form(benchmark::State& state, int form, Plain const& plain, FusedOn con
     traffic t(inputs, saved_bytes);
     run(
         state, [&] { t.move(false); }, [&] { t.move(true); }, bytes);
+  }
+  if (form == 5) {
+    auto const fused = [&] { fused_on(agoq::host); };
+    auto const apart = [&] {
+      fused();
+      stats();
+    };
+    run_measured(state, fused, measured, apart, bytes);
   }
 }
 
@@ -193,7 +236,14 @@ void rmsnorm(benchmark::State& state, int form) {
     plain();
     agoq::quantize(agoq::host, in(1), saved.view(), opt);
   };
-  run_form(state, form, plain, fused_on, unfused, 2 * tensor_bytes, 1, {saved.bytes()});
+  act::tensor_stats st;
+  auto measured = [&] {
+    act::rmsnorm_forward_measured(agoq::host, in(1), ws, 1e-5f, yv, saved.view(),
+                                  std::span<float>(rstd), st, opt);
+  };
+  auto stats = [&] { st = act::measure(agoq::host, in(1), act::int8_g128); };
+  run_form(state, form, plain, fused_on, unfused, measured, stats, 2 * tensor_bytes, 1,
+           {saved.bytes()});
 }
 
 void swiglu(benchmark::State& state, int form) {
@@ -209,7 +259,17 @@ void swiglu(benchmark::State& state, int form) {
     agoq::quantize(agoq::host, in(1), sg.view(), opt);
     agoq::quantize(agoq::host, in(2), su.view(), {opt.seed, opt.offset + rows * cols});
   };
-  run_form(state, form, plain, fused_on, unfused, 3 * tensor_bytes, 2, {sg.bytes(), su.bytes()});
+  act::tensor_stats st_gate, st_up;
+  auto measured = [&] {
+    act::swiglu_forward_measured(agoq::host, in(1), in(2), ov, sg.view(), su.view(), st_gate, st_up,
+                                 opt);
+  };
+  auto stats = [&] {
+    st_gate = act::measure(agoq::host, in(1), act::int4_g128);
+    st_up = act::measure(agoq::host, in(2), act::int4_g128);
+  };
+  run_form(state, form, plain, fused_on, unfused, measured, stats, 3 * tensor_bytes, 2,
+           {sg.bytes(), su.bytes()});
 }
 
 void gelu(benchmark::State& state, int form) {
@@ -224,7 +284,11 @@ void gelu(benchmark::State& state, int form) {
     plain();
     agoq::quantize(agoq::host, in(1), saved.view(), opt);
   };
-  run_form(state, form, plain, fused_on, unfused, 2 * tensor_bytes, 1, {saved.bytes()});
+  act::tensor_stats st;
+  auto measured = [&] { act::gelu_forward_measured(agoq::host, in(1), yv, saved.view(), st, opt); };
+  auto stats = [&] { st = act::measure(agoq::host, in(1), act::int4_g128); };
+  run_form(state, form, plain, fused_on, unfused, measured, stats, 2 * tensor_bytes, 1,
+           {saved.bytes()});
 }
 
 void residual(benchmark::State& state, int form) {
@@ -240,7 +304,16 @@ void residual(benchmark::State& state, int form) {
     agoq::quantize(agoq::host, matrix_view<bfloat16 const>(sum.data(), rows, cols), saved.view(),
                    opt);
   };
-  run_form(state, form, plain, fused_on, unfused, 3 * tensor_bytes, 2, {saved.bytes()});
+  act::tensor_stats st;
+  auto measured = [&] {
+    act::residual_add_measured(agoq::host, in(1), in(2), sv, saved.view(), st, opt);
+  };
+  auto stats = [&] {
+    st = act::measure(agoq::host, matrix_view<bfloat16 const>(sum.data(), rows, cols),
+                      act::int8_g128);
+  };
+  run_form(state, form, plain, fused_on, unfused, measured, stats, 3 * tensor_bytes, 2,
+           {saved.bytes()});
 }
 
 /// RMSNorm backward from the int8 copy its fused forward saved (dweight accumulates over the
@@ -284,8 +357,9 @@ void gelu_back(benchmark::State& state) {
 }
 
 void register_all() {
-  char const* forms[] = {"plain", "fused", "unfused", "fused_threads:2", "memory_floor"};
-  for (int f = 0; f < 5; ++f) {
+  char const* forms[] = {"plain",           "fused",        "unfused",
+                         "fused_threads:2", "memory_floor", "measured"};
+  for (int f = 0; f < 6; ++f) {
     std::string const s = std::string("/") + forms[f] + "/bf16_4096x4096";
     benchmark::RegisterBenchmark(("rmsnorm_forward" + s).c_str(), rmsnorm, f)
         ->UseManualTime()
