@@ -113,7 +113,8 @@ _DEVICE_CALLS = {
     "rmsnorm_forward_plain": "x", "rmsnorm_backward": "dy", "swiglu_forward": "gate",
     "swiglu_forward_plain": "gate", "swiglu_backward": "dout", "gelu_forward": "x",
     "gelu_forward_plain": "x", "gelu_backward": "dy", "residual_add": "a", "measure": "x",
-    "compress_measured": "x",
+    "compress_measured": "x", "rmsnorm_forward_measured": "x", "swiglu_forward_measured": "gate",
+    "gelu_forward_measured": "x", "residual_add_measured": "a",
     "all_reduce_8bit": "comm", "reduce_scatter_8bit": "comm",
 }
 _DEVICE_UNITS = ("device.cu", "device_forward.cu", "device_backward.cu", "device_gradients.cu")

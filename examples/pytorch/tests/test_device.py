@@ -157,6 +157,29 @@ class DeviceTest(unittest.TestCase):
                 self.assertTrue(torch.equal(buf.cpu(), agoq.compress(x, spec, seed=3)), spec)
                 self.assertEqual(st, agoq.measure(x, spec), f"compress_measured {spec} {dtype}")
 
+    def test_measured_forms_match_the_cpu(self):
+        # No NaN: the executors' NaN payloads differ (the C++ device tests compare them as NaN).
+        x, g = torch.randn(9, 1100), torch.randn(9, 1100)
+        w = torch.rand(1100) + 0.5
+        xd, gd = dev(x), dev(g)
+        for spec in (INT4, "int8_row_sym_rne_f32", "int4_tensor_sym_rne_f32"):
+            *fwd, st = agoq.rmsnorm_forward_measured(xd, dev(w), 1e-6, spec, seed=3)
+            *ref, st_ref = agoq.rmsnorm_forward_measured(x, w, 1e-6, spec, seed=3)
+            self.same(tuple(fwd), tuple(ref), "rmsnorm_forward_measured " + spec)
+            self.assertEqual(st, st_ref, spec)
+            *fwd, st, su = agoq.swiglu_forward_measured(xd, gd, spec, INT4, seed=3)
+            *ref, st_ref, su_ref = agoq.swiglu_forward_measured(x, g, spec, INT4, seed=3)
+            self.same(tuple(fwd), tuple(ref), "swiglu_forward_measured " + spec)
+            self.assertEqual((st, su), (st_ref, su_ref), spec)
+            *fwd, st = agoq.gelu_forward_measured(xd, spec, seed=3)
+            *ref, st_ref = agoq.gelu_forward_measured(x, spec, seed=3)
+            self.same(tuple(fwd), tuple(ref), "gelu_forward_measured " + spec)
+            self.assertEqual(st, st_ref, spec)
+            *fwd, st = agoq.residual_add_measured(xd, gd, spec, seed=3)
+            *ref, st_ref = agoq.residual_add_measured(x, g, spec, seed=3)
+            self.same(tuple(fwd), tuple(ref), "residual_add_measured " + spec)
+            self.assertEqual(st, st_ref, spec)
+
     def test_nonfinite_values_are_counted(self):
         x = torch.randn(8, 256)
         x[1, 3], x[2, 4], x[7, 255] = math.nan, math.inf, -math.inf

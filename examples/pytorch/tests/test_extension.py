@@ -187,6 +187,39 @@ class FusedTest(unittest.TestCase):
         self.assertTrue(torch.equal(s, a + b))
         self.assertTrue(torch.equal(ss, agoq.compress(a + b, INT8, seed=4)))
 
+    def test_measured_forms_are_the_ops_and_measure(self):
+        def same(got, want, what):  # bit for bit: the NaN's row has NaN outputs
+            self.assertEqual(len(got), len(want), what)
+            for g, w in zip(got, want):
+                self.assertTrue(torch.equal(g.view(-1).view(torch.uint8),
+                                            w.view(-1).view(torch.uint8)), what)
+
+        agoq.reset_nonfinite()
+        for dtype in (torch.float32, torch.bfloat16):
+            x, g = torch.randn(21, 1100).to(dtype), torch.randn(21, 1100).to(dtype)
+            x[2, 5] = float("nan")
+            w = (torch.rand(1100) + 0.5).to(dtype)
+            for spec in (INT4, INT8_SR, "int8_row_sym_rne_f32", "int4_tensor_sym_rne_f32"):
+                what = f"{spec} {dtype}"
+                *fwd, st = agoq.rmsnorm_forward_measured(x, w, 1e-6, spec, seed=3, offset=9)
+                same(fwd, agoq.rmsnorm_forward(x, w, 1e-6, spec, seed=3, offset=9), what)
+                self.assertEqual(st, agoq.measure(x, spec), what)
+                *fwd, st_g, st_u = agoq.swiglu_forward_measured(x, g, spec, INT4, seed=3)
+                same(fwd, agoq.swiglu_forward(x, g, spec, INT4, seed=3), what)
+                self.assertEqual(st_g, agoq.measure(x, spec), what)
+                self.assertEqual(st_u, agoq.measure(g, INT4), what)
+                *fwd, st = agoq.gelu_forward_measured(x, spec, seed=3)
+                same(fwd, agoq.gelu_forward(x, spec, seed=3), what)
+                self.assertEqual(st, agoq.measure(x, spec), what)
+                *fwd, st = agoq.residual_add_measured(x, g, spec, seed=3)
+                same(fwd, agoq.residual_add(x, g, spec, seed=3), what)
+                self.assertEqual(st, agoq.measure(fwd[0], spec), what)
+        self.assertEqual(agoq.nonfinite_seen(), 64)  # x's NaN, in both calls of each of the ops
+        with self.assertRaises(ValueError):
+            agoq.gelu_forward_measured(x, "int3_g128_sym_rne_f32")
+        with self.assertRaises((RuntimeError, ValueError)):
+            agoq.residual_add_measured(x, g[:3], INT4)
+
 
 class ThreadsTest(unittest.TestCase):
     """The calls run on torch.get_num_threads() threads of agoq's host executor: the same bits

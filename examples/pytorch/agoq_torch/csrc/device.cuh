@@ -194,6 +194,28 @@ class cuda_backend {
         [&](std::int64_t* n) { act::residual_add_async(executor(), std::forward<A>(a)..., n); });
   }
   template <class... A>
+  void rmsnorm_forward_measured(A&&... a) const {
+    counted([&](std::int64_t* n) {
+      act::rmsnorm_forward_measured(executor(), std::forward<A>(a)..., n);
+    });
+  }
+  template <class... A>
+  void swiglu_forward_measured(A&&... a) const {
+    counted([&](std::int64_t* n) {
+      act::swiglu_forward_measured(executor(), std::forward<A>(a)..., n);
+    });
+  }
+  template <class... A>
+  void gelu_forward_measured(A&&... a) const {
+    counted(
+        [&](std::int64_t* n) { act::gelu_forward_measured(executor(), std::forward<A>(a)..., n); });
+  }
+  template <class... A>
+  void residual_add_measured(A&&... a) const {
+    counted(
+        [&](std::int64_t* n) { act::residual_add_measured(executor(), std::forward<A>(a)..., n); });
+  }
+  template <class... A>
   act::tensor_stats measure(A&&... a) const {
     return act::measure(executor(), std::forward<A>(a)...);
   }

@@ -98,11 +98,12 @@ void check_weight(B const& b, torch::Tensor const& w, torch::Tensor const& x, ch
               " differs from the input's ", x.scalar_type());
 }
 
-template <class B>
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> rmsnorm_forward(
-    torch::Tensor const& x, torch::Tensor const& w, double eps, std::string const& spec,
-    std::uint64_t seed, std::uint64_t offset) {
-  B const b(x);
+/// What rmsnorm_forward and rmsnorm_forward_measured share: the checks, the new outputs, and
+/// call(x, w, eps, y, saved_x, rstd) (the agoq call's arguments, as views) for x's element type.
+template <class B, class Call>
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> rmsnorm_saving(
+    B const& b, torch::Tensor const& x, torch::Tensor const& w, double eps, std::string const& spec,
+    Call&& call) {
   check_matrix(x, "rmsnorm_forward", b);
   check_weight(b, w, x, "rmsnorm_forward (weight)");
   agoq::spec const s = parse_spec(spec);
@@ -110,11 +111,38 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> rmsnorm_forward(
   torch::Tensor saved = new_buffer(b, s, x.size(0), x.size(1));
   torch::Tensor rstd = b.empty({x.size(0)}, torch::kFloat);
   dispatch_element(x.scalar_type(), [&]<class T>(T) {
-    b.rmsnorm_forward(matrix_of<T const>(x), span_of<T const>(w), static_cast<float>(eps),
-                      matrix_of<T>(y), view_of(s, x.size(0), x.size(1), saved),
-                      span_of<float>(rstd), options(seed, offset));
+    call(matrix_of<T const>(x), span_of<T const>(w), static_cast<float>(eps), matrix_of<T>(y),
+         view_of(s, x.size(0), x.size(1), saved), span_of<float>(rstd));
   });
   return {y, saved, rstd};
+}
+
+template <class B>
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> rmsnorm_forward(
+    torch::Tensor const& x, torch::Tensor const& w, double eps, std::string const& spec,
+    std::uint64_t seed, std::uint64_t offset) {
+  B const b(x);
+  return rmsnorm_saving(b, x, w, eps, spec,
+                        [&](auto... a) { b.rmsnorm_forward(a..., options(seed, offset)); });
+}
+
+/// rmsnorm_forward that also returns measure's statistics of x under the groups of `spec`
+/// (agoq::activation::rmsnorm_forward_measured: gathered beside the op on the CPU, x read once);
+/// like measure it synchronizes a GPU's stream.
+template <class B>
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, pybind11::dict> rmsnorm_forward_measured(
+    torch::Tensor const& x, torch::Tensor const& w, double eps, std::string const& spec,
+    std::uint64_t seed, std::uint64_t offset) {
+  B const b(x);
+  act::tensor_stats st;
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> out;
+  {
+    pybind11::gil_scoped_release release;
+    out = rmsnorm_saving(b, x, w, eps, spec, [&](auto... a) {
+      b.rmsnorm_forward_measured(a..., st, options(seed, offset));
+    });
+  }
+  return std::tuple_cat(std::move(out), std::make_tuple(stats_dict(st)));
 }
 
 template <class B>
@@ -157,11 +185,12 @@ std::tuple<torch::Tensor, torch::Tensor> rmsnorm_backward(torch::Tensor const& d
   return {dx, dw};
 }
 
-template <class B>
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> swiglu_forward(
-    torch::Tensor const& gate, torch::Tensor const& up, std::string const& spec_gate,
-    std::string const& spec_up, std::uint64_t seed, std::uint64_t offset) {
-  B const b(gate);
+/// What swiglu_forward and swiglu_forward_measured share: the checks, the new outputs, and
+/// call(gate, up, out, saved_gate, saved_up) (as views) for gate's element type.
+template <class B, class Call>
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> swiglu_saving(
+    B const& b, torch::Tensor const& gate, torch::Tensor const& up, std::string const& spec_gate,
+    std::string const& spec_up, Call&& call) {
   check_matrix(gate, "swiglu_forward (gate)", b);
   check_matrix(up, "swiglu_forward (up)", b);
   check_same(gate, up, "swiglu_forward");
@@ -172,11 +201,39 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> swiglu_forward(
   torch::Tensor saved_gate = new_buffer(b, sg, rows, cols);
   torch::Tensor saved_up = new_buffer(b, su, rows, cols);
   dispatch_element(gate.scalar_type(), [&]<class T>(T) {
-    b.swiglu_forward(matrix_of<T const>(gate), matrix_of<T const>(up), matrix_of<T>(out),
-                     view_of(sg, rows, cols, saved_gate), view_of(su, rows, cols, saved_up),
-                     options(seed, offset));
+    call(matrix_of<T const>(gate), matrix_of<T const>(up), matrix_of<T>(out),
+         view_of(sg, rows, cols, saved_gate), view_of(su, rows, cols, saved_up));
   });
   return {out, saved_gate, saved_up};
+}
+
+template <class B>
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> swiglu_forward(
+    torch::Tensor const& gate, torch::Tensor const& up, std::string const& spec_gate,
+    std::string const& spec_up, std::uint64_t seed, std::uint64_t offset) {
+  B const b(gate);
+  return swiglu_saving(b, gate, up, spec_gate, spec_up,
+                       [&](auto... a) { b.swiglu_forward(a..., options(seed, offset)); });
+}
+
+/// swiglu_forward that also returns measure's statistics of gate and of up under the groups of
+/// their specs (agoq::activation::swiglu_forward_measured); like measure it synchronizes a GPU's
+/// stream.
+template <class B>
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, pybind11::dict, pybind11::dict>
+swiglu_forward_measured(torch::Tensor const& gate, torch::Tensor const& up,
+                        std::string const& spec_gate, std::string const& spec_up,
+                        std::uint64_t seed, std::uint64_t offset) {
+  B const b(gate);
+  act::tensor_stats sg, su;
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> out;
+  {
+    pybind11::gil_scoped_release release;
+    out = swiglu_saving(b, gate, up, spec_gate, spec_up, [&](auto... a) {
+      b.swiglu_forward_measured(a..., sg, su, options(seed, offset));
+    });
+  }
+  return std::tuple_cat(std::move(out), std::make_tuple(stats_dict(sg), stats_dict(su)));
 }
 
 template <class B>
@@ -215,20 +272,43 @@ std::tuple<torch::Tensor, torch::Tensor> swiglu_backward(torch::Tensor const& do
   return {dgate, dup};
 }
 
-template <class B>
-std::tuple<torch::Tensor, torch::Tensor> gelu_forward(torch::Tensor const& x,
-                                                      std::string const& spec, std::uint64_t seed,
-                                                      std::uint64_t offset) {
-  B const b(x);
+/// What gelu_forward and gelu_forward_measured share: the checks, the new outputs, and call(x, y,
+/// saved_x) (as views) for x's element type.
+template <class B, class Call>
+std::tuple<torch::Tensor, torch::Tensor> gelu_saving(B const& b, torch::Tensor const& x,
+                                                     std::string const& spec, Call&& call) {
   check_matrix(x, "gelu_forward", b);
   agoq::spec const s = parse_spec(spec);
   torch::Tensor y = new_like(b, x);
   torch::Tensor saved = new_buffer(b, s, x.size(0), x.size(1));
   dispatch_element(x.scalar_type(), [&]<class T>(T) {
-    b.gelu_forward(matrix_of<T const>(x), matrix_of<T>(y), view_of(s, x.size(0), x.size(1), saved),
-                   options(seed, offset));
+    call(matrix_of<T const>(x), matrix_of<T>(y), view_of(s, x.size(0), x.size(1), saved));
   });
   return {y, saved};
+}
+
+template <class B>
+std::tuple<torch::Tensor, torch::Tensor> gelu_forward(torch::Tensor const& x,
+                                                      std::string const& spec, std::uint64_t seed,
+                                                      std::uint64_t offset) {
+  B const b(x);
+  return gelu_saving(b, x, spec, [&](auto... a) { b.gelu_forward(a..., options(seed, offset)); });
+}
+
+/// gelu_forward that also returns measure's statistics of x under the groups of `spec`
+/// (agoq::activation::gelu_forward_measured); like measure it synchronizes a GPU's stream.
+template <class B>
+std::tuple<torch::Tensor, torch::Tensor, pybind11::dict> gelu_forward_measured(
+    torch::Tensor const& x, std::string const& spec, std::uint64_t seed, std::uint64_t offset) {
+  B const b(x);
+  act::tensor_stats st;
+  std::tuple<torch::Tensor, torch::Tensor> out;
+  {
+    pybind11::gil_scoped_release release;
+    out = gelu_saving(b, x, spec,
+                      [&](auto... a) { b.gelu_forward_measured(a..., st, options(seed, offset)); });
+  }
+  return std::tuple_cat(std::move(out), std::make_tuple(stats_dict(st)));
 }
 
 template <class B>
@@ -257,12 +337,12 @@ torch::Tensor gelu_backward(torch::Tensor const& dy, torch::Tensor const& saved,
   return dx;
 }
 
-template <class B>
-std::tuple<torch::Tensor, torch::Tensor> residual_add(torch::Tensor const& a,
-                                                      torch::Tensor const& x,
-                                                      std::string const& spec, std::uint64_t seed,
-                                                      std::uint64_t offset) {
-  B const b(a);
+/// What residual_add and residual_add_measured share: the checks, the new outputs, and call(a,
+/// x, sum, saved_sum) (as views) for a's element type.
+template <class B, class Call>
+std::tuple<torch::Tensor, torch::Tensor> residual_saving(B const& b, torch::Tensor const& a,
+                                                         torch::Tensor const& x,
+                                                         std::string const& spec, Call&& call) {
   check_matrix(a, "residual_add (a)", b);
   check_matrix(x, "residual_add (b)", b);
   check_same(a, x, "residual_add");
@@ -270,10 +350,38 @@ std::tuple<torch::Tensor, torch::Tensor> residual_add(torch::Tensor const& a,
   torch::Tensor sum = new_like(b, a);
   torch::Tensor saved = new_buffer(b, s, a.size(0), a.size(1));
   dispatch_element(a.scalar_type(), [&]<class T>(T) {
-    b.residual_add(matrix_of<T const>(a), matrix_of<T const>(x), matrix_of<T>(sum),
-                   view_of(s, a.size(0), a.size(1), saved), options(seed, offset));
+    call(matrix_of<T const>(a), matrix_of<T const>(x), matrix_of<T>(sum),
+         view_of(s, a.size(0), a.size(1), saved));
   });
   return {sum, saved};
+}
+
+template <class B>
+std::tuple<torch::Tensor, torch::Tensor> residual_add(torch::Tensor const& a,
+                                                      torch::Tensor const& x,
+                                                      std::string const& spec, std::uint64_t seed,
+                                                      std::uint64_t offset) {
+  B const b(a);
+  return residual_saving(b, a, x, spec,
+                         [&](auto... v) { b.residual_add(v..., options(seed, offset)); });
+}
+
+/// residual_add that also returns measure's statistics of the sum under the groups of `spec`
+/// (agoq::activation::residual_add_measured); like measure it synchronizes a GPU's stream.
+template <class B>
+std::tuple<torch::Tensor, torch::Tensor, pybind11::dict> residual_add_measured(
+    torch::Tensor const& a, torch::Tensor const& x, std::string const& spec, std::uint64_t seed,
+    std::uint64_t offset) {
+  B const b(a);
+  act::tensor_stats st;
+  std::tuple<torch::Tensor, torch::Tensor> out;
+  {
+    pybind11::gil_scoped_release release;
+    out = residual_saving(b, a, x, spec, [&](auto... v) {
+      b.residual_add_measured(v..., st, options(seed, offset));
+    });
+  }
+  return std::tuple_cat(std::move(out), std::make_tuple(stats_dict(st)));
 }
 
 /// The error model's statistics of x under the groups of `spec` (agoq::activation::measure);
@@ -370,6 +478,24 @@ void register_forward_ops(pybind11::module_& m) {
   m.def("residual_add", &residual_add<B>, py::arg("a"), py::arg("b"), py::arg("spec"),
         py::arg("seed") = 0, py::arg("offset") = 0, nogil,
         "Fused residual add: (a + b, saved copy of the sum).");
+  // The measured forms return dicts, so they hold the GIL and release it around the op.
+  m.def("rmsnorm_forward_measured", &rmsnorm_forward_measured<B>, py::arg("x"), py::arg("weight"),
+        py::arg("eps"), py::arg("spec"), py::arg("seed") = 0, py::arg("offset") = 0,
+        "rmsnorm_forward that also returns measure(x, spec): (y, saved_x, rstd, statistics), "
+        "gathered beside the op on the CPU (x read once). Synchronizes a GPU's stream.");
+  m.def("swiglu_forward_measured", &swiglu_forward_measured<B>, py::arg("gate"), py::arg("up"),
+        py::arg("spec_gate"), py::arg("spec_up"), py::arg("seed") = 0, py::arg("offset") = 0,
+        "swiglu_forward that also returns measure(gate, spec_gate) and measure(up, spec_up): "
+        "(out, saved_gate, saved_up, statistics of gate, statistics of up). Synchronizes a "
+        "GPU's stream.");
+  m.def("gelu_forward_measured", &gelu_forward_measured<B>, py::arg("x"), py::arg("spec"),
+        py::arg("seed") = 0, py::arg("offset") = 0,
+        "gelu_forward that also returns measure(x, spec): (y, saved_x, statistics). "
+        "Synchronizes a GPU's stream.");
+  m.def("residual_add_measured", &residual_add_measured<B>, py::arg("a"), py::arg("b"),
+        py::arg("spec"), py::arg("seed") = 0, py::arg("offset") = 0,
+        "residual_add that also returns measure(a + b, spec): (sum, saved copy, statistics). "
+        "Synchronizes a GPU's stream.");
 }
 
 template <class B>

@@ -77,6 +77,22 @@ struct cpu_backend : cpu_place {
     note_nonfinite(act::residual_add(executor(), std::forward<A>(a)...));
   }
   template <class... A>
+  void rmsnorm_forward_measured(A&&... a) const {
+    note_nonfinite(act::rmsnorm_forward_measured(executor(), std::forward<A>(a)...));
+  }
+  template <class... A>
+  void swiglu_forward_measured(A&&... a) const {
+    note_nonfinite(act::swiglu_forward_measured(executor(), std::forward<A>(a)...));
+  }
+  template <class... A>
+  void gelu_forward_measured(A&&... a) const {
+    note_nonfinite(act::gelu_forward_measured(executor(), std::forward<A>(a)...));
+  }
+  template <class... A>
+  void residual_add_measured(A&&... a) const {
+    note_nonfinite(act::residual_add_measured(executor(), std::forward<A>(a)...));
+  }
+  template <class... A>
   act::tensor_stats measure(A&&... a) const {
     return act::measure(executor(), std::forward<A>(a)...);
   }
