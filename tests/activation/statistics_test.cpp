@@ -174,6 +174,27 @@ TEST_CASE_TEMPLATE("measure: every grouping against the plain computation", T, f
   }
 }
 
+TEST_CASE_TEMPLATE("measure: the vector loops sum each lane in the portable order", T, float,
+                   agoq::bfloat16, agoq::half) {
+  // Magnitudes over 2^-20 to 2^14 (half's range): the fp64 sums of their squares round, so a lane
+  // summed in another order, or lanes added in another tree, change the bits. Each lane of a
+  // slice gets its own scale, so that the lanes' sums differ.
+  std::mt19937_64 gen(17);
+  std::uniform_int_distribution<int> exponent(-20, 14);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  std::int64_t const rows = 6, cols = 1000;
+  std::vector<T> x(static_cast<std::size_t>(rows * cols));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    float const v = std::ldexp(mantissa(gen), exponent(gen) + static_cast<int>(i % 16) - 8);
+    x[i] = agoq::numeric::from_float<T>((gen() & 1) ? v : -v);
+  }
+  for (tile_shape const t : {tile_shape{1, 128}, tile_shape{1, 32}, tile_shape{1, cols}}) {
+    CAPTURE(t.cols);
+    CHECK(same_bits(measure(agoq::host, view(x, rows, cols), t),
+                    measure(agoq::host_executor{false}, view(x, rows, cols), t)));
+  }
+}
+
 TEST_CASE("measure: a flat row of many slices, and tiles wider than the tensor") {
   // 1,100,000 columns in groups of 128: 8594 slices in one row, measured and folded in pieces of
   // host_piece_slots.

@@ -213,6 +213,39 @@ struct lane_live_gap {
   }
 };
 
+/// Adds elements [i0, n) of `x` to the lanes of one dead-zone width (half a step `t`; element i
+/// to lane i % 16) and, where `gaps` is not null (2 bits), to the live-gap lanes under `absmax`.
+template <class T>
+inline void add_dead_zone_lanes(T const* x, std::int64_t i0, std::int64_t n, float t, float absmax,
+                                lane_dead_zone (&lanes)[slice_lanes],
+                                lane_live_gap* gaps) noexcept {
+  for (std::int64_t i = i0; i < n; ++i) {
+    float const v = numeric::to_float(x[i]);
+    bool const live = lanes[i % slice_lanes].add(v, t);
+    if (gaps != nullptr) gaps[i % slice_lanes].add(v, live, absmax);
+  }
+}
+
+/// Folds the lanes of dead-zone width w into p: their sums added pairwise into p.dead_energy[w],
+/// their live counts into p.live[w].
+inline void fold_dead_zone_lanes(lane_dead_zone const (&lanes)[slice_lanes], int w,
+                                 slice_partial& p) noexcept {
+  double sum[slice_lanes];
+  p.live[w] = 0;
+  for (int j = 0; j < slice_lanes; ++j) {
+    sum[j] = lanes[j].sum;
+    p.live[w] += lanes[j].live;
+  }
+  p.dead_energy[w] = pairwise_sum(sum);
+}
+
+/// The live-gap lanes' sums added pairwise into p.live_gap_sq.
+inline void fold_gap_lanes(lane_live_gap const (&gaps)[slice_lanes], slice_partial& p) noexcept {
+  double sum[slice_lanes];
+  for (int j = 0; j < slice_lanes; ++j) sum[j] = gaps[j].sum;
+  p.live_gap_sq = pairwise_sum(sum);
+}
+
 /// Adds the dead zones of the `n` elements at `x` to `p`, whose absmax is their group's: for each
 /// width, element i goes to lane i % 16 (lane_dead_zone; at 2 bits lane_live_gap too), the lanes'
 /// sums added pairwise into p.dead_energy and p.live_gap_sq, their live counts into p.live. Host
@@ -220,34 +253,24 @@ struct lane_live_gap {
 template <class T>
 inline void measure_dead_zones(T const* x, std::int64_t n, slice_partial& p) noexcept {
   lane_live_gap gaps[slice_lanes];
-  double sum[slice_lanes];
   for (int w = 0; w < dead_zone_widths; ++w) {
-    float const t = half_step(p.absmax, w);
     lane_dead_zone lanes[slice_lanes];
-    for (std::int64_t i = 0; i < n; ++i) {
-      float const v = numeric::to_float(x[i]);
-      bool const live = lanes[i % slice_lanes].add(v, t);
-      if (w == 0) gaps[i % slice_lanes].add(v, live, p.absmax);  // 2 bits
-    }
-    p.live[w] = 0;
-    for (int j = 0; j < slice_lanes; ++j) {
-      sum[j] = lanes[j].sum;
-      p.live[w] += lanes[j].live;
-    }
-    p.dead_energy[w] = pairwise_sum(sum);
+    add_dead_zone_lanes(x, 0, n, half_step(p.absmax, w), p.absmax, lanes,
+                        w == 0 ? gaps : nullptr);  // the live gaps at 2 bits
+    fold_dead_zone_lanes(lanes, w, p);
   }
-  for (int j = 0; j < slice_lanes; ++j) sum[j] = gaps[j].sum;
-  p.live_gap_sq = pairwise_sum(sum);
+  fold_gap_lanes(gaps, p);
 }
 
-/// Statistics of the `n` elements at `x`: element i goes to lane i % 16 (lane_stats), the lanes'
-/// sums added pairwise, their extrema and counts merged; with `dead_zones` (the slice is a whole
-/// group), their dead zones too. The portable host loop (the device runs the same lanes as
-/// threads, statistics.cuh; the AVX-512 host loop is measure_slice_simd). Host only.
+/// Adds elements [i0, n) of `x` to their lanes (element i to lane i % 16), in order.
 template <class T>
-inline slice_partial measure_slice(T const* x, std::int64_t n, bool dead_zones) noexcept {
-  lane_stats lanes[slice_lanes];
-  for (std::int64_t i = 0; i < n; ++i) lanes[i % slice_lanes].add(numeric::to_float(x[i]));
+inline void add_lanes(T const* x, std::int64_t i0, std::int64_t n,
+                      lane_stats (&lanes)[slice_lanes]) noexcept {
+  for (std::int64_t i = i0; i < n; ++i) lanes[i % slice_lanes].add(numeric::to_float(x[i]));
+}
+
+/// The statistics of 16 lanes: their sums added pairwise, their extrema and counts merged.
+inline slice_partial fold_lanes(lane_stats const (&lanes)[slice_lanes]) noexcept {
   double sum[slice_lanes];
   lane_stats total;
   for (int j = 0; j < slice_lanes; ++j) {
@@ -260,6 +283,19 @@ inline slice_partial measure_slice(T const* x, std::int64_t n, bool dead_zones) 
   p.lo = total.lo;
   p.hi = total.hi;
   p.finite = total.finite;
+  return p;
+}
+
+/// Statistics of the `n` elements at `x`: element i goes to lane i % 16 (lane_stats), the lanes'
+/// sums added pairwise, their extrema and counts merged; with `dead_zones` (the slice is a whole
+/// group), their dead zones too. The portable host loop (the device runs the same lanes as
+/// threads, statistics.cuh; the host's vector loops are measure_slice_simd with AVX-512 and
+/// measure_slice_avx2 with AVX2). Host only.
+template <class T>
+inline slice_partial measure_slice(T const* x, std::int64_t n, bool dead_zones) noexcept {
+  lane_stats lanes[slice_lanes];
+  add_lanes(x, 0, n, lanes);
+  slice_partial p = fold_lanes(lanes);
   if (dead_zones) measure_dead_zones(x, n, p);
   return p;
 }
@@ -381,23 +417,163 @@ inline slice_partial measure_slice_simd(T const* x, std::int64_t n, bool dead_zo
 }
 #endif
 
-/// measure_slice, with the AVX-512 loop where `simd` and it is compiled (the same bits). Host only.
+#if defined(AGOQ_HOST_AVX2) && !defined(AGOQ_HOST_AVX512)
+/// The lane of the element in position `pos` of a step's two vectors (the first's 8, then the
+/// second's) as avx2::load_step arranges the 16 elements of a step of T.
+template <class T>
+constexpr int avx2_lane(int pos) noexcept {
+  if constexpr (agoq::detail::host::avx2::interleaved<T>) {
+    return pos < 8 ? 2 * pos : 2 * (pos - 8) + 1;  // even elements, then odd
+  } else {
+    return pos;
+  }
+}
+
+/// The 16 lanes' fp64 accumulators of an AVX2 loop: lane avx2_lane(4 k + j) in element j of
+/// vector k (the low and high halves of the step's first vector, then of its second).
+struct avx2_sums {
+  __m256d v[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                  _mm256_setzero_pd()};
+
+  /// Adds fma(d, d, sum) for the 8 values of `f` (the step's vector `k`, widened exactly).
+  [[gnu::always_inline]] void add_squares(int k, __m256 f) noexcept {
+    __m256d const lo = _mm256_cvtps_pd(_mm256_castps256_ps128(f));
+    __m256d const hi = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
+    v[2 * k] = _mm256_fmadd_pd(lo, lo, v[2 * k]);
+    v[2 * k + 1] = _mm256_fmadd_pd(hi, hi, v[2 * k + 1]);
+  }
+  /// The 16 sums by lane.
+  template <class T>
+  void store(double (&lane)[slice_lanes]) const noexcept {
+    double pos[slice_lanes];
+    for (int k = 0; k < 4; ++k) _mm256_storeu_pd(pos + 4 * k, v[k]);
+    for (int q = 0; q < slice_lanes; ++q) lane[avx2_lane<T>(q)] = pos[q];
+  }
+};
+
+/// The finite mask of the 8 values of `raw` (all bits set where finite) and their magnitudes.
+[[gnu::always_inline]] inline __m256 finite_mask(__m256 raw, __m256& magnitude) noexcept {
+  __m256i const mag = _mm256_and_si256(_mm256_castps_si256(raw), _mm256_set1_epi32(0x7fffffff));
+  magnitude = _mm256_castsi256_ps(mag);
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f800000), mag));
+}
+
+/// measure_dead_zones with AVX2: the whole steps of 16 in vectors (each lane's sums in the same
+/// order as lane_dead_zone's and lane_live_gap's, as fused multiply-adds of the same values), the
+/// tail in the portable lanes, so the same bits. Host only.
+template <class T>
+inline void measure_dead_zones_avx2(T const* x, std::int64_t n, slice_partial& p) noexcept {
+  namespace a2 = agoq::detail::host::avx2;
+  std::int64_t const whole = n / a2::step * a2::step;
+  lane_live_gap gaps[slice_lanes];
+  __m256 const absmax = _mm256_set1_ps(p.absmax);
+  for (int w = 0; w < dead_zone_widths; ++w) {
+    float const t = half_step(p.absmax, w);
+    __m256 const tv = _mm256_set1_ps(t);
+    avx2_sums sums, gap;
+    std::int32_t live = 0;
+    for (std::int64_t i = 0; i < whole; i += a2::step) {
+      a2::step_values const v = a2::load_step(x + i);
+      for (int k = 0; k < 2; ++k) {
+        __m256 const raw = k == 0 ? v.v0 : v.v1;
+        __m256 a;
+        __m256 const ok = finite_mask(raw, a);
+        __m256 const dead = _mm256_and_ps(_mm256_cmp_ps(a, tv, _CMP_LT_OQ), ok);
+        sums.add_squares(k, _mm256_and_ps(raw, dead));  // other lanes add fma(0, 0, sum)
+        __m256 const alive = _mm256_andnot_ps(dead, ok);
+        live += std::popcount(static_cast<unsigned>(_mm256_movemask_ps(alive)));
+        if (w == 0) gap.add_squares(k, _mm256_and_ps(_mm256_sub_ps(absmax, a), alive));
+      }
+    }
+    lane_dead_zone lanes[slice_lanes];
+    double sum[slice_lanes];
+    sums.store<T>(sum);
+    for (int j = 0; j < slice_lanes; ++j) lanes[j].sum = sum[j];
+    lanes[0].live = live;  // only the total counts
+    if (w == 0) {
+      gap.store<T>(sum);
+      for (int j = 0; j < slice_lanes; ++j) gaps[j].sum = sum[j];
+    }
+    add_dead_zone_lanes(x, whole, n, t, p.absmax, lanes, w == 0 ? gaps : nullptr);
+    fold_dead_zone_lanes(lanes, w, p);
+  }
+  fold_gap_lanes(gaps, p);
+}
+
+/// measure_slice with AVX2: the whole steps of 16 in vectors (the sums as fused multiply-adds of
+/// the same values in the same order per lane, the extrema by vminps / vmaxps, which pick as the
+/// portable comparisons do), the tail in the portable lanes, so the same bits. Host only.
+template <class T>
+inline slice_partial measure_slice_avx2(T const* x, std::int64_t n, bool dead_zones) noexcept {
+  namespace a2 = agoq::detail::host::avx2;
+  std::int64_t const whole = n / a2::step * a2::step;
+  avx2_sums sums;
+  __m256 absmax[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 lo[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 hi[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256i finite = _mm256_setzero_si256();
+  for (std::int64_t i = 0; i < whole; i += a2::step) {
+    a2::step_values const v = a2::load_step(x + i);
+    for (int k = 0; k < 2; ++k) {
+      __m256 const raw = k == 0 ? v.v0 : v.v1;
+      __m256 a;
+      __m256 const ok = finite_mask(raw, a);
+      __m256 const val = _mm256_and_ps(raw, ok);  // a non-finite value counts as 0
+      sums.add_squares(k, val);
+      absmax[k] = _mm256_max_ps(_mm256_and_ps(a, ok), absmax[k]);
+      lo[k] = _mm256_min_ps(val, lo[k]);
+      hi[k] = _mm256_max_ps(val, hi[k]);
+      finite = _mm256_sub_epi32(finite, _mm256_castps_si256(ok));
+    }
+  }
+  lane_stats lanes[slice_lanes];
+  double sum[slice_lanes];
+  sums.store<T>(sum);
+  float m[slice_lanes], l[slice_lanes], h[slice_lanes];
+  for (int k = 0; k < 2; ++k) {
+    _mm256_storeu_ps(m + 8 * k, absmax[k]);
+    _mm256_storeu_ps(l + 8 * k, lo[k]);
+    _mm256_storeu_ps(h + 8 * k, hi[k]);
+  }
+  for (int q = 0; q < slice_lanes; ++q) {
+    lane_stats& lane = lanes[avx2_lane<T>(q)];
+    lane.absmax = m[q];
+    lane.lo = l[q];
+    lane.hi = h[q];
+  }
+  for (int j = 0; j < slice_lanes; ++j) lanes[j].sum = sum[j];
+  std::int32_t counts[8];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(counts), finite);
+  for (std::int32_t c : counts) lanes[0].finite += c;  // only the total counts
+  add_lanes(x, whole, n, lanes);
+  slice_partial p = fold_lanes(lanes);
+  if (dead_zones) measure_dead_zones_avx2(x, n, p);
+  return p;
+}
+#endif
+
+/// measure_slice, with the AVX-512 or AVX2 loop where `simd` and it is compiled (the same bits).
+/// Host only.
 template <class T>
 inline slice_partial slice_statistics([[maybe_unused]] bool simd, T const* x, std::int64_t n,
                                       bool dead_zones) noexcept {
 #if defined(AGOQ_HOST_AVX512)
   if (simd) return measure_slice_simd(x, n, dead_zones);
+#elif defined(AGOQ_HOST_AVX2)
+  if (simd) return measure_slice_avx2(x, n, dead_zones);
 #endif
   return measure_slice(x, n, dead_zones);
 }
 
-/// measure_dead_zones, with the AVX-512 loop where `simd` and it is compiled (the same bits).
-/// Host only.
+/// measure_dead_zones, with the AVX-512 or AVX2 loop where `simd` and it is compiled (the same
+/// bits). Host only.
 template <class T>
 inline void slice_dead_zones([[maybe_unused]] bool simd, T const* x, std::int64_t n,
                              slice_partial& p) noexcept {
 #if defined(AGOQ_HOST_AVX512)
   if (simd) return measure_dead_zones_simd(x, n, p);
+#elif defined(AGOQ_HOST_AVX2)
+  if (simd) return measure_dead_zones_avx2(x, n, p);
 #endif
   measure_dead_zones(x, n, p);
 }
