@@ -458,6 +458,22 @@ struct avx2_sums {
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f800000), mag));
 }
 
+/// Calls f(k, raw, magnitude, finite) for the two vectors k of each whole step of 16 elements of
+/// x in [0, whole) (avx2::load_step's arrangement): their values, magnitudes and finite mask.
+template <class T, class F>
+[[gnu::always_inline]] inline void for_each_vector(T const* x, std::int64_t whole, F&& f) noexcept {
+  namespace a2 = agoq::detail::host::avx2;
+  for (std::int64_t i = 0; i < whole; i += a2::step) {
+    a2::step_values const v = a2::load_step(x + i);
+    for (int k = 0; k < 2; ++k) {
+      __m256 const raw = k == 0 ? v.v0 : v.v1;
+      __m256 a;
+      __m256 const ok = finite_mask(raw, a);
+      f(k, raw, a, ok);
+    }
+  }
+}
+
 /// measure_dead_zones with AVX2: the whole steps of 16 in vectors (each lane's sums in the same
 /// order as lane_dead_zone's and lane_live_gap's, as fused multiply-adds of the same values), the
 /// tail in the portable lanes, so the same bits. Host only.
@@ -472,19 +488,13 @@ inline void measure_dead_zones_avx2(T const* x, std::int64_t n, slice_partial& p
     __m256 const tv = _mm256_set1_ps(t);
     avx2_sums sums, gap;
     std::int32_t live = 0;
-    for (std::int64_t i = 0; i < whole; i += a2::step) {
-      a2::step_values const v = a2::load_step(x + i);
-      for (int k = 0; k < 2; ++k) {
-        __m256 const raw = k == 0 ? v.v0 : v.v1;
-        __m256 a;
-        __m256 const ok = finite_mask(raw, a);
-        __m256 const dead = _mm256_and_ps(_mm256_cmp_ps(a, tv, _CMP_LT_OQ), ok);
-        sums.add_squares(k, _mm256_and_ps(raw, dead));  // other lanes add fma(0, 0, sum)
-        __m256 const alive = _mm256_andnot_ps(dead, ok);
-        live += std::popcount(static_cast<unsigned>(_mm256_movemask_ps(alive)));
-        if (w == 0) gap.add_squares(k, _mm256_and_ps(_mm256_sub_ps(absmax, a), alive));
-      }
-    }
+    for_each_vector(x, whole, [&](int k, __m256 raw, __m256 a, __m256 ok) {
+      __m256 const dead = _mm256_and_ps(_mm256_cmp_ps(a, tv, _CMP_LT_OQ), ok);
+      sums.add_squares(k, _mm256_and_ps(raw, dead));  // other lanes add fma(0, 0, sum)
+      __m256 const alive = _mm256_andnot_ps(dead, ok);
+      live += std::popcount(static_cast<unsigned>(_mm256_movemask_ps(alive)));
+      if (w == 0) gap.add_squares(k, _mm256_and_ps(_mm256_sub_ps(absmax, a), alive));
+    });
     lane_dead_zone lanes[slice_lanes];
     double sum[slice_lanes];
     sums.store<T>(sum);
@@ -512,20 +522,14 @@ inline slice_partial measure_slice_avx2(T const* x, std::int64_t n, bool dead_zo
   __m256 lo[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   __m256 hi[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   __m256i finite = _mm256_setzero_si256();
-  for (std::int64_t i = 0; i < whole; i += a2::step) {
-    a2::step_values const v = a2::load_step(x + i);
-    for (int k = 0; k < 2; ++k) {
-      __m256 const raw = k == 0 ? v.v0 : v.v1;
-      __m256 a;
-      __m256 const ok = finite_mask(raw, a);
-      __m256 const val = _mm256_and_ps(raw, ok);  // a non-finite value counts as 0
-      sums.add_squares(k, val);
-      absmax[k] = _mm256_max_ps(_mm256_and_ps(a, ok), absmax[k]);
-      lo[k] = _mm256_min_ps(val, lo[k]);
-      hi[k] = _mm256_max_ps(val, hi[k]);
-      finite = _mm256_sub_epi32(finite, _mm256_castps_si256(ok));
-    }
-  }
+  for_each_vector(x, whole, [&](int k, __m256 raw, __m256 a, __m256 ok) {
+    __m256 const val = _mm256_and_ps(raw, ok);  // a non-finite value counts as 0
+    sums.add_squares(k, val);
+    absmax[k] = _mm256_max_ps(_mm256_and_ps(a, ok), absmax[k]);
+    lo[k] = _mm256_min_ps(val, lo[k]);
+    hi[k] = _mm256_max_ps(val, hi[k]);
+    finite = _mm256_sub_epi32(finite, _mm256_castps_si256(ok));
+  });
   lane_stats lanes[slice_lanes];
   double sum[slice_lanes];
   sums.store<T>(sum);
