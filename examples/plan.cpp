@@ -39,6 +39,8 @@ struct options {
   bool verbose = false;
   bool json = false;
   bool fit_recompute = false;
+  bool recompute_options = false;
+  double max_recompute_overhead = 1.0;  ///< a share (--max-recompute-overhead is in percent)
 };
 
 /// --fit-recompute's answers: the fewest layers of each model chunk to recompute (block) for the
@@ -47,6 +49,14 @@ struct recompute_fit {
   bool asked = false;
   std::optional<std::int64_t> baseline;
   std::optional<std::int64_t> agoq;
+};
+
+/// --recompute-options' answers: every set of recompute modules planned for AGoQ, and the one of
+/// least error within --max-recompute-overhead, where it was asked.
+struct recompute_choice {
+  bool asked = false;
+  std::vector<act::selective_option> options;
+  std::optional<act::selective_option> least_error;
 };
 
 void usage() {
@@ -59,7 +69,8 @@ void usage() {
       "  [--optim fp32|int8] [--bucket N] [--reserved-gib X] [--recompute none|uniform|block]\n"
       "  [--recompute-layers N] [--recompute-modules LIST] [--budget-gib X]\n"
       "  [--sensitivity KIND[@LAYER]=W]...\n"
-      "  [--outlier KIND=K]... [--fit-recompute] [--verbose] [--json]\n"
+      "  [--outlier KIND=K]... [--fit-recompute] [--recompute-options]\n"
+      "  [--max-recompute-overhead PCT] [--verbose] [--json]\n"
       "--vp N > 1 runs Megatron's interleaved schedule: by default Megatron-Core's, in groups of\n"
       "--vp-group micro-batches (its microbatch_group_size_per_vp_stage; default pp), which\n"
       "needs pp <= group <= micro-batches and micro-batches mod group either 0 or >= pp;\n"
@@ -86,6 +97,10 @@ void usage() {
       "--fit-recompute (with --budget-gib) prints the fewest layers of each model chunk that\n"
       "block recomputation must recompute for the baseline and for AGoQ to fit the budget; it\n"
       "tries full recomputation alone, in place of --recompute and --recompute-modules.\n"
+      "--recompute-options (with --budget-gib) plans AGoQ with each of the 8 sets of recompute\n"
+      "modules and prints, for each, the share of a step's matrix FLOPs it adds, its peak and\n"
+      "the plan's modelled error (or by how much it falls short), and the set of least error\n"
+      "among those adding at most --max-recompute-overhead percent (default 100).\n"
       "--sensitivity and --outlier set one saved tensor kind's weight in the planner's\n"
       "objective and its outlier factor (docs/activations.md section 3; measured sensitivities:\n"
       "examples/pytorch/sensitivity.py --plan-config); KIND@LAYER=W weighs one layer's tensor\n"
@@ -251,6 +266,14 @@ void apply(options& o, std::string const& key, std::string const& v) {
     o.json = v != "0";
   } else if (key == "fit-recompute") {
     o.fit_recompute = v != "0";
+  } else if (key == "recompute-options") {
+    o.recompute_options = v != "0";
+  } else if (key == "max-recompute-overhead") {
+    double const pct = to_number(key, v);
+    if (!std::isfinite(pct) || pct < 0.0)
+      throw std::invalid_argument(key + " must be a finite percentage of at least 0, got '" + v +
+                                  "'");
+    o.max_recompute_overhead = pct / 100.0;
   } else {
     throw std::invalid_argument("unknown key '" + key + "'");
   }
@@ -309,6 +332,33 @@ std::string storage_name(act::planned_tensor const& t) {
 /// What the plan's text shows of a tensor: "recomputed", or its storage_name.
 std::string shown_name(act::planned_tensor const& t) {
   return t.recomputed ? "recomputed" : storage_name(t);
+}
+
+void print_recompute_options(options const& o, recompute_choice const& choice) {
+  std::printf(
+      "\nselective recomputation within %.2f GiB per GPU (agoq), each set of modules with the\n"
+      "share of a step's matrix FLOPs it adds (layernorm's norms add none: a read of their\n"
+      "inputs):\n%-26s %9s %9s %12s\n",
+      o.budget_gib, "modules", "FLOPs", "peak GiB", "plan error");
+  for (act::selective_option const& c : choice.options) {
+    std::string const name = c.modules.any() ? act::name_of(c.modules) : "none";
+    if (c.fits) {
+      std::printf("%-26s %+8.1f%% %9.2f %12.4g\n", name.c_str(), 100.0 * c.overhead,
+                  g(c.peak_bytes), c.error);
+    } else {
+      std::printf("%-26s %+8.1f%% %9.2f   falls short by %.2f GiB\n", name.c_str(),
+                  100.0 * c.overhead, g(c.peak_bytes), g(c.peak_bytes) - o.budget_gib);
+    }
+  }
+  if (choice.least_error) {
+    act::selective_option const& c = *choice.least_error;
+    std::printf("least error adding at most %.1f%%: %s (%+.1f%%, error %.4g)\n",
+                100.0 * o.max_recompute_overhead,
+                c.modules.any() ? act::name_of(c.modules).c_str() : "none", 100.0 * c.overhead,
+                c.error);
+  } else {
+    std::printf("least error adding at most %.1f%%: none fits\n", 100.0 * o.max_recompute_overhead);
+  }
 }
 
 void print_plan(options const& o, act::activation_plan const& plan) {
@@ -486,7 +536,8 @@ std::string json_error_model(options const& o) {
 
 void print_json(options const& o, std::vector<act::stage_memory> const& baseline,
                 std::vector<act::stage_memory> const& agoq, act::activation_plan const* plan,
-                recompute_fit const& fit) {
+                recompute_fit const& fit, recompute_choice const& choice,
+                std::string const& plan_error) {
   act::model_shape const& m = o.model;
   act::parallel_config const& p = o.parallel;
   std::vector<std::pair<std::string_view, std::string>> doc = {
@@ -527,12 +578,28 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
       {"saving", json_number(1.0 - static_cast<double>(act::peak_total(agoq)) /
                                        static_cast<double>(act::peak_total(baseline)))}};
   if (plan != nullptr) doc.emplace_back("plan", json_plan(*plan));
+  if (!plan_error.empty()) doc.emplace_back("plan_error", json_string(plan_error));
   if (fit.asked) {
     auto const layers = [](std::optional<std::int64_t> n) {
       return n ? json_number(*n) : std::string("null");
     };
     doc.emplace_back("fit_recompute",
                      json_object({{"baseline", layers(fit.baseline)}, {"agoq", layers(fit.agoq)}}));
+  }
+  if (choice.asked) {
+    std::vector<std::string> options;
+    for (act::selective_option const& c : choice.options)
+      options.push_back(json_object({{"modules", json_modules(c.modules)},
+                                     {"overhead", json_number(c.overhead)},
+                                     {"fits", json_bool(c.fits)},
+                                     {"error", json_number(c.error)},
+                                     {"peak_bytes", json_number(c.peak_bytes)}}));
+    doc.emplace_back(
+        "recompute_options",
+        json_object({{"max_overhead", json_number(o.max_recompute_overhead)},
+                     {"options", json_array(options)},
+                     {"least_error", choice.least_error ? json_modules(choice.least_error->modules)
+                                                        : std::string("null")}}));
   }
   std::printf("%s\n", json_object(doc).c_str());
 }
@@ -549,7 +616,8 @@ int run(int argc, char** argv) {
     }
     if (a.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + a + "'");
     a = a.substr(2);
-    if (a == "sp" || a == "verbose" || a == "json" || a == "fit-recompute") {
+    if (a == "sp" || a == "verbose" || a == "json" || a == "fit-recompute" ||
+        a == "recompute-options") {
       apply(o, a, "1");
     } else if (a == "no-sp") {
       apply(o, "sp", "0");
@@ -585,20 +653,34 @@ int run(int argc, char** argv) {
     }
     return in;
   };
-  auto const plan = [&] { return act::make_plan(input(true)); };
   if (o.fit_recompute && o.budget_gib <= 0)
     throw std::invalid_argument("--fit-recompute needs --budget-gib");
   recompute_fit fit;
   if (o.fit_recompute) {
     fit = {true, act::least_block_recompute(input(false)), act::least_block_recompute(input(true))};
   }
-  if (o.json) {
-    if (o.budget_gib > 0) {
-      act::activation_plan const planned = plan();
-      print_json(o, baseline, agoq, &planned, fit);
-    } else {
-      print_json(o, baseline, agoq, nullptr, fit);
+  if (o.recompute_options && o.budget_gib <= 0)
+    throw std::invalid_argument("--recompute-options needs --budget-gib");
+  recompute_choice choice;
+  if (o.recompute_options) {
+    choice.asked = true;
+    choice.options = act::selective_options(input(true));
+    choice.least_error = act::least_error_recompute(choice.options, o.max_recompute_overhead);
+  }
+  // The plan of the step as given. Under --recompute-options a budget it falls short of is an
+  // answer, not an error: the options say which modules fit, and the plan is left out.
+  std::optional<act::activation_plan> planned;
+  std::string plan_error;
+  if (o.budget_gib > 0) {
+    try {
+      planned = act::make_plan(input(true));
+    } catch (agoq::invalid_argument const& e) {
+      if (!choice.asked) throw;
+      plan_error = e.what();
     }
+  }
+  if (o.json) {
+    print_json(o, baseline, agoq, planned ? &*planned : nullptr, fit, choice, plan_error);
     return 0;
   }
   std::printf(
@@ -663,7 +745,9 @@ int run(int argc, char** argv) {
         layers(fit.agoq).c_str(),
         o.step.selective.any() ? " (full recomputation alone, without the recompute modules)" : "");
   }
-  if (o.budget_gib > 0) print_plan(o, plan());
+  if (choice.asked) print_recompute_options(o, choice);
+  if (planned) print_plan(o, *planned);
+  if (!plan_error.empty()) std::printf("\nno plan for the step as given: %s\n", plan_error.c_str());
   return 0;
 }
 

@@ -117,6 +117,39 @@ string(CONCAT both "agoq_plan: .*full recomputation \\(recompute uniform\\) and 
 check(recompute_modules_and_full 1 "${both}"
   --recompute uniform --recompute-layers 1 --recompute-modules mlp)
 
+# --recompute-options: the README's layout within 15 GiB, each set of modules planned (the
+# planner's and layer_forward_flops' figures, which planner_test checks by hand), least error
+# within 5% more matrix FLOPs (layernorm: recomputing the norms adds none), and in JSON.
+string(CONCAT options_table "modules +FLOPs +peak GiB +plan error\n"
+  "none +\\+0.0% +15.00 +7.024\n"
+  "layernorm +\\+0.0% +15.00 +3.197\n"
+  "core_attn +\\+4.2% +14.98 +7.024\n.*"
+  "layernorm,mlp +\\+21.9% +12.72 +0\n.*"
+  "least error adding at most 5.0%: layernorm \\(\\+0.0%, error 3.197\\)")
+check(recompute_options 0 "${options_table}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1
+  --sp --seq 8192 --budget-gib 15 --recompute-options --max-recompute-overhead 5)
+check(recompute_options_all 0 "least error adding at most 100.0%: mlp \\(\\+21.9%, error 0\\)"
+  --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 15
+  --recompute-options)
+string(CONCAT options_short "none +\\+0.0% +[0-9.]+ +falls short by [0-9.]+ GiB\n.*"
+  "least error adding at most 100.0%: layernorm,mlp \\(\\+21.9%, error 0\\)\n\n"
+  "no plan for the step as given: .*falls short by 2009811512 bytes on pipeline stage 0")
+check(recompute_options_short 0 "${options_short}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192
+  --budget-gib 13 --recompute-options)
+string(CONCAT options_json "\"recompute_options\": {\"max_overhead\": 0.05[0-9]*, \"options\": \\[{"
+  "\"modules\": \\[\\], \"overhead\": 0, \"fits\": true, .*\"least_error\": \\[\"layernorm\"\\]}")
+check(recompute_options_json 0 "${options_json}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1
+  --sp --seq 8192 --budget-gib 15 --recompute-options --max-recompute-overhead 5 --json)
+string(CONCAT options_short_json "\"plan_error\": \"agoq: planner: the budget of 13958643712 bytes "
+  "falls short by 2009811512 bytes.*\"least_error\": \\[\"layernorm\", \"mlp\"\\]}")
+check(recompute_options_short_json 0 "${options_short_json}" --preset llama3-8b --tp 2 --pp 4
+  --dp 4 --zero 1 --sp --seq 8192 --budget-gib 13 --recompute-options --json)
+check(recompute_options_without_budget 1 "agoq_plan: --recompute-options needs --budget-gib"
+  --recompute-options)
+check(bad_max_overhead 1
+  "agoq_plan: max-recompute-overhead must be a finite percentage of at least 0, got '-1'"
+  --budget-gib 15 --recompute-options --max-recompute-overhead -1)
+
 # Context parallelism: CP 2 over 16384-token sequences keeps CP 1's activations at 8192 (17.02
 # GiB on stage 0) with ZeRO-1 over dp x cp = 8 (memory_model_test checks it by hand).
 string(CONCAT cp_table "parallel: tp 2, pp 4 \\(1F1B\\), dp 4, cp 2, ZeRO-1, sp on; micro-batch 1 x "

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -854,6 +855,139 @@ TEST_CASE("smallest_memory is make_plan's boundary, and the fewest layers to rec
   CHECK(least_block_recompute(base) == n);
   base.budget_bytes = 0;
   CHECK_THROWS_AS(least_block_recompute(base), agoq::invalid_argument);
+}
+
+TEST_CASE("layer_forward_flops and recompute_overhead, by hand") {
+  // T = 2 x 128 / cp 2 = 128 tokens a rank, tp 2; q = 4 x 64 = 256, k = 2 x 64 = 128.
+  model_shape m{block_style::llama, 4, 256, 512, 4, 2, 0, 1000, false};
+  parallel_config p;
+  p.tp = 2;
+  p.cp = 2;
+  p.pp = 2;
+  step_config st{2, 128, 0};
+  layer_flops const fl = layer_forward_flops(m, p, st);
+  // 2 T h (q + 2k) / tp + 2 T q h / tp; 2 q b s (s + 1) / (cp tp); 6 T h f / tp.
+  CHECK(fl.projections == 25165824.0);
+  CHECK(fl.core_attention == 4227072.0);
+  CHECK(fl.mlp == 50331648.0);
+  CHECK(fl.forward() == 25165824.0 + 4227072.0 + 50331648.0);
+  CHECK(recompute_flops(fl, {}) == 0.0);
+  CHECK(recompute_flops(fl, {.layernorm = true}) == 0.0);
+  CHECK(recompute_flops(fl, {.core_attn = true}) == 4227072.0);
+  CHECK(recompute_flops(fl, {true, true, true}) == 4227072.0 + 50331648.0);
+  // L R / (3 (L F + H)), H = 2 T h vocab / tp = 32768000.
+  CHECK(recompute_overhead(m, p, st, {}) == 0.0);
+  CHECK(recompute_overhead(m, p, st, {.layernorm = true}) == 0.0);
+  CHECK(recompute_overhead(m, p, st, {.core_attn = true}) ==
+        doctest::Approx(0.0160268356317555).epsilon(1e-12));
+  CHECK(recompute_overhead(m, p, st, {.mlp = true}) ==
+        doctest::Approx(0.190831159150205).epsilon(1e-12));
+  CHECK(recompute_overhead(m, p, st, {true, true, true}) ==
+        doctest::Approx(0.20685799478196049).epsilon(1e-12));
+  // GPT: fc1 and fc2, 4 T h f / tp; q = k = 256.
+  model_shape const g{block_style::gpt, 4, 256, 512, 4, 4, 0, 1000, false};
+  layer_flops const gl = layer_forward_flops(g, p, st);
+  CHECK(gl.projections == 33554432.0);
+  CHECK(gl.core_attention == 4227072.0);
+  CHECK(gl.mlp == 33554432.0);
+  CHECK(recompute_overhead(g, p, st, {.core_attn = true, .mlp = true}) ==
+        doctest::Approx(0.15835736849333884).epsilon(1e-12));
+  // Sequence parallelism changes no product.
+  p.sp = true;
+  CHECK(layer_forward_flops(m, p, st).forward() == fl.forward());
+  st.seq = 0;
+  CHECK_THROWS_AS(layer_forward_flops(m, p, st), agoq::invalid_argument);
+  st.seq = 128;
+  p.tp = 0;
+  CHECK_THROWS_AS(layer_forward_flops(m, p, st), agoq::invalid_argument);
+}
+
+TEST_CASE("selective_options: every set of modules planned as make_plan plans it") {
+  planner_input in = small_input();
+  in.policy = policy_table{};
+  // Between the least and the most any set of modules needs: some sets fit, some do not.
+  std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = 0;
+  for (bool const core_attn : {false, true})
+    for (bool const layernorm : {false, true})
+      for (bool const mlp : {false, true}) {
+        planner_input one = in;
+        one.step.selective = {core_attn, layernorm, mlp};
+        lo = std::min(lo, peak_total(smallest_memory(one)));
+        hi = std::max(hi, peak_total(smallest_memory(one)));
+      }
+  REQUIRE(lo < hi);
+  for (std::int64_t const budget : {lo, (lo + hi) / 2, hi, 2 * hi}) {
+    CAPTURE(budget);
+    in.budget_bytes = budget;
+    std::vector<selective_option> const options = selective_options(in);
+    REQUIRE(options.size() == 8);
+    CHECK(options.front().modules == recompute_modules{});
+    CHECK(options.front().overhead == 0.0);
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < options.size(); ++i) {
+      selective_option const& o = options[i];
+      CAPTURE(name_of(o.modules));
+      names.push_back(name_of(o.modules));
+      if (i > 0) CHECK(options[i - 1].overhead <= o.overhead);
+      planner_input one = in;
+      one.step.selective = o.modules;
+      CHECK(o.overhead == recompute_overhead(in.model, in.parallel, in.step, o.modules));
+      if (o.fits) {
+        activation_plan const plan = make_plan(one);
+        CHECK(o.error == plan.total_error());
+        std::int64_t peak = 0;
+        for (auto const& st : plan.stages()) peak = std::max(peak, st.memory.total());
+        CHECK(o.peak_bytes == peak);
+        CHECK(o.peak_bytes <= budget);
+      } else {
+        CHECK_THROWS_AS(make_plan(one), agoq::invalid_argument);
+        CHECK(o.peak_bytes == peak_total(smallest_memory(one)));
+        CHECK(o.peak_bytes > budget);
+        CHECK(o.error == 0.0);
+      }
+    }
+    std::sort(names.begin(), names.end());
+    CHECK(std::adjacent_find(names.begin(), names.end()) == names.end());
+    // least_error_recompute against the options by brute force, for caps between none and all.
+    for (double const cap : {0.0, options[3].overhead, 1.0}) {
+      CAPTURE(cap);
+      std::optional<selective_option> want;
+      for (selective_option const& o : options)
+        if (o.fits && o.overhead <= cap && (!want || o.error < want->error)) want = o;
+      auto const got = least_error_recompute(in, cap);
+      REQUIRE(got.has_value() == want.has_value());
+      if (got) {
+        CHECK(got->modules == want->modules);
+        CHECK(got->error == want->error);
+      }
+    }
+  }
+  // At the least any set needs, some set fits and some does not; below it, none; at the most,
+  // every one.
+  in.budget_bytes = lo;
+  auto const at_lo = selective_options(in);
+  CHECK(std::any_of(at_lo.begin(), at_lo.end(), [](auto const& o) { return o.fits; }));
+  CHECK(!std::all_of(at_lo.begin(), at_lo.end(), [](auto const& o) { return o.fits; }));
+  in.budget_bytes = lo - 1;
+  for (selective_option const& o : selective_options(in)) CHECK(!o.fits);
+  CHECK(!least_error_recompute(in, 1.0).has_value());
+  in.budget_bytes = hi;
+  for (selective_option const& o : selective_options(in)) CHECK(o.fits);
+  // in.step's own recomputation, full or selective, is ignored.
+  in.budget_bytes = hi;
+  auto const plain = least_error_recompute(in, 1.0);
+  REQUIRE(plain.has_value());
+  in.step.selective = {.mlp = true};
+  CHECK(least_error_recompute(in, 1.0)->modules == plain->modules);
+  in.step.selective = {};
+  in.step.recompute = recompute_method::uniform;
+  in.step.recompute_layers = 1;
+  CHECK(least_error_recompute(in, 1.0)->modules == plain->modules);
+  CHECK_THROWS_AS(least_error_recompute(in, -0.1), agoq::invalid_argument);
+  CHECK_THROWS_AS(least_error_recompute(in, std::numeric_limits<double>::quiet_NaN()),
+                  agoq::invalid_argument);
+  in.budget_bytes = 0;
+  CHECK_THROWS_AS(selective_options(in), agoq::invalid_argument);
 }
 
 TEST_CASE("ZeRO-3's gathered weights count against the budget") {

@@ -681,4 +681,131 @@ inline std::optional<std::int64_t> least_block_recompute(planner_input in) {
   return std::nullopt;
 }
 
+/// The matrix products of one layer's forward on one GPU for one micro-batch, in FLOPs (two per
+/// multiply-add), split by what selective recomputation runs again. T = micro_batch x seq / cp
+/// tokens, q = heads x head_size(), k = kv_heads x head_size(), h = hidden, f = ffn; tensor
+/// parallelism divides each by tp (sequence parallelism changes no product).
+/// - projections: Q, K and V, 2 T h (q + 2k), and the output projection, 2 T q h;
+/// - core_attention: Q K^T and P V under the causal mask, 2 q b s (s + 1) / cp (each of the two
+///   2 d b s (s + 1) / 2 a head; a context-parallel rank holds 1 / cp of the causal pairs);
+/// - mlp: LLaMA's gate, up and down projections, 6 T h f; GPT's fc1 and fc2, 4 T h f.
+/// The norms, activation functions and softmax are elementwise and not counted, as in the
+/// FLOPs accounting of Megatron (Narayanan et al., SC'21), which these follow.
+struct layer_flops {
+  double projections = 0;
+  double core_attention = 0;
+  double mlp = 0;
+
+  /// The three together.
+  double forward() const noexcept { return projections + core_attention + mlp; }
+};
+
+/// layer_flops of a layer of `m` under `p` and `st`. Throws agoq::invalid_argument as
+/// parallel_config::validate.
+inline layer_flops layer_forward_flops(model_shape const& m, parallel_config const& p,
+                                       step_config const& st) {
+  p.validate(m);
+  AGOQ_EXPECTS(st.micro_batch >= 1 && st.seq >= 1,
+               "layer_forward_flops: micro_batch and seq must be positive");
+  auto const [h, q, k, f] = m.width_bounds();
+  long double const b = static_cast<long double>(st.micro_batch);
+  long double const s = static_cast<long double>(st.seq);
+  long double const t = b * s / static_cast<long double>(p.cp);
+  long double const tp = static_cast<long double>(p.tp);
+  long double const mlp_products = m.style == block_style::llama ? 3 : 2;
+  layer_flops out;
+  out.projections = static_cast<double>(2 * t * h * (q + 2 * k) / tp + 2 * t * q * h / tp);
+  out.core_attention = static_cast<double>(2 * q * b * s * (s + 1) / (p.cp * tp));
+  out.mlp = static_cast<double>(2 * mlp_products * t * h * f / tp);
+  return out;
+}
+
+/// The FLOPs of matrix products that the modules `r` run again in one layer's backward (as
+/// layer_flops counts them): core_attention for core_attn, mlp for mlp. layernorm's norm is
+/// elementwise and counts none: it costs a read of the norm's input, T x h bf16 elements a norm.
+inline double recompute_flops(layer_flops const& fl, recompute_modules const& r) noexcept {
+  return (r.core_attn ? fl.core_attention : 0) + (r.mlp ? fl.mlp : 0);
+}
+
+/// The share selective recomputation `r` adds to a training step's matrix products: L R / (3 (L F
+/// + H)), R its recompute_flops and F the forward of a layer (layer_forward_flops), H the output
+/// head's 2 T h vocab / tp, and 3 the forward plus a backward of twice its products; the same
+/// for every micro-batch, so for the whole step. Throws as layer_forward_flops.
+inline double recompute_overhead(model_shape const& m, parallel_config const& p,
+                                 step_config const& st, recompute_modules const& r) {
+  layer_flops const fl = layer_forward_flops(m, p, st);
+  double const layers = static_cast<double>(m.layers);
+  double const head = 2.0 * static_cast<double>(st.micro_batch) * static_cast<double>(st.seq) /
+                      static_cast<double>(p.cp) * static_cast<double>(m.hidden) *
+                      static_cast<double>(m.vocab) / static_cast<double>(p.tp);
+  return layers * recompute_flops(fl, r) / (3.0 * (layers * fl.forward() + head));
+}
+
+/// One choice of selective recomputation planned (selective_options).
+struct selective_option {
+  recompute_modules modules;    ///< the modules recomputed in every layer
+  double overhead = 0;          ///< recompute_overhead: the step's matrix products it adds
+  bool fits = false;            ///< make_plan fits the budget with it
+  double error = 0;             ///< the plan's total_error() where it fits (else 0)
+  std::int64_t peak_bytes = 0;  ///< the plan's largest device total where it fits, else the
+                                ///< least any plan needs (peak_total(smallest_memory))
+};
+
+/// Every choice of Megatron's recompute modules (the 8 sets of core_attn, layernorm and mlp),
+/// each planned for `in` as make_plan plans it (in.step.selective set to it; in.step's own full or
+/// selective recomputation is ignored): the trade between the compute each adds and the
+/// quantization error the planner is left with. Ordered by overhead, then as the bits of the set
+/// count (core_attn 1, layernorm 2, mlp 4; none first). Throws agoq::invalid_argument for a budget
+/// outside (0, 2^62] or as estimate_memory.
+inline std::vector<selective_option> selective_options(planner_input in) {
+  in.parallel.validate(in.model);
+  AGOQ_EXPECTS(in.budget_bytes > 0 && in.budget_bytes <= max_size_count,
+               "selective_options: the budget must be positive and at most 2^62 bytes, got " +
+                   std::to_string(in.budget_bytes));
+  in.step.recompute = recompute_method::none;
+  in.step.recompute_layers = 0;
+  std::vector<selective_option> out;
+  for (unsigned set = 0; set < 8; ++set) {
+    in.step.selective = {(set & 1) != 0, (set & 2) != 0, (set & 4) != 0};
+    selective_option o;
+    o.modules = in.step.selective;
+    o.overhead = recompute_overhead(in.model, in.parallel, in.step, o.modules);
+    o.peak_bytes = peak_total(smallest_memory(in));
+    o.fits = o.peak_bytes <= in.budget_bytes;
+    if (o.fits) {
+      activation_plan const plan = make_plan(in);
+      o.error = plan.total_error();
+      o.peak_bytes = 0;
+      for (stage_plan const& s : plan.stages())
+        o.peak_bytes = std::max(o.peak_bytes, s.memory.total());
+    }
+    out.push_back(o);
+  }
+  std::stable_sort(
+      out.begin(), out.end(),
+      [](selective_option const& a, selective_option const& b) { return a.overhead < b.overhead; });
+  return out;
+}
+
+/// Of `options` (selective_options' answer), the one that fits with the least modelled error among
+/// those adding at most `max_overhead` to the step's matrix products (0.1: 10%), the first in
+/// their order on a tie (the least overhead); none when none fits within it. Throws
+/// agoq::invalid_argument for a negative or NaN `max_overhead`.
+inline std::optional<selective_option> least_error_recompute(
+    std::vector<selective_option> const& options, double max_overhead) {
+  AGOQ_EXPECTS(max_overhead >= 0,
+               "least_error_recompute: max_overhead must be a non-negative share, got " +
+                   std::to_string(max_overhead));
+  std::optional<selective_option> best;
+  for (selective_option const& o : options)
+    if (o.fits && o.overhead <= max_overhead && (!best || o.error < best->error)) best = o;
+  return best;
+}
+
+/// least_error_recompute of selective_options(in). Throws as either.
+inline std::optional<selective_option> least_error_recompute(planner_input const& in,
+                                                             double max_overhead) {
+  return least_error_recompute(selective_options(in), max_overhead);
+}
+
 }  // namespace agoq::activation
