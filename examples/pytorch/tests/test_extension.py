@@ -576,6 +576,44 @@ class PlanningTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "cp and virtual_stages must be positive"):
             agoq.make_plan(LLAMA, 8, 256, budget, cp=0)
 
+    def test_selective_options(self):
+        # Every set of recompute modules planned as make_plan plans it, by overhead, and the least
+        # error among those adding at most max_overhead; over budgets where some sets fit and
+        # some do not.
+        kw = dict(pp=2, reserved_bytes=0, sensitivity={"mlp_input": 3.0})
+        sets = sorted(tuple(m for m, on in zip(("core_attn", "layernorm", "mlp"), bits) if on)
+                      for bits in [((i & 1), (i & 2), (i & 4)) for i in range(8)])
+        # Within 1 byte none fits, and each option says the least its set needs.
+        least = [o["peak_bytes"] for o in agoq.selective_options(LLAMA, 8, 128, 1, **kw)["options"]]
+        lo, hi = min(least), max(least)
+        self.assertLess(lo, hi)
+        mixed = 0
+        for budget in (lo - 1, lo, (lo + hi) // 2, hi, 2 * hi):
+            got = agoq.selective_options(LLAMA, 8, 128, budget, max_overhead=0.05, **kw)
+            options = got["options"]
+            self.assertEqual(sorted(tuple(o["modules"]) for o in options), sets)
+            overheads = [o["overhead"] for o in options]
+            self.assertEqual(overheads, sorted(overheads))
+            self.assertEqual(options[0]["modules"], [])
+            for o in options:
+                if o["fits"]:
+                    plan = agoq.make_plan(LLAMA, 8, 128, budget, recompute_modules=o["modules"],
+                                          **kw)
+                    self.assertEqual(plan["error"], o["error"])
+                    self.assertEqual(max(s["total"] for s in plan["stages"]), o["peak_bytes"])
+                else:
+                    self.assertGreater(o["peak_bytes"], budget)
+                    with self.assertRaisesRegex(ValueError, "falls short"):
+                        agoq.make_plan(LLAMA, 8, 128, budget, recompute_modules=o["modules"],
+                                       **kw)
+            fits = [o for o in options if o["fits"] and o["overhead"] <= 0.05]
+            self.assertEqual(got["least_error"], min(fits, key=lambda o: o["error"])
+                             if fits else None)
+            mixed += 0 < sum(o["fits"] for o in options) < 8
+        self.assertGreater(mixed, 0)
+        with self.assertRaisesRegex(ValueError, "max_overhead must be a non-negative share"):
+            agoq.selective_options(LLAMA, 8, 128, hi, max_overhead=-1.0)
+
     def test_error_model_defaults(self):
         defaults = agoq.error_model_defaults()
         # Every kind that owns storage, of both styles; o_proj_input is the attention output's.

@@ -296,21 +296,10 @@ act::planner_input planner_input_of(py::dict const& model, std::int64_t micro_ba
   return in;
 }
 
-py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
-                   std::int64_t budget_bytes, py::object const& policy, std::int64_t dp,
-                   std::int64_t pp, std::int64_t tp, std::int64_t vp, int zero, bool sp,
-                   std::int64_t micro_batches, std::string const& gradients,
-                   std::string const& optimizer, py::object const& statistics,
-                   std::int64_t vp_group, std::string const& vp_rules,
-                   std::int64_t bucket_parameters, std::int64_t reserved_bytes,
-                   py::object const& sensitivity, py::object const& outlier,
-                   std::string const& recompute, std::int64_t recompute_layers, std::int64_t cp,
-                   std::vector<std::string> const& recompute_modules) {
-  act::planner_input in =
-      planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
-                       micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
-                       reserved_bytes, recompute, recompute_layers, cp, recompute_modules);
-  // The error model's overrides: {kind or (layer, kind): weight} and {kind: factor}.
+/// Sets the error model of `in` from make_plan's arguments: `sensitivity` {kind or (layer, kind):
+/// weight}, `outlier` {kind: factor} and `statistics` {(layer, kind): measure()'s dict}.
+void apply_error_model(act::planner_input& in, py::object const& statistics,
+                       py::object const& sensitivity, py::object const& outlier) {
   if (!sensitivity.is_none()) {
     for (auto const& [key, value] : sensitivity.cast<py::dict>()) {
       double const w = value.cast<double>();
@@ -338,6 +327,23 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
                                stats_of(value.cast<py::dict>()));
     }
   }
+}
+
+py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
+                   std::int64_t budget_bytes, py::object const& policy, std::int64_t dp,
+                   std::int64_t pp, std::int64_t tp, std::int64_t vp, int zero, bool sp,
+                   std::int64_t micro_batches, std::string const& gradients,
+                   std::string const& optimizer, py::object const& statistics,
+                   std::int64_t vp_group, std::string const& vp_rules,
+                   std::int64_t bucket_parameters, std::int64_t reserved_bytes,
+                   py::object const& sensitivity, py::object const& outlier,
+                   std::string const& recompute, std::int64_t recompute_layers, std::int64_t cp,
+                   std::vector<std::string> const& recompute_modules) {
+  act::planner_input in =
+      planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
+                       micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
+                       reserved_bytes, recompute, recompute_layers, cp, recompute_modules);
+  apply_error_model(in, statistics, sensitivity, outlier);
   act::activation_plan const plan = act::make_plan(in);
   py::list layers;
   py::list recomputed;
@@ -388,6 +394,43 @@ py::object least_block_recompute(py::dict const& model, std::int64_t micro_batch
                        micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
                        reserved_bytes, "none", 0, cp, {}));
   return n ? py::object(py::int_(*n)) : py::object(py::none());
+}
+
+/// A selective_option as a dict.
+py::dict option_dict(act::selective_option const& o) {
+  py::list modules;
+  for (std::string_view const n : act::names_of(o.modules)) modules.append(std::string(n));
+  py::dict d;
+  d["modules"] = modules;
+  d["overhead"] = o.overhead;
+  d["fits"] = o.fits;
+  d["error"] = o.error;
+  d["peak_bytes"] = o.peak_bytes;
+  return d;
+}
+
+py::dict selective_options(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
+                           std::int64_t budget_bytes, py::object const& policy, std::int64_t dp,
+                           std::int64_t pp, std::int64_t tp, std::int64_t vp, int zero, bool sp,
+                           std::int64_t micro_batches, std::string const& gradients,
+                           std::string const& optimizer, py::object const& statistics,
+                           std::int64_t vp_group, std::string const& vp_rules,
+                           std::int64_t bucket_parameters, std::int64_t reserved_bytes,
+                           py::object const& sensitivity, py::object const& outlier,
+                           std::int64_t cp, double max_overhead) {
+  act::planner_input in =
+      planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
+                       micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
+                       reserved_bytes, "none", 0, cp, {});
+  apply_error_model(in, statistics, sensitivity, outlier);
+  std::vector<act::selective_option> const all = act::selective_options(in);
+  py::list options;
+  for (act::selective_option const& o : all) options.append(option_dict(o));
+  auto const best = act::least_error_recompute(all, max_overhead);
+  py::dict out;
+  out["options"] = options;
+  out["least_error"] = best ? py::object(option_dict(*best)) : py::object(py::none());
+  return out;
 }
 
 py::list estimate_memory(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
@@ -479,6 +522,20 @@ void register_planning(py::module_& m) {
         "make_plan (same arguments) to fit budget_bytes: 0 when it fits without, None when not "
         "even every layer fits. Full recomputation alone: no selective recomputation "
         "(recompute_modules) is tried beside it.");
+  m.def("selective_options", &selective_options, py::arg("model"), py::arg("micro_batch"),
+        py::arg("seq"), py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
+        py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
+        py::arg("sp") = false, py::arg("micro_batches") = 0, py::arg("gradients") = "int8",
+        py::arg("optimizer") = "fp32", py::arg("statistics") = py::none(), py::arg("vp_group") = 0,
+        py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
+        py::arg("reserved_bytes") = act::default_reserved_bytes,
+        py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(), py::arg("cp") = 1,
+        py::arg("max_overhead") = 1.0,
+        "Every set of Megatron's recompute modules (core_attn, layernorm, mlp) planned as "
+        "make_plan (same arguments) plans it: {'options': [{'modules', 'overhead' (the share of "
+        "a step's matrix FLOPs it adds), 'fits', 'error' (the plan's), 'peak_bytes'}] by "
+        "overhead, 'least_error': the option that fits with the least error among those adding "
+        "at most max_overhead, or None}.");
   m.def("estimate_memory", &estimate_memory, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("gradients") = "fp32", py::arg("optimizer") = "fp32",
         py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,
