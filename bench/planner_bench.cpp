@@ -1,7 +1,7 @@
 /// \file
 /// The activation planner on 128 layers x 16 pipeline stages (a 405B-like LLaMA shape, TP 8,
-/// SP, 64 micro-batches; and with 1000 or 4000 micro-batches in Megatron-Core's groups), and on
-/// LLaMA-3-8B with 4 stages; single thread, host only.
+/// SP, 64 micro-batches; and with 1000 or 4000 micro-batches in Megatron-Core's groups; and every
+/// set of recompute modules planned), and on LLaMA-3-8B with 4 stages; single thread, host only.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -84,6 +84,17 @@ void plan_llama3_8b(benchmark::State& state) {
   }
 }
 BENCHMARK(plan_llama3_8b)->Unit(benchmark::kMillisecond);
+
+// selective_options: the 8 sets of recompute modules, each planned (v = 1), against one plan
+// above (plan_128_layers_16_stages/v:1).
+void selective_options_128_layers_16_stages(benchmark::State& state) {
+  act::planner_input const in = input_128x16(1);
+  for (auto _ : state) {
+    auto options = act::selective_options(in);
+    benchmark::DoNotOptimize(options);
+  }
+}
+BENCHMARK(selective_options_128_layers_16_stages)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
