@@ -96,6 +96,17 @@ void selective_options_128_layers_16_stages(benchmark::State& state) {
 }
 BENCHMARK(selective_options_128_layers_16_stages)->Unit(benchmark::kMillisecond);
 
+// recompute_options: the 8 sets and the 15 full recomputations of chunks of 8 layers (block 1 ..
+// 7, uniform 1 .. 8), each planned (v = 1).
+void recompute_options_128_layers_16_stages(benchmark::State& state) {
+  act::planner_input const in = input_128x16(1);
+  for (auto _ : state) {
+    auto options = act::recompute_options(in);
+    benchmark::DoNotOptimize(options);
+  }
+}
+BENCHMARK(recompute_options_128_layers_16_stages)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();

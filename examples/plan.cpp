@@ -51,12 +51,13 @@ struct recompute_fit {
   std::optional<std::int64_t> agoq;
 };
 
-/// --recompute-options' answers: every set of recompute modules planned for AGoQ, and the one of
-/// least error within --max-recompute-overhead, where it was asked.
+/// --recompute-options' answers: every set of recompute modules and every full recomputation
+/// planned for AGoQ, and the one of least error within --max-recompute-overhead, where it was
+/// asked.
 struct recompute_choice {
   bool asked = false;
-  std::vector<act::selective_option> options;
-  std::optional<act::selective_option> least_error;
+  std::vector<act::recompute_option> options;
+  std::optional<act::recompute_option> least_error;
 };
 
 void usage() {
@@ -98,9 +99,10 @@ void usage() {
       "block recomputation must recompute for the baseline and for AGoQ to fit the budget; it\n"
       "tries full recomputation alone, in place of --recompute and --recompute-modules.\n"
       "--recompute-options (with --budget-gib) plans AGoQ with each of the 8 sets of recompute\n"
-      "modules and prints, for each, the share of a step's matrix FLOPs it adds, its peak and\n"
-      "the plan's modelled error (or by how much it falls short), and the set of least error\n"
-      "among those adding at most --max-recompute-overhead percent (default 100).\n"
+      "modules and each full recomputation (block N for N below the layers of a model chunk,\n"
+      "uniform N up to them) and prints, for each, the share of a step's matrix FLOPs it adds,\n"
+      "its peak and the plan's modelled error (or by how much it falls short), and the one of\n"
+      "least error among those adding at most --max-recompute-overhead percent (default 100).\n"
       "--sensitivity and --outlier set one saved tensor kind's weight in the planner's\n"
       "objective and its outlier factor (docs/activations.md section 3; measured sensitivities:\n"
       "examples/pytorch/sensitivity.py --plan-config); KIND@LAYER=W weighs one layer's tensor\n"
@@ -336,12 +338,14 @@ std::string shown_name(act::planned_tensor const& t) {
 
 void print_recompute_options(options const& o, recompute_choice const& choice) {
   std::printf(
-      "\nselective recomputation within %.2f GiB per GPU (agoq), each set of modules with the\n"
+      "\nrecomputation within %.2f GiB per GPU (agoq): each set of modules (selective) and each\n"
+      "full recomputation (block/uniform N: N layers of each model chunk of %lld), with the\n"
       "share of a step's matrix FLOPs it adds (layernorm's norms add none: a read of their\n"
       "inputs):\n%-26s %9s %9s %12s\n",
-      o.budget_gib, "modules", "FLOPs", "peak GiB", "plan error");
-  for (act::selective_option const& c : choice.options) {
-    std::string const name = c.modules.any() ? act::name_of(c.modules) : "none";
+      o.budget_gib, static_cast<long long>(o.parallel.layers_per_chunk(o.model)), "recompute",
+      "FLOPs", "peak GiB", "plan error");
+  for (act::recompute_option const& c : choice.options) {
+    std::string const name = act::name_of(c);
     if (c.fits) {
       std::printf("%-26s %+8.1f%% %9.2f %12.4g\n", name.c_str(), 100.0 * c.overhead,
                   g(c.peak_bytes), c.error);
@@ -351,10 +355,9 @@ void print_recompute_options(options const& o, recompute_choice const& choice) {
     }
   }
   if (choice.least_error) {
-    act::selective_option const& c = *choice.least_error;
+    act::recompute_option const& c = *choice.least_error;
     std::printf("least error adding at most %.1f%%: %s (%+.1f%%, error %.4g)\n",
-                100.0 * o.max_recompute_overhead,
-                c.modules.any() ? act::name_of(c.modules).c_str() : "none", 100.0 * c.overhead,
+                100.0 * o.max_recompute_overhead, act::name_of(c).c_str(), 100.0 * c.overhead,
                 c.error);
   } else {
     std::printf("least error adding at most %.1f%%: none fits\n", 100.0 * o.max_recompute_overhead);
@@ -587,19 +590,22 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
                      json_object({{"baseline", layers(fit.baseline)}, {"agoq", layers(fit.agoq)}}));
   }
   if (choice.asked) {
+    auto const option = [](act::recompute_option const& c) {
+      return json_object({{"recompute", json_string(act::name_of(c.method))},
+                          {"recompute_layers", json_number(c.layers)},
+                          {"modules", json_modules(c.modules)},
+                          {"overhead", json_number(c.overhead)},
+                          {"fits", json_bool(c.fits)},
+                          {"error", json_number(c.error)},
+                          {"peak_bytes", json_number(c.peak_bytes)}});
+    };
     std::vector<std::string> options;
-    for (act::selective_option const& c : choice.options)
-      options.push_back(json_object({{"modules", json_modules(c.modules)},
-                                     {"overhead", json_number(c.overhead)},
-                                     {"fits", json_bool(c.fits)},
-                                     {"error", json_number(c.error)},
-                                     {"peak_bytes", json_number(c.peak_bytes)}}));
-    doc.emplace_back(
-        "recompute_options",
-        json_object({{"max_overhead", json_number(o.max_recompute_overhead)},
-                     {"options", json_array(options)},
-                     {"least_error", choice.least_error ? json_modules(choice.least_error->modules)
-                                                        : std::string("null")}}));
+    for (act::recompute_option const& c : choice.options) options.push_back(option(c));
+    doc.emplace_back("recompute_options",
+                     json_object({{"max_overhead", json_number(o.max_recompute_overhead)},
+                                  {"options", json_array(options)},
+                                  {"least_error", choice.least_error ? option(*choice.least_error)
+                                                                     : std::string("null")}}));
   }
   std::printf("%s\n", json_object(doc).c_str());
 }
@@ -664,11 +670,11 @@ int run(int argc, char** argv) {
   recompute_choice choice;
   if (o.recompute_options) {
     choice.asked = true;
-    choice.options = act::selective_options(input(true));
+    choice.options = act::recompute_options(input(true));
     choice.least_error = act::least_error_recompute(choice.options, o.max_recompute_overhead);
   }
   // The plan of the step as given. Under --recompute-options a budget it falls short of is an
-  // answer, not an error: the options say which modules fit, and the plan is left out.
+  // answer, not an error: the options say which recomputation fits, and the plan is left out.
   std::optional<act::activation_plan> planned;
   std::string plan_error;
   if (o.budget_gib > 0) {

@@ -117,17 +117,25 @@ string(CONCAT both "agoq_plan: .*full recomputation \\(recompute uniform\\) and 
 check(recompute_modules_and_full 1 "${both}"
   --recompute uniform --recompute-layers 1 --recompute-modules mlp)
 
-# --recompute-options: the README's layout within 15 GiB, each set of modules planned (the
-# planner's and layer_forward_flops' figures, which planner_test checks by hand), least error
-# within 5% more matrix FLOPs (layernorm: recomputing the norms adds none), and in JSON.
-string(CONCAT options_table "modules +FLOPs +peak GiB +plan error\n"
+# --recompute-options: the README's layout within 15 GiB, each set of modules and each full
+# recomputation planned (the planner's and layer_forward_flops' figures, which planner_test
+# checks by hand), least error within 5% and 10% more matrix FLOPs (layernorm: recomputing the
+# norms adds none; block 2: 8 of the 32 layers run twice), and in JSON.
+string(CONCAT options_table "recompute +FLOPs +peak GiB +plan error\n"
   "none +\\+0.0% +15.00 +7.024\n"
   "layernorm +\\+0.0% +15.00 +3.197\n"
+  "block 1 +\\+3.9% +14.98 +5.042\n"
   "core_attn +\\+4.2% +14.98 +7.024\n.*"
+  "block 2 +\\+7.8% +15.00 +1.927\n.*"
   "layernorm,mlp +\\+21.9% +12.72 +0\n.*"
+  "uniform 1 +\\+31.3% +11.99 +0\n.*"
+  "uniform 8 +\\+31.3% +15.50 +falls short by 0.50 GiB\n"
   "least error adding at most 5.0%: layernorm \\(\\+0.0%, error 3.197\\)")
 check(recompute_options 0 "${options_table}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1
   --sp --seq 8192 --budget-gib 15 --recompute-options --max-recompute-overhead 5)
+check(recompute_options_full 0 "least error adding at most 10.0%: block 2 \\(\\+7.8%, error 1.927\\)"
+  --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 15
+  --recompute-options --max-recompute-overhead 10)
 check(recompute_options_all 0 "least error adding at most 100.0%: mlp \\(\\+21.9%, error 0\\)"
   --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 15
   --recompute-options)
@@ -137,11 +145,16 @@ string(CONCAT options_short "none +\\+0.0% +[0-9.]+ +falls short by [0-9.]+ GiB\
 check(recompute_options_short 0 "${options_short}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192
   --budget-gib 13 --recompute-options)
 string(CONCAT options_json "\"recompute_options\": {\"max_overhead\": 0.05[0-9]*, \"options\": \\[{"
-  "\"modules\": \\[\\], \"overhead\": 0, \"fits\": true, .*\"least_error\": \\[\"layernorm\"\\]}")
+  "\"recompute\": \"none\", \"recompute_layers\": 0, \"modules\": \\[\\], \"overhead\": 0, "
+  "\"fits\": true, .*{\"recompute\": \"block\", \"recompute_layers\": 1, \"modules\": \\[\\], "
+  "\"overhead\": 0.03[0-9]*, .*\"least_error\": {\"recompute\": \"none\", "
+  "\"recompute_layers\": 0, \"modules\": \\[\"layernorm\"\\], \"overhead\": 0, \"fits\": true, "
+  "\"error\": 3.19[0-9]*, \"peak_bytes\": [0-9]+}}")
 check(recompute_options_json 0 "${options_json}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1
   --sp --seq 8192 --budget-gib 15 --recompute-options --max-recompute-overhead 5 --json)
 string(CONCAT options_short_json "\"plan_error\": \"agoq: planner: the budget of 13958643712 bytes "
-  "falls short by 2009811512 bytes.*\"least_error\": \\[\"layernorm\", \"mlp\"\\]}")
+  "falls short by 2009811512 bytes.*\"least_error\": {\"recompute\": \"none\", "
+  "\"recompute_layers\": 0, \"modules\": \\[\"layernorm\", \"mlp\"\\], ")
 check(recompute_options_short_json 0 "${options_short_json}" --preset llama3-8b --tp 2 --pp 4
   --dp 4 --zero 1 --sp --seq 8192 --budget-gib 13 --recompute-options --json)
 check(recompute_options_without_budget 1 "agoq_plan: --recompute-options needs --budget-gib"

@@ -876,21 +876,37 @@ TEST_CASE("layer_forward_flops and recompute_overhead, by hand") {
   CHECK(recompute_flops(fl, {.core_attn = true}) == 4227072.0);
   CHECK(recompute_flops(fl, {true, true, true}) == 4227072.0 + 50331648.0);
   // L R / (3 (L F + H)), H = 2 T h vocab / tp = 32768000.
-  CHECK(recompute_overhead(m, p, st, {}) == 0.0);
-  CHECK(recompute_overhead(m, p, st, {.layernorm = true}) == 0.0);
-  CHECK(recompute_overhead(m, p, st, {.core_attn = true}) ==
-        doctest::Approx(0.0160268356317555).epsilon(1e-12));
-  CHECK(recompute_overhead(m, p, st, {.mlp = true}) ==
-        doctest::Approx(0.190831159150205).epsilon(1e-12));
-  CHECK(recompute_overhead(m, p, st, {true, true, true}) ==
-        doctest::Approx(0.20685799478196049).epsilon(1e-12));
+  auto const overhead = [&](model_shape const& model, recompute_modules r) {
+    step_config s = st;
+    s.selective = r;
+    return recompute_overhead(model, p, s);
+  };
+  CHECK(overhead(m, {}) == 0.0);
+  CHECK(overhead(m, {.layernorm = true}) == 0.0);
+  CHECK(overhead(m, {.core_attn = true}) == doctest::Approx(0.0160268356317555).epsilon(1e-12));
+  CHECK(overhead(m, {.mlp = true}) == doctest::Approx(0.190831159150205).epsilon(1e-12));
+  CHECK(overhead(m, {true, true, true}) == doctest::Approx(0.20685799478196049).epsilon(1e-12));
+  // Full recomputation: n F / (3 (L F + H)), n the layers recomputed; 2 model chunks of 2 layers.
+  step_config full = st;
+  full.recompute = recompute_method::block;
+  full.recompute_layers = 1;  // n = 2
+  CHECK(recompute_overhead(m, p, full) == doctest::Approx(0.1511367871785315).epsilon(1e-12));
+  full.recompute_layers = 5;  // n = 4: every layer, as uniform
+  CHECK(recompute_overhead(m, p, full) == doctest::Approx(0.302273574357063).epsilon(1e-12));
+  full.recompute = recompute_method::uniform;
+  for (std::int64_t const n : {1, 2, 3}) {
+    full.recompute_layers = n;
+    CHECK(recompute_overhead(m, p, full) == doctest::Approx(0.302273574357063).epsilon(1e-12));
+  }
+  full.selective = {.mlp = true};  // full and selective exclude each other
+  CHECK_THROWS_AS(recompute_overhead(m, p, full), agoq::invalid_argument);
   // GPT: fc1 and fc2, 4 T h f / tp; q = k = 256.
   model_shape const g{block_style::gpt, 4, 256, 512, 4, 4, 0, 1000, false};
   layer_flops const gl = layer_forward_flops(g, p, st);
   CHECK(gl.projections == 33554432.0);
   CHECK(gl.core_attention == 4227072.0);
   CHECK(gl.mlp == 33554432.0);
-  CHECK(recompute_overhead(g, p, st, {.core_attn = true, .mlp = true}) ==
+  CHECK(overhead(g, {.core_attn = true, .mlp = true}) ==
         doctest::Approx(0.15835736849333884).epsilon(1e-12));
   // Sequence parallelism changes no product.
   p.sp = true;
@@ -900,6 +916,51 @@ TEST_CASE("layer_forward_flops and recompute_overhead, by hand") {
   st.seq = 128;
   p.tp = 0;
   CHECK_THROWS_AS(layer_forward_flops(m, p, st), agoq::invalid_argument);
+}
+
+/// Checks each of `options` against make_plan for `in` with its recomputation (overhead, fit,
+/// error, peak or shortfall), their order by overhead, that no two are the same recomputation, and
+/// least_error_recompute of them against a brute force for caps between none and all.
+void check_options(planner_input const& in, std::vector<recompute_option> const& options) {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < options.size(); ++i) {
+    recompute_option const& o = options[i];
+    CAPTURE(name_of(o));
+    names.push_back(name_of(o));
+    if (i > 0) CHECK(options[i - 1].overhead <= o.overhead);
+    CHECK((o.method == recompute_method::none) == (o.layers == 0));
+    CHECK((o.method == recompute_method::none || !o.modules.any()));
+    planner_input one = in;
+    one.step = o.applied_to(in.step);
+    CHECK(o.overhead == recompute_overhead(in.model, in.parallel, one.step));
+    if (o.fits) {
+      activation_plan const plan = make_plan(one);
+      CHECK(o.error == plan.total_error());
+      std::int64_t peak = 0;
+      for (auto const& st : plan.stages()) peak = std::max(peak, st.memory.total());
+      CHECK(o.peak_bytes == peak);
+      CHECK(o.peak_bytes <= in.budget_bytes);
+    } else {
+      CHECK_THROWS_AS(make_plan(one), agoq::invalid_argument);
+      CHECK(o.peak_bytes == peak_total(smallest_memory(one)));
+      CHECK(o.peak_bytes > in.budget_bytes);
+      CHECK(o.error == 0.0);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  CHECK(std::adjacent_find(names.begin(), names.end()) == names.end());
+  for (double const cap : {0.0, options[options.size() / 2].overhead, 1.0}) {
+    CAPTURE(cap);
+    std::optional<recompute_option> want;
+    for (recompute_option const& o : options)
+      if (o.fits && o.overhead <= cap && (!want || o.error < want->error)) want = o;
+    auto const got = least_error_recompute(options, cap);
+    REQUIRE(got.has_value() == want.has_value());
+    if (got) {
+      CHECK(name_of(*got) == name_of(*want));
+      CHECK(got->error == want->error);
+    }
+  }
 }
 
 TEST_CASE("selective_options: every set of modules planned as make_plan plans it") {
@@ -919,48 +980,12 @@ TEST_CASE("selective_options: every set of modules planned as make_plan plans it
   for (std::int64_t const budget : {lo, (lo + hi) / 2, hi, 2 * hi}) {
     CAPTURE(budget);
     in.budget_bytes = budget;
-    std::vector<selective_option> const options = selective_options(in);
+    std::vector<recompute_option> const options = selective_options(in);
     REQUIRE(options.size() == 8);
-    CHECK(options.front().modules == recompute_modules{});
+    CHECK(name_of(options.front()) == "none");
     CHECK(options.front().overhead == 0.0);
-    std::vector<std::string> names;
-    for (std::size_t i = 0; i < options.size(); ++i) {
-      selective_option const& o = options[i];
-      CAPTURE(name_of(o.modules));
-      names.push_back(name_of(o.modules));
-      if (i > 0) CHECK(options[i - 1].overhead <= o.overhead);
-      planner_input one = in;
-      one.step.selective = o.modules;
-      CHECK(o.overhead == recompute_overhead(in.model, in.parallel, in.step, o.modules));
-      if (o.fits) {
-        activation_plan const plan = make_plan(one);
-        CHECK(o.error == plan.total_error());
-        std::int64_t peak = 0;
-        for (auto const& st : plan.stages()) peak = std::max(peak, st.memory.total());
-        CHECK(o.peak_bytes == peak);
-        CHECK(o.peak_bytes <= budget);
-      } else {
-        CHECK_THROWS_AS(make_plan(one), agoq::invalid_argument);
-        CHECK(o.peak_bytes == peak_total(smallest_memory(one)));
-        CHECK(o.peak_bytes > budget);
-        CHECK(o.error == 0.0);
-      }
-    }
-    std::sort(names.begin(), names.end());
-    CHECK(std::adjacent_find(names.begin(), names.end()) == names.end());
-    // least_error_recompute against the options by brute force, for caps between none and all.
-    for (double const cap : {0.0, options[3].overhead, 1.0}) {
-      CAPTURE(cap);
-      std::optional<selective_option> want;
-      for (selective_option const& o : options)
-        if (o.fits && o.overhead <= cap && (!want || o.error < want->error)) want = o;
-      auto const got = least_error_recompute(in, cap);
-      REQUIRE(got.has_value() == want.has_value());
-      if (got) {
-        CHECK(got->modules == want->modules);
-        CHECK(got->error == want->error);
-      }
-    }
+    for (recompute_option const& o : options) CHECK(o.method == recompute_method::none);
+    check_options(in, options);
   }
   // At the least any set needs, some set fits and some does not; below it, none; at the most,
   // every one.
@@ -969,25 +994,91 @@ TEST_CASE("selective_options: every set of modules planned as make_plan plans it
   CHECK(std::any_of(at_lo.begin(), at_lo.end(), [](auto const& o) { return o.fits; }));
   CHECK(!std::all_of(at_lo.begin(), at_lo.end(), [](auto const& o) { return o.fits; }));
   in.budget_bytes = lo - 1;
-  for (selective_option const& o : selective_options(in)) CHECK(!o.fits);
-  CHECK(!least_error_recompute(in, 1.0).has_value());
+  for (recompute_option const& o : selective_options(in)) CHECK(!o.fits);
   in.budget_bytes = hi;
-  for (selective_option const& o : selective_options(in)) CHECK(o.fits);
+  for (recompute_option const& o : selective_options(in)) CHECK(o.fits);
   // in.step's own recomputation, full or selective, is ignored.
-  in.budget_bytes = hi;
-  auto const plain = least_error_recompute(in, 1.0);
+  auto const plain = least_error_recompute(selective_options(in), 1.0);
   REQUIRE(plain.has_value());
   in.step.selective = {.mlp = true};
-  CHECK(least_error_recompute(in, 1.0)->modules == plain->modules);
+  CHECK(name_of(*least_error_recompute(selective_options(in), 1.0)) == name_of(*plain));
   in.step.selective = {};
   in.step.recompute = recompute_method::uniform;
   in.step.recompute_layers = 1;
-  CHECK(least_error_recompute(in, 1.0)->modules == plain->modules);
-  CHECK_THROWS_AS(least_error_recompute(in, -0.1), agoq::invalid_argument);
-  CHECK_THROWS_AS(least_error_recompute(in, std::numeric_limits<double>::quiet_NaN()),
-                  agoq::invalid_argument);
+  CHECK(name_of(*least_error_recompute(selective_options(in), 1.0)) == name_of(*plain));
+  CHECK_THROWS_AS(least_error_recompute(selective_options(in), -0.1), agoq::invalid_argument);
+  CHECK_THROWS_AS(
+      least_error_recompute(selective_options(in), std::numeric_limits<double>::quiet_NaN()),
+      agoq::invalid_argument);
   in.budget_bytes = 0;
   CHECK_THROWS_AS(selective_options(in), agoq::invalid_argument);
+}
+
+TEST_CASE("recompute_options: the sets of modules and every full recomputation") {
+  // 16 layers on 4 stages, chunks of 4: 8 sets, block 1 .. 3, uniform 1 .. 4.
+  planner_input in = small_input();
+  in.model.layers = 16;
+  in.parallel.pp = 4;
+  in.policy = policy_table{};
+  std::vector<std::int64_t> needs;
+  for (recompute_option const& o : [&] {
+         planner_input big = in;
+         big.budget_bytes = agoq::max_size_count;
+         return recompute_options(big);
+       }())
+    needs.push_back(o.peak_bytes);
+  std::sort(needs.begin(), needs.end());
+  REQUIRE(needs.front() < needs.back());
+  for (std::int64_t const budget : {needs.front(), needs[needs.size() / 2], needs.back()}) {
+    CAPTURE(budget);
+    in.budget_bytes = budget;
+    std::vector<recompute_option> const options = recompute_options(in);
+    REQUIRE(options.size() == 7 + 2 * 4);
+    check_options(in, options);
+    // The sets are selective_options' own, with the same figures.
+    std::vector<recompute_option> const sets = selective_options(in);
+    for (recompute_option const& s : sets) {
+      CAPTURE(name_of(s));
+      auto const it = std::find_if(options.begin(), options.end(),
+                                   [&](auto const& o) { return name_of(o) == name_of(s); });
+      REQUIRE(it != options.end());
+      CHECK(it->overhead == s.overhead);
+      CHECK(it->fits == s.fits);
+      CHECK(it->error == s.error);
+      CHECK(it->peak_bytes == s.peak_bytes);
+    }
+    std::vector<std::string> full;
+    for (recompute_option const& o : options) {
+      if (o.method == recompute_method::none) continue;
+      full.push_back(name_of(o));
+      // Every layer recomputed leaves nothing to quantize.
+      if (o.method == recompute_method::uniform && o.fits) CHECK(o.error == 0.0);
+    }
+    // Ordered by overhead: block N grows with N, then uniform's are tied, in order of N.
+    CHECK(full == std::vector<std::string>{"block 1", "block 2", "block 3", "uniform 1",
+                                           "uniform 2", "uniform 3", "uniform 4"});
+    // The least error within every cap is found among all of them.
+    auto const best = least_error_recompute(in, 1.0);
+    auto const want = least_error_recompute(options, 1.0);
+    REQUIRE(best.has_value() == want.has_value());
+    if (best) CHECK(name_of(*best) == name_of(*want));
+  }
+  // Where only full recomputation fits, the least error is a full one.
+  in.budget_bytes = needs.front();
+  auto const best = least_error_recompute(in, 1.0);
+  REQUIRE(best.has_value());
+  CHECK(best->method != recompute_method::none);
+  in.budget_bytes = needs.front() - 1;
+  CHECK(!least_error_recompute(in, 1.0).has_value());
+  // in.step's own recomputation is ignored.
+  in.budget_bytes = needs.back();
+  auto const plain = least_error_recompute(in, 0.2);
+  REQUIRE(plain.has_value());
+  in.step.recompute = recompute_method::block;
+  in.step.recompute_layers = 2;
+  CHECK(name_of(*least_error_recompute(in, 0.2)) == name_of(*plain));
+  in.budget_bytes = agoq::max_size_count + 1;
+  CHECK_THROWS_AS(recompute_options(in), agoq::invalid_argument);
 }
 
 TEST_CASE("ZeRO-3's gathered weights count against the budget") {

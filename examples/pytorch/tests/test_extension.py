@@ -614,6 +614,46 @@ class PlanningTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "max_overhead must be a non-negative share"):
             agoq.selective_options(LLAMA, 8, 128, hi, max_overhead=-1.0)
 
+    def test_recompute_options(self):
+        # The sets of modules and every full recomputation (4 layers on 2 stages: block 1,
+        # uniform 1 and 2), each planned as make_plan plans it, and the least error among all.
+        kw = dict(pp=2, reserved_bytes=0, sensitivity={"mlp_input": 3.0})
+        def names(options):
+            return sorted((o["recompute"], o["recompute_layers"], tuple(o["modules"]))
+                          for o in options)
+        least = [o["peak_bytes"]
+                 for o in agoq.recompute_options(LLAMA, 8, 128, 1, **kw)["options"]]
+        lo, hi = min(least), max(least)
+        self.assertLess(lo, hi)
+        full_wins = 0
+        for budget in (lo - 1, lo, (lo + hi) // 2, hi):
+            got = agoq.recompute_options(LLAMA, 8, 128, budget, max_overhead=0.5, **kw)
+            options = got["options"]
+            sets = agoq.selective_options(LLAMA, 8, 128, budget, **kw)["options"]
+            self.assertEqual(names(options), names(sets + [
+                dict(recompute="block", recompute_layers=1, modules=[]),
+                dict(recompute="uniform", recompute_layers=1, modules=[]),
+                dict(recompute="uniform", recompute_layers=2, modules=[])]))
+            for s in sets:
+                self.assertIn(s, options)
+            overheads = [o["overhead"] for o in options]
+            self.assertEqual(overheads, sorted(overheads))
+            for o in options:
+                step = dict(recompute=o["recompute"], recompute_layers=o["recompute_layers"],
+                            recompute_modules=o["modules"])
+                if o["fits"]:
+                    plan = agoq.make_plan(LLAMA, 8, 128, budget, **step, **kw)
+                    self.assertEqual(plan["error"], o["error"])
+                    self.assertEqual(max(s["total"] for s in plan["stages"]), o["peak_bytes"])
+                else:
+                    with self.assertRaisesRegex(ValueError, "falls short"):
+                        agoq.make_plan(LLAMA, 8, 128, budget, **step, **kw)
+            fits = [o for o in options if o["fits"] and o["overhead"] <= 0.5]
+            self.assertEqual(got["least_error"], min(fits, key=lambda o: o["error"])
+                             if fits else None)
+            full_wins += fits != [] and got["least_error"]["recompute"] != "none"
+        self.assertGreater(full_wins, 0)
+
     def test_error_model_defaults(self):
         defaults = agoq.error_model_defaults()
         # Every kind that owns storage, of both styles; o_proj_input is the attention output's.

@@ -727,85 +727,146 @@ inline double recompute_flops(layer_flops const& fl, recompute_modules const& r)
   return (r.core_attn ? fl.core_attention : 0) + (r.mlp ? fl.mlp : 0);
 }
 
-/// The share selective recomputation `r` adds to a training step's matrix products: L R / (3 (L F
-/// + H)), R its recompute_flops and F the forward of a layer (layer_forward_flops), H the output
-/// head's 2 T h vocab / tp, and 3 the forward plus a backward of twice its products; the same
-/// for every micro-batch, so for the whole step. Throws as layer_forward_flops.
+/// The share the recomputation of step `st` adds to a training step's matrix products: R / (3 (L
+/// F + H)), with F the forward of a layer (layer_forward_flops), H the output head's 2 T h vocab /
+/// tp, and 3 the forward plus a backward of twice its products; R what the recomputation runs
+/// again: for full recomputation (st.recompute) n F, n the layers it recomputes (recomputed_layers
+/// of each of the L / layers_per_chunk model chunks: the whole forward of each again), for
+/// selective recomputation (st.selective) L recompute_flops(F, st.selective). The same for every
+/// micro-batch, so for the whole step. Throws as layer_forward_flops and check_recompute.
 inline double recompute_overhead(model_shape const& m, parallel_config const& p,
-                                 step_config const& st, recompute_modules const& r) {
+                                 step_config const& st) {
   layer_flops const fl = layer_forward_flops(m, p, st);
+  std::int64_t const lc = p.layers_per_chunk(m);
   double const layers = static_cast<double>(m.layers);
+  double const full = static_cast<double>(m.layers / lc * recomputed_layers(st, lc));
   double const head = 2.0 * static_cast<double>(st.micro_batch) * static_cast<double>(st.seq) /
                       static_cast<double>(p.cp) * static_cast<double>(m.hidden) *
                       static_cast<double>(m.vocab) / static_cast<double>(p.tp);
-  return layers * recompute_flops(fl, r) / (3.0 * (layers * fl.forward() + head));
+  double const again = full * fl.forward() + layers * recompute_flops(fl, st.selective);
+  return again / (3.0 * (layers * fl.forward() + head));
 }
 
-/// One choice of selective recomputation planned (selective_options).
-struct selective_option {
-  recompute_modules modules;    ///< the modules recomputed in every layer
+/// One choice of recomputation planned (recompute_options, selective_options): Megatron's full
+/// recomputation (`method` with `layers`, step_config::recompute and recompute_layers) or its
+/// selective recomputation (`modules`), never both, or none.
+struct recompute_option {
+  recompute_method method = recompute_method::none;  ///< full recomputation's method
+  std::int64_t layers = 0;                           ///< its recompute_layers (0 without)
+  recompute_modules modules;    ///< the modules recomputed in every layer (none with `method`)
   double overhead = 0;          ///< recompute_overhead: the step's matrix products it adds
   bool fits = false;            ///< make_plan fits the budget with it
   double error = 0;             ///< the plan's total_error() where it fits (else 0)
   std::int64_t peak_bytes = 0;  ///< the plan's largest device total where it fits, else the
                                 ///< least any plan needs (peak_total(smallest_memory))
+
+  /// `st` with this recomputation in place of its own.
+  step_config applied_to(step_config st) const noexcept {
+    st.recompute = method;
+    st.recompute_layers = layers;
+    st.selective = modules;
+    return st;
+  }
 };
 
-/// Every choice of Megatron's recompute modules (the 8 sets of core_attn, layernorm and mlp),
-/// each planned for `in` as make_plan plans it (in.step.selective set to it; in.step's own full or
-/// selective recomputation is ignored): the trade between the compute each adds and the
-/// quantization error the planner is left with. Ordered by overhead, then as the bits of the set
-/// count (core_attn 1, layernorm 2, mlp 4; none first). Throws agoq::invalid_argument for a budget
-/// outside (0, 2^62] or as estimate_memory.
-inline std::vector<selective_option> selective_options(planner_input in) {
+/// The name of an option's recomputation: "none", the modules (name_of(recompute_modules), e.g.
+/// "core_attn,mlp"), or the method and its layers ("block 2", "uniform 4").
+inline std::string name_of(recompute_option const& o) {
+  if (o.method != recompute_method::none) return name_of(o.method) + " " + std::to_string(o.layers);
+  return o.modules.any() ? name_of(o.modules) : "none";
+}
+
+namespace detail {
+
+/// Every option of `choices` (their recomputation; the rest is filled in) planned for `in` as
+/// make_plan plans it, ordered by overhead, ties in the order of `choices`.
+inline std::vector<recompute_option> plan_options(planner_input in,
+                                                  std::vector<recompute_option> choices,
+                                                  char const* what) {
   in.parallel.validate(in.model);
   AGOQ_EXPECTS(in.budget_bytes > 0 && in.budget_bytes <= max_size_count,
-               "selective_options: the budget must be positive and at most 2^62 bytes, got " +
+               std::string(what) + ": the budget must be positive and at most 2^62 bytes, got " +
                    std::to_string(in.budget_bytes));
-  in.step.recompute = recompute_method::none;
-  in.step.recompute_layers = 0;
-  std::vector<selective_option> out;
-  for (unsigned set = 0; set < 8; ++set) {
-    in.step.selective = {(set & 1) != 0, (set & 2) != 0, (set & 4) != 0};
-    selective_option o;
-    o.modules = in.step.selective;
-    o.overhead = recompute_overhead(in.model, in.parallel, in.step, o.modules);
+  for (recompute_option& o : choices) {
+    in.step = o.applied_to(in.step);
+    o.overhead = recompute_overhead(in.model, in.parallel, in.step);
     o.peak_bytes = peak_total(smallest_memory(in));
     o.fits = o.peak_bytes <= in.budget_bytes;
-    if (o.fits) {
-      activation_plan const plan = make_plan(in);
-      o.error = plan.total_error();
-      o.peak_bytes = 0;
-      for (stage_plan const& s : plan.stages())
-        o.peak_bytes = std::max(o.peak_bytes, s.memory.total());
-    }
-    out.push_back(o);
+    if (!o.fits) continue;
+    activation_plan const plan = make_plan(in);
+    o.error = plan.total_error();
+    o.peak_bytes = 0;
+    for (stage_plan const& s : plan.stages())
+      o.peak_bytes = std::max(o.peak_bytes, s.memory.total());
   }
   std::stable_sort(
-      out.begin(), out.end(),
-      [](selective_option const& a, selective_option const& b) { return a.overhead < b.overhead; });
+      choices.begin(), choices.end(),
+      [](recompute_option const& a, recompute_option const& b) { return a.overhead < b.overhead; });
+  return choices;
+}
+
+/// The 8 sets of Megatron's recompute modules (core_attn, layernorm, mlp) as options, in the order
+/// the bits of the set count them (core_attn 1, layernorm 2, mlp 4; none first).
+inline std::vector<recompute_option> module_sets() {
+  std::vector<recompute_option> out(8);
+  for (unsigned set = 0; set < 8; ++set)
+    out[set].modules = {(set & 1) != 0, (set & 2) != 0, (set & 4) != 0};
   return out;
 }
 
-/// Of `options` (selective_options' answer), the one that fits with the least modelled error among
-/// those adding at most `max_overhead` to the step's matrix products (0.1: 10%), the first in
-/// their order on a tie (the least overhead); none when none fits within it. Throws
-/// agoq::invalid_argument for a negative or NaN `max_overhead`.
-inline std::optional<selective_option> least_error_recompute(
-    std::vector<selective_option> const& options, double max_overhead) {
+}  // namespace detail
+
+/// Every choice of Megatron's recompute modules (the 8 sets of core_attn, layernorm and mlp),
+/// each planned for `in` as make_plan plans it (in.step's own full or selective recomputation
+/// replaced by it): the trade between the compute each adds and the quantization error the
+/// planner is left with. Ordered by overhead, then as the bits of the set count (core_attn 1,
+/// layernorm 2, mlp 4; none first). Throws agoq::invalid_argument for a budget outside (0, 2^62]
+/// or as estimate_memory.
+inline std::vector<recompute_option> selective_options(planner_input const& in) {
+  return detail::plan_options(in, detail::module_sets(), "selective_options");
+}
+
+/// selective_options' 8 sets and every full recomputation of Megatron's, each planned for `in` as
+/// make_plan plans it: block N for N = 1 .. n - 1 (the first N layers of each model chunk of n
+/// layers, the rest planned; their share of the step's products grows with N) and uniform N for
+/// N = 1 .. n (every layer, in checkpoints of N: the same products for every N, fewer
+/// checkpoints kept but more layers' tensors alive at once in the backward as N grows; block n is
+/// uniform 1). Ordered by overhead; on a tie the sets first (as selective_options orders them),
+/// then block, then uniform, each by N. 7 + 2n plans. Throws as selective_options.
+inline std::vector<recompute_option> recompute_options(planner_input const& in) {
+  in.parallel.validate(in.model);
+  std::int64_t const lc = in.parallel.layers_per_chunk(in.model);
+  std::vector<recompute_option> choices = detail::module_sets();
+  for (recompute_method const method : {recompute_method::block, recompute_method::uniform})
+    for (std::int64_t n = 1; n <= lc; ++n)
+      if (method == recompute_method::uniform || n < lc) {
+        recompute_option o;
+        o.method = method;
+        o.layers = n;
+        choices.push_back(o);
+      }
+  return detail::plan_options(in, std::move(choices), "recompute_options");
+}
+
+/// Of `options` (recompute_options' or selective_options' answer), the one that fits with the
+/// least modelled error among those adding at most `max_overhead` to the step's matrix products
+/// (0.1: 10%), the first in their order on a tie (the least overhead); none when none fits within
+/// it. Throws agoq::invalid_argument for a negative or NaN `max_overhead`.
+inline std::optional<recompute_option> least_error_recompute(
+    std::vector<recompute_option> const& options, double max_overhead) {
   AGOQ_EXPECTS(max_overhead >= 0,
                "least_error_recompute: max_overhead must be a non-negative share, got " +
                    std::to_string(max_overhead));
-  std::optional<selective_option> best;
-  for (selective_option const& o : options)
+  std::optional<recompute_option> best;
+  for (recompute_option const& o : options)
     if (o.fits && o.overhead <= max_overhead && (!best || o.error < best->error)) best = o;
   return best;
 }
 
-/// least_error_recompute of selective_options(in). Throws as either.
-inline std::optional<selective_option> least_error_recompute(planner_input const& in,
+/// least_error_recompute of recompute_options(in): full or selective. Throws as either.
+inline std::optional<recompute_option> least_error_recompute(planner_input const& in,
                                                              double max_overhead) {
-  return least_error_recompute(selective_options(in), max_overhead);
+  return least_error_recompute(recompute_options(in), max_overhead);
 }
 
 }  // namespace agoq::activation

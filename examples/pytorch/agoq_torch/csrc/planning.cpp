@@ -6,6 +6,7 @@
 
 #include <array>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace agoq_torch {
@@ -396,11 +397,13 @@ py::object least_block_recompute(py::dict const& model, std::int64_t micro_batch
   return n ? py::object(py::int_(*n)) : py::object(py::none());
 }
 
-/// A selective_option as a dict.
-py::dict option_dict(act::selective_option const& o) {
+/// A recompute_option as a dict.
+py::dict option_dict(act::recompute_option const& o) {
   py::list modules;
   for (std::string_view const n : act::names_of(o.modules)) modules.append(std::string(n));
   py::dict d;
+  d["recompute"] = act::name_of(o.method);
+  d["recompute_layers"] = o.layers;
   d["modules"] = modules;
   d["overhead"] = o.overhead;
   d["fits"] = o.fits;
@@ -409,23 +412,26 @@ py::dict option_dict(act::selective_option const& o) {
   return d;
 }
 
-py::dict selective_options(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
-                           std::int64_t budget_bytes, py::object const& policy, std::int64_t dp,
-                           std::int64_t pp, std::int64_t tp, std::int64_t vp, int zero, bool sp,
-                           std::int64_t micro_batches, std::string const& gradients,
-                           std::string const& optimizer, py::object const& statistics,
-                           std::int64_t vp_group, std::string const& vp_rules,
-                           std::int64_t bucket_parameters, std::int64_t reserved_bytes,
-                           py::object const& sensitivity, py::object const& outlier,
-                           std::int64_t cp, double max_overhead) {
+/// The options `options_of` (act::selective_options or act::recompute_options) gives for
+/// make_plan's arguments, and the one of least error within max_overhead.
+template <auto options_of>
+py::dict planned_options(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
+                         std::int64_t budget_bytes, py::object const& policy, std::int64_t dp,
+                         std::int64_t pp, std::int64_t tp, std::int64_t vp, int zero, bool sp,
+                         std::int64_t micro_batches, std::string const& gradients,
+                         std::string const& optimizer, py::object const& statistics,
+                         std::int64_t vp_group, std::string const& vp_rules,
+                         std::int64_t bucket_parameters, std::int64_t reserved_bytes,
+                         py::object const& sensitivity, py::object const& outlier, std::int64_t cp,
+                         double max_overhead) {
   act::planner_input in =
       planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
                        micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
                        reserved_bytes, "none", 0, cp, {});
   apply_error_model(in, statistics, sensitivity, outlier);
-  std::vector<act::selective_option> const all = act::selective_options(in);
+  std::vector<act::recompute_option> const all = options_of(in);
   py::list options;
-  for (act::selective_option const& o : all) options.append(option_dict(o));
+  for (act::recompute_option const& o : all) options.append(option_dict(o));
   auto const best = act::least_error_recompute(all, max_overhead);
   py::dict out;
   out["options"] = options;
@@ -522,20 +528,38 @@ void register_planning(py::module_& m) {
         "make_plan (same arguments) to fit budget_bytes: 0 when it fits without, None when not "
         "even every layer fits. Full recomputation alone: no selective recomputation "
         "(recompute_modules) is tried beside it.");
-  m.def("selective_options", &selective_options, py::arg("model"), py::arg("micro_batch"),
-        py::arg("seq"), py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
-        py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
-        py::arg("sp") = false, py::arg("micro_batches") = 0, py::arg("gradients") = "int8",
-        py::arg("optimizer") = "fp32", py::arg("statistics") = py::none(), py::arg("vp_group") = 0,
-        py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
-        py::arg("reserved_bytes") = act::default_reserved_bytes,
+  // selective_options and recompute_options: make_plan's arguments, then max_overhead.
+  auto const options_args = [](auto&&... extra) {
+    return std::make_tuple(
+        py::arg("model"), py::arg("micro_batch"), py::arg("seq"), py::arg("budget_bytes"),
+        py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,
+        py::arg("vp") = 1, py::arg("zero") = 0, py::arg("sp") = false, py::arg("micro_batches") = 0,
+        py::arg("gradients") = "int8", py::arg("optimizer") = "fp32",
+        py::arg("statistics") = py::none(), py::arg("vp_group") = 0, py::arg("vp_rules") = "core",
+        py::arg("bucket_parameters") = 0, py::arg("reserved_bytes") = act::default_reserved_bytes,
         py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(), py::arg("cp") = 1,
-        py::arg("max_overhead") = 1.0,
-        "Every set of Megatron's recompute modules (core_attn, layernorm, mlp) planned as "
-        "make_plan (same arguments) plans it: {'options': [{'modules', 'overhead' (the share of "
-        "a step's matrix FLOPs it adds), 'fits', 'error' (the plan's), 'peak_bytes'}] by "
-        "overhead, 'least_error': the option that fits with the least error among those adding "
-        "at most max_overhead, or None}.");
+        py::arg("max_overhead") = 1.0, extra...);
+  };
+  std::apply(
+      [&](auto&&... args) {
+        m.def("selective_options", &planned_options<&act::selective_options>, args...);
+      },
+      options_args(
+          "Every set of Megatron's recompute modules (core_attn, layernorm, mlp) planned as "
+          "make_plan (same arguments) plans it: {'options': [{'recompute' ('none'), "
+          "'recompute_layers' (0), 'modules', 'overhead' (the share of a step's matrix FLOPs it "
+          "adds), 'fits', 'error' (the plan's), 'peak_bytes'}] by overhead, 'least_error': the "
+          "option that fits with the least error among those adding at most max_overhead, or "
+          "None}."));
+  std::apply(
+      [&](auto&&... args) {
+        m.def("recompute_options", &planned_options<&act::recompute_options>, args...);
+      },
+      options_args(
+          "selective_options' sets and every full recomputation of Megatron's ('recompute' "
+          "'block' with 'recompute_layers' N below the layers of a model chunk, 'uniform' with N "
+          "up to them; 'modules' empty), planned as make_plan (same arguments) plans them, in "
+          "the same form: {'options': [...] by overhead, 'least_error': ... or None}."));
   m.def("estimate_memory", &estimate_memory, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("gradients") = "fp32", py::arg("optimizer") = "fp32",
         py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,
