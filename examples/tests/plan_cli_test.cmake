@@ -133,7 +133,8 @@ string(CONCAT options_table "recompute +FLOPs +peak GiB +plan error\n"
   "least error adding at most 5.0%: layernorm \\(\\+0.0%, error 3.197\\)")
 check(recompute_options 0 "${options_table}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1
   --sp --seq 8192 --budget-gib 15 --recompute-options --max-recompute-overhead 5)
-check(recompute_options_full 0 "least error adding at most 10.0%: block 2 \\(\\+7.8%, error 1.927\\)"
+check(recompute_options_full 0
+  "least error adding at most 10.0%: block 2 \\(\\+7.8%, error 1.927\\)"
   --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 15
   --recompute-options --max-recompute-overhead 10)
 check(recompute_options_all 0 "least error adding at most 100.0%: mlp \\(\\+21.9%, error 0\\)"
