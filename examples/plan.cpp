@@ -58,6 +58,9 @@ struct recompute_choice {
   bool asked = false;
   std::vector<act::recompute_option> options;
   std::optional<act::recompute_option> least_error;
+  /// The baseline's recomputation of least overhead that fits (every plan of the baseline keeps
+  /// its tensors in bf16: error 0).
+  std::optional<act::recompute_option> baseline;
 };
 
 void usage() {
@@ -102,7 +105,8 @@ void usage() {
       "modules and each full recomputation (block N for N below the layers of a model chunk,\n"
       "uniform N up to them) and prints, for each, the share of a step's matrix FLOPs it adds,\n"
       "its peak and the plan's modelled error (or by how much it falls short), and the one of\n"
-      "least error among those adding at most --max-recompute-overhead percent (default 100).\n"
+      "least error among those adding at most --max-recompute-overhead percent (default 100),\n"
+      "then the baseline's recomputation of least overhead that fits the budget.\n"
       "--sensitivity and --outlier set one saved tensor kind's weight in the planner's\n"
       "objective and its outlier factor (docs/activations.md section 3; measured sensitivities:\n"
       "examples/pytorch/sensitivity.py --plan-config); KIND@LAYER=W weighs one layer's tensor\n"
@@ -362,6 +366,15 @@ void print_recompute_options(options const& o, recompute_choice const& choice) {
   } else {
     std::printf("least error adding at most %.1f%%: none fits\n", 100.0 * o.max_recompute_overhead);
   }
+  if (choice.baseline) {
+    std::printf(
+        "baseline (bf16 activations, fp32 gradients and Adam): least recomputation that fits: %s "
+        "(%+.1f%%, peak %.2f GiB)\n",
+        act::name_of(*choice.baseline).c_str(), 100.0 * choice.baseline->overhead,
+        g(choice.baseline->peak_bytes));
+  } else {
+    std::printf("baseline (bf16 activations, fp32 gradients and Adam): no recomputation fits\n");
+  }
 }
 
 void print_plan(options const& o, act::activation_plan const& plan) {
@@ -601,11 +614,13 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
     };
     std::vector<std::string> options;
     for (act::recompute_option const& c : choice.options) options.push_back(option(c));
-    doc.emplace_back("recompute_options",
-                     json_object({{"max_overhead", json_number(o.max_recompute_overhead)},
-                                  {"options", json_array(options)},
-                                  {"least_error", choice.least_error ? option(*choice.least_error)
-                                                                     : std::string("null")}}));
+    doc.emplace_back(
+        "recompute_options",
+        json_object({{"max_overhead", json_number(o.max_recompute_overhead)},
+                     {"options", json_array(options)},
+                     {"baseline", choice.baseline ? option(*choice.baseline) : std::string("null")},
+                     {"least_error",
+                      choice.least_error ? option(*choice.least_error) : std::string("null")}}));
   }
   std::printf("%s\n", json_object(doc).c_str());
 }
@@ -672,6 +687,12 @@ int run(int argc, char** argv) {
     choice.asked = true;
     choice.options = act::recompute_options(input(true));
     choice.least_error = act::least_error_recompute(choice.options, o.max_recompute_overhead);
+    for (act::recompute_option const& c : act::recompute_options(input(false))) {
+      if (c.fits) {
+        choice.baseline = c;
+        break;
+      }
+    }
   }
   // The plan of the step as given. Under --recompute-options a budget it falls short of is an
   // answer, not an error: the options say which recomputation fits, and the plan is left out.

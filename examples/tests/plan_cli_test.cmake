@@ -130,7 +130,9 @@ string(CONCAT options_table "recompute +FLOPs +peak GiB +plan error\n"
   "layernorm,mlp +\\+21.9% +12.72 +0\n.*"
   "uniform 1 +\\+31.3% +11.99 +0\n.*"
   "uniform 8 +\\+31.3% +15.50 +falls short by 0.50 GiB\n"
-  "least error adding at most 5.0%: layernorm \\(\\+0.0%, error 3.197\\)")
+  "least error adding at most 5.0%: layernorm \\(\\+0.0%, error 3.197\\)\n"
+  "baseline \\(bf16 activations, fp32 gradients and Adam\\): least recomputation that fits: "
+  "block 7 \\(\\+27.4%, peak 14.92 GiB\\)")
 check(recompute_options 0 "${options_table}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1
   --sp --seq 8192 --budget-gib 15 --recompute-options --max-recompute-overhead 5)
 check(recompute_options_full 0
@@ -141,20 +143,23 @@ check(recompute_options_all 0 "least error adding at most 100.0%: mlp \\(\\+21.9
   --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 15
   --recompute-options)
 string(CONCAT options_short "none +\\+0.0% +[0-9.]+ +falls short by [0-9.]+ GiB\n.*"
-  "least error adding at most 100.0%: layernorm,mlp \\(\\+21.9%, error 0\\)\n\n"
+  "least error adding at most 100.0%: layernorm,mlp \\(\\+21.9%, error 0\\)\n"
+  "baseline \\(bf16 activations, fp32 gradients and Adam\\): no recomputation fits\n\n"
   "no plan for the step as given: .*falls short by 2009811512 bytes on pipeline stage 0")
 check(recompute_options_short 0 "${options_short}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192
   --budget-gib 13 --recompute-options)
 string(CONCAT options_json "\"recompute_options\": {\"max_overhead\": 0.05[0-9]*, \"options\": \\[{"
   "\"recompute\": \"none\", \"recompute_layers\": 0, \"modules\": \\[\\], \"overhead\": 0, "
   "\"fits\": true, .*{\"recompute\": \"block\", \"recompute_layers\": 1, \"modules\": \\[\\], "
-  "\"overhead\": 0.03[0-9]*, .*\"least_error\": {\"recompute\": \"none\", "
+  "\"overhead\": 0.03[0-9]*, .*\"baseline\": {\"recompute\": \"block\", \"recompute_layers\": 7, "
+  "\"modules\": \\[\\], \"overhead\": 0.27[0-9]*, \"fits\": true, \"error\": 0, .*"
+  "\"least_error\": {\"recompute\": \"none\", "
   "\"recompute_layers\": 0, \"modules\": \\[\"layernorm\"\\], \"overhead\": 0, \"fits\": true, "
   "\"error\": 3.19[0-9]*, \"peak_bytes\": [0-9]+}}")
 check(recompute_options_json 0 "${options_json}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1
   --sp --seq 8192 --budget-gib 15 --recompute-options --max-recompute-overhead 5 --json)
 string(CONCAT options_short_json "\"plan_error\": \"agoq: planner: the budget of 13958643712 bytes "
-  "falls short by 2009811512 bytes.*\"least_error\": {\"recompute\": \"none\", "
+  "falls short by 2009811512 bytes.*\"baseline\": null, \"least_error\": {\"recompute\": \"none\", "
   "\"recompute_layers\": 0, \"modules\": \\[\"layernorm\", \"mlp\"\\], ")
 check(recompute_options_short_json 0 "${options_short_json}" --preset llama3-8b --tp 2 --pp 4
   --dp 4 --zero 1 --sp --seq 8192 --budget-gib 13 --recompute-options --json)
