@@ -529,37 +529,33 @@ void register_planning(py::module_& m) {
         "even every layer fits. Full recomputation alone: no selective recomputation "
         "(recompute_modules) is tried beside it.");
   // selective_options and recompute_options: make_plan's arguments, then max_overhead.
-  auto const options_args = [](auto&&... extra) {
-    return std::make_tuple(
-        py::arg("model"), py::arg("micro_batch"), py::arg("seq"), py::arg("budget_bytes"),
-        py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,
-        py::arg("vp") = 1, py::arg("zero") = 0, py::arg("sp") = false, py::arg("micro_batches") = 0,
-        py::arg("gradients") = "int8", py::arg("optimizer") = "fp32",
-        py::arg("statistics") = py::none(), py::arg("vp_group") = 0, py::arg("vp_rules") = "core",
-        py::arg("bucket_parameters") = 0, py::arg("reserved_bytes") = act::default_reserved_bytes,
-        py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(), py::arg("cp") = 1,
-        py::arg("max_overhead") = 1.0, extra...);
+  auto const def_options = [&m](char const* name, auto fn, char const* doc) {
+    std::apply(
+        [&](auto&&... args) { m.def(name, fn, args...); },
+        std::make_tuple(py::arg("model"), py::arg("micro_batch"), py::arg("seq"),
+                        py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
+                        py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1,
+                        py::arg("zero") = 0, py::arg("sp") = false, py::arg("micro_batches") = 0,
+                        py::arg("gradients") = "int8", py::arg("optimizer") = "fp32",
+                        py::arg("statistics") = py::none(), py::arg("vp_group") = 0,
+                        py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
+                        py::arg("reserved_bytes") = act::default_reserved_bytes,
+                        py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(),
+                        py::arg("cp") = 1, py::arg("max_overhead") = 1.0, doc));
   };
-  std::apply(
-      [&](auto&&... args) {
-        m.def("selective_options", &planned_options<&act::selective_options>, args...);
-      },
-      options_args(
-          "Every set of Megatron's recompute modules (core_attn, layernorm, mlp) planned as "
-          "make_plan (same arguments) plans it: {'options': [{'recompute' ('none'), "
-          "'recompute_layers' (0), 'modules', 'overhead' (the share of a step's matrix FLOPs it "
-          "adds), 'fits', 'error' (the plan's), 'peak_bytes'}] by overhead, 'least_error': the "
-          "option that fits with the least error among those adding at most max_overhead, or "
-          "None}."));
-  std::apply(
-      [&](auto&&... args) {
-        m.def("recompute_options", &planned_options<&act::recompute_options>, args...);
-      },
-      options_args(
-          "selective_options' sets and every full recomputation of Megatron's ('recompute' "
-          "'block' with 'recompute_layers' N below the layers of a model chunk, 'uniform' with N "
-          "up to them; 'modules' empty), planned as make_plan (same arguments) plans them, in "
-          "the same form: {'options': [...] by overhead, 'least_error': ... or None}."));
+  def_options("selective_options", &planned_options<&act::selective_options>,
+              "Every set of Megatron's recompute modules (core_attn, layernorm, mlp) planned as "
+              "make_plan (same arguments) plans it: {'options': [{'recompute' ('none'), "
+              "'recompute_layers' (0), 'modules', 'overhead' (the share of a step's matrix FLOPs "
+              "it adds), 'fits', 'error' (the plan's), 'peak_bytes'}] by overhead, 'least_error': "
+              "the option that fits with the least error among those adding at most "
+              "max_overhead, or None}.");
+  def_options("recompute_options", &planned_options<&act::recompute_options>,
+              "selective_options' sets and every full recomputation of Megatron's ('recompute' "
+              "'block' with 'recompute_layers' N below the layers of a model chunk, 'uniform' "
+              "with N up to them; 'modules' empty), planned as make_plan (same arguments) plans "
+              "them, in the same form: {'options': [...] by overhead, 'least_error': ... or "
+              "None}.");
   m.def("estimate_memory", &estimate_memory, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("gradients") = "fp32", py::arg("optimizer") = "fp32",
         py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,
