@@ -11,6 +11,7 @@ as gpt.py uses them, write the saved copy in the producing op's own pass). docs/
 from __future__ import annotations
 
 import fnmatch
+import inspect
 import weakref
 
 import torch
@@ -19,6 +20,9 @@ from . import compress, compress_measured, decompress, quantized_bytes
 
 #: The floating dtypes agoq quantizes; a tensor of any other dtype is kept as saved.
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+#: Whether this torch's forward hooks run when the forward raises (``always_call``, torch 2.1).
+_ALWAYS_CALL = "always_call" in inspect.signature(torch.nn.Module.register_forward_hook).parameters
 
 #: The storages of a plan that keep a tensor as it is (docs/activations.md: "kept precise").
 _PRECISE = ("bf16", "fp32")
@@ -249,12 +253,19 @@ class QuantizedSaves:
                           stored_bytes=0, kept_bytes=0)
         self.records = []
         self.statistics = {}
+        always = {"always_call": True} if _ALWAYS_CALL else {}
         for module, rule, name in self._ruled:
             entry = (module, rule, name)
             self._handles.append(module.register_forward_pre_hook(
                 lambda _m, _args, entry=entry: self._enter_module(entry)))
             self._handles.append(module.register_forward_hook(
-                lambda m, _args, _out: self._leave(m)))
+                lambda m, _args, _out: self._leave(m), **always))
+        if self._ruled:
+            # A forward of the whole model starts outside every ruled module, whatever an
+            # exception caught outside it left behind (where forward hooks cannot run on
+            # exceptions).
+            self._handles.append(self.model.register_forward_pre_hook(
+                lambda _m, _args: self._active.clear()))
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()
         return self
@@ -277,7 +288,8 @@ class QuantizedSaves:
             self.statistics.setdefault(entry[2], []).append([])
 
     def _leave(self, module):
-        """Ends the innermost forward of ``module`` (and whatever an exception left above it)."""
+        """Ends the innermost forward of ``module`` (and whatever an exception left above it):
+        after its forward, or where torch runs the hook on exceptions (2.1 on), after it raised."""
         for i in range(len(self._active) - 1, -1, -1):
             if self._active[i][0] is module:
                 del self._active[i:]

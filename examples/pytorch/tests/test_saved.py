@@ -505,5 +505,36 @@ class QuantizedSavesTest(unittest.TestCase):
         self.assertTrue(torch.equal(saved, y))
         self.assertFalse(torch.equal(agoq.fake_quantize(y.detach(), INT8), y))
 
+    def test_a_caught_exception_leaves_no_rule_in_force(self):
+        # The ruled module fails, the caller catches it and runs the model again in the same
+        # context: the first layer's input is then saved outside every rule (INT8), not under
+        # the failed module's (kept), which torch 1.13 never ended.
+        class Flaky(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fail = True
+                self.linear = torch.nn.Linear(64, 64)
+
+            def forward(self, x):
+                if self.fail:
+                    raise ArithmeticError("failed on purpose")
+                return self.linear(x)
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), Flaky())
+        x, _ = activation(64, 64)
+        with agoq.QuantizedSaves(INT8, model, {"2": None}, record=True) as saves:
+            with self.assertRaises(ArithmeticError):
+                model(x)
+            model[2].fail = False
+            first = len(saves.records)
+            model(x).sum().backward()
+        records = saves.records[first:]
+        # GELU's input, quantized outside every rule; Flaky's linear's input, kept by its rule.
+        self.assertIn(("", INT8), {(r["module"], r["storage"]) for r in records})
+        self.assertEqual({r["storage"] for r in records if r["module"] == "2"}, {None})
+        for m in model.modules():
+            self.assertFalse(m._forward_pre_hooks or m._forward_hooks)
+
 if __name__ == "__main__":
     unittest.main()
