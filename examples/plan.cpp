@@ -65,7 +65,7 @@ struct recompute_choice {
 
 void usage() {
   std::puts(
-      "usage: agoq_plan [--config FILE] [--preset llama3-8b|qwen2.5-32b|gpt3-1.3b]\n"
+      "usage: agoq_plan [--config FILE] [--preset llama3-8b|llama3-70b|qwen2.5-32b|gpt3-1.3b]\n"
       "  [--style llama|gpt] [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N]\n"
       "  [--head-dim N] [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N]\n"
       "  [--vp-rules core|legacy] [--dp N] [--cp N] [--zero 0-3] [--sp] [--no-sp]\n"
@@ -305,6 +305,26 @@ void read_config(options& o, std::string const& path) {
 }
 
 double g(std::int64_t bytes) { return static_cast<double>(bytes) / gib; }
+
+/// Where the budget is below what the plan of least memory needs (`least`, smallest_memory), by
+/// how much, in GiB, on the stage short by the most (the first of them), with what that stage
+/// needs; empty where it fits. make_plan refuses the budget exactly then.
+std::string shortfall(std::vector<act::stage_memory> const& least, std::int64_t budget) {
+  std::size_t worst = 0;
+  for (std::size_t r = 1; r < least.size(); ++r)
+    if (least[r].total() > least[worst].total()) worst = r;
+  act::stage_memory const& s = least[worst];
+  if (s.total() <= budget) return {};
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "no plan fits the budget of %.2f GiB per GPU: pipeline stage %zu needs %.2f GiB "
+                "more (%.2f GiB: %.2f of weights, gradients and optimizer states, %.2f of "
+                "transient working memory and %.2f of activations with every saved tensor at its "
+                "smallest candidate)",
+                g(budget), worst, g(s.total() - budget), g(s.total()), g(s.states()),
+                g(s.transient()), g(s.activations + s.head_activations));
+  return text;
+}
 
 void print_table(options const& o, char const* title,
                  std::vector<act::stage_memory> const& stages) {
@@ -625,6 +645,81 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
   std::printf("%s\n", json_object(doc).c_str());
 }
 
+/// The tables, then what was asked besides, as text.
+void print_text(options const& o, std::vector<act::stage_memory> const& baseline,
+                std::vector<act::stage_memory> const& agoq, act::activation_plan const* planned,
+                recompute_fit const& fit, recompute_choice const& choice,
+                std::string const& plan_error) {
+  act::model_shape const& m = o.model;
+  act::parallel_config const& p = o.parallel;
+  std::printf(
+      "model: %s, %lld layers, hidden %lld, ffn %lld, heads %lld, kv_heads %lld, "
+      "head_dim %lld, vocab %lld\n",
+      std::string(act::name_of(m.style)).c_str(), static_cast<long long>(m.layers),
+      static_cast<long long>(m.hidden), static_cast<long long>(m.ffn),
+      static_cast<long long>(m.heads), static_cast<long long>(m.kv_heads),
+      static_cast<long long>(m.head_size()), static_cast<long long>(m.vocab));
+  std::string const schedule = p.virtual_stages == 1
+                                   ? "1F1B"
+                                   : "interleaved, v = " + std::to_string(p.virtual_stages) + ", " +
+                                         act::name_of(p.vp_rules) + ", groups of " +
+                                         std::to_string(p.vp_group > 0 ? p.vp_group : p.pp);
+  std::printf(
+      "parallel: tp %lld, pp %lld (%s), dp %lld%s, ZeRO-%d, sp %s; micro-batch %lld x seq "
+      "%lld, micro-batches %s\n",
+      static_cast<long long>(p.tp), static_cast<long long>(p.pp), schedule.c_str(),
+      static_cast<long long>(p.dp), p.cp > 1 ? (", cp " + std::to_string(p.cp)).c_str() : "",
+      p.zero_stage, p.sp ? "on" : "off", static_cast<long long>(o.step.micro_batch),
+      static_cast<long long>(o.step.seq),
+      o.step.micro_batches > 0 ? std::to_string(o.step.micro_batches).c_str()
+                               : "fill the pipeline");
+  if (o.step.recompute != act::recompute_method::none)
+    std::printf(
+        "recompute: %s, %lld layer%s a checkpoint, %lld of each model chunk's %lld\n",
+        act::name_of(o.step.recompute).c_str(),
+        static_cast<long long>(
+            o.step.recompute == act::recompute_method::uniform ? o.step.recompute_layers : 1),
+        o.step.recompute == act::recompute_method::uniform && o.step.recompute_layers > 1 ? "s"
+                                                                                          : "",
+        static_cast<long long>(act::recomputed_layers(o.step, p.layers_per_chunk(m))),
+        static_cast<long long>(p.layers_per_chunk(m)));
+  if (o.step.selective.any()) {
+    std::string kinds;
+    for (act::tensor_kind const k : act::block_tensors(m.style))
+      if (act::recomputes(o.step.selective, k)) {
+        kinds += ' ';
+        kinds += act::name_of(k);
+      }
+    std::printf("recompute modules: %s (in every layer, computed again in the backward:%s)\n",
+                act::name_of(o.step.selective).c_str(), kinds.c_str());
+  }
+  print_table(o, "baseline: bf16 activations, fp32 gradients, fp32 Adam", baseline);
+  std::printf(
+      "\nagoq default policy: residual int8_g128, linear/activation inputs int4_g128, "
+      "attention bf16; gradients %s, Adam %s\n",
+      act::name_of(o.agoq_states.gradients).c_str(), act::name_of(o.agoq_states.optimizer).c_str());
+  print_table(o, "agoq", agoq);
+  double const saving = 1.0 - static_cast<double>(act::peak_total(agoq)) /
+                                  static_cast<double>(act::peak_total(baseline));
+  std::printf("\npeak per-GPU memory: %.2f GiB -> %.2f GiB, saving %.1f%%\n",
+              g(act::peak_total(baseline)), g(act::peak_total(agoq)), 100.0 * saving);
+  if (fit.asked) {
+    auto const layers = [](std::optional<std::int64_t> n) {
+      return n ? std::to_string(*n) : std::string("none fits");
+    };
+    std::printf(
+        "fewest layers of each model chunk's %lld to recompute (block) within %.2f GiB: baseline "
+        "%s, agoq %s%s\n",
+        static_cast<long long>(p.layers_per_chunk(m)), o.budget_gib, layers(fit.baseline).c_str(),
+        layers(fit.agoq).c_str(),
+        o.step.selective.any() ? " (full recomputation alone, without the recompute modules)" : "");
+  }
+  if (choice.asked) print_recompute_options(o, choice);
+  if (planned != nullptr) print_plan(o, *planned);
+  if (choice.asked && !plan_error.empty())
+    std::printf("\nthe step as given: %s\n", plan_error.c_str());
+}
+
 int run(int argc, char** argv) {
   options o;
   o.model = act::preset_model("llama3-8b");
@@ -694,88 +789,27 @@ int run(int argc, char** argv) {
       }
     }
   }
-  // The plan of the step as given. Under --recompute-options a budget it falls short of is an
-  // answer, not an error: the options say which recomputation fits, and the plan is left out.
+  // The plan of the step as given. A budget below the least any plan needs is an answer about
+  // the step, not a usage error: the tables are printed, the plan is left out, and the shortfall
+  // said in GiB; the exit status is 1, but under --recompute-options, whose table is the answer.
   std::optional<act::activation_plan> planned;
   std::string plan_error;
   if (o.budget_gib > 0) {
-    try {
-      planned = act::make_plan(input(true));
-    } catch (agoq::invalid_argument const& e) {
-      if (!choice.asked) throw;
-      plan_error = e.what();
-    }
+    plan_error = shortfall(act::smallest_memory(input(true)), input(true).budget_bytes);
+    if (plan_error.empty()) planned = act::make_plan(input(true));
   }
   if (o.json) {
     print_json(o, baseline, agoq, planned ? &*planned : nullptr, fit, choice, plan_error);
-    return 0;
+  } else {
+    print_text(o, baseline, agoq, planned ? &*planned : nullptr, fit, choice, plan_error);
   }
-  std::printf(
-      "model: %s, %lld layers, hidden %lld, ffn %lld, heads %lld, kv_heads %lld, "
-      "head_dim %lld, vocab %lld\n",
-      std::string(act::name_of(m.style)).c_str(), static_cast<long long>(m.layers),
-      static_cast<long long>(m.hidden), static_cast<long long>(m.ffn),
-      static_cast<long long>(m.heads), static_cast<long long>(m.kv_heads),
-      static_cast<long long>(m.head_size()), static_cast<long long>(m.vocab));
-  std::string const schedule = p.virtual_stages == 1
-                                   ? "1F1B"
-                                   : "interleaved, v = " + std::to_string(p.virtual_stages) + ", " +
-                                         act::name_of(p.vp_rules) + ", groups of " +
-                                         std::to_string(p.vp_group > 0 ? p.vp_group : p.pp);
-  std::printf(
-      "parallel: tp %lld, pp %lld (%s), dp %lld%s, ZeRO-%d, sp %s; micro-batch %lld x seq "
-      "%lld, micro-batches %s\n",
-      static_cast<long long>(p.tp), static_cast<long long>(p.pp), schedule.c_str(),
-      static_cast<long long>(p.dp), p.cp > 1 ? (", cp " + std::to_string(p.cp)).c_str() : "",
-      p.zero_stage, p.sp ? "on" : "off", static_cast<long long>(o.step.micro_batch),
-      static_cast<long long>(o.step.seq),
-      o.step.micro_batches > 0 ? std::to_string(o.step.micro_batches).c_str()
-                               : "fill the pipeline");
-  if (o.step.recompute != act::recompute_method::none)
-    std::printf(
-        "recompute: %s, %lld layer%s a checkpoint, %lld of each model chunk's %lld\n",
-        act::name_of(o.step.recompute).c_str(),
-        static_cast<long long>(
-            o.step.recompute == act::recompute_method::uniform ? o.step.recompute_layers : 1),
-        o.step.recompute == act::recompute_method::uniform && o.step.recompute_layers > 1 ? "s"
-                                                                                          : "",
-        static_cast<long long>(act::recomputed_layers(o.step, p.layers_per_chunk(m))),
-        static_cast<long long>(p.layers_per_chunk(m)));
-  if (o.step.selective.any()) {
-    std::string kinds;
-    for (act::tensor_kind const k : act::block_tensors(m.style))
-      if (act::recomputes(o.step.selective, k)) {
-        kinds += ' ';
-        kinds += act::name_of(k);
-      }
-    std::printf("recompute modules: %s (in every layer, computed again in the backward:%s)\n",
-                act::name_of(o.step.selective).c_str(), kinds.c_str());
-  }
-  print_table(o, "baseline: bf16 activations, fp32 gradients, fp32 Adam", baseline);
-  std::printf(
-      "\nagoq default policy: residual int8_g128, linear/activation inputs int4_g128, "
-      "attention bf16; gradients %s, Adam %s\n",
-      act::name_of(o.agoq_states.gradients).c_str(), act::name_of(o.agoq_states.optimizer).c_str());
-  print_table(o, "agoq", agoq);
-  double const saving = 1.0 - static_cast<double>(act::peak_total(agoq)) /
-                                  static_cast<double>(act::peak_total(baseline));
-  std::printf("\npeak per-GPU memory: %.2f GiB -> %.2f GiB, saving %.1f%%\n",
-              g(act::peak_total(baseline)), g(act::peak_total(agoq)), 100.0 * saving);
-  if (fit.asked) {
-    auto const layers = [](std::optional<std::int64_t> n) {
-      return n ? std::to_string(*n) : std::string("none fits");
-    };
-    std::printf(
-        "fewest layers of each model chunk's %lld to recompute (block) within %.2f GiB: baseline "
-        "%s, agoq %s%s\n",
-        static_cast<long long>(p.layers_per_chunk(m)), o.budget_gib, layers(fit.baseline).c_str(),
-        layers(fit.agoq).c_str(),
-        o.step.selective.any() ? " (full recomputation alone, without the recompute modules)" : "");
-  }
-  if (choice.asked) print_recompute_options(o, choice);
-  if (planned) print_plan(o, *planned);
-  if (!plan_error.empty()) std::printf("\nno plan for the step as given: %s\n", plan_error.c_str());
-  return 0;
+  if (plan_error.empty() || choice.asked) return 0;
+  std::fflush(stdout);  // the tables, then the message
+  std::fprintf(stderr,
+               "agoq_plan: %s; --recompute-options says which recomputation would fit, "
+               "--fit-recompute how many layers of block recomputation\n",
+               plan_error.c_str());
+  return 1;
 }
 
 }  // namespace

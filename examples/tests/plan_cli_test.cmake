@@ -33,6 +33,11 @@ string(CONCAT config "model: llama, 64 layers, hidden 5120, ffn 27648, heads 40,
 check(config 0 "${config}" --config ${CONFIG})
 check(config_then_flag 0 "tp 4, pp 2 \\(1F1B\\)" --config ${CONFIG} --pp 2)
 
+# LLaMA-3-70B on 128 GPUs (docs/activations.md, section 4's results).
+string(CONCAT llama3_70b "model: llama, 80 layers, hidden 8192, ffn 28672, heads 64, kv_heads 8.*"
+  "peak per-GPU memory: 41.37 GiB -> 22.64 GiB, saving 45.3%")
+check(llama3_70b 0 "${llama3_70b}"
+  --preset llama3-70b --tp 8 --pp 4 --dp 4 --zero 1 --sp --seq 8192)
 check(gpt_preset 0 "model: gpt, 24 layers, hidden 2048, ffn 8192, heads 16, kv_heads 16"
   --preset gpt3-1.3b --pp 2)
 check(interleaved 0 "pp 4 \\(interleaved, v = 2, megatron-core, groups of 4\\).*micro-batches 8"
@@ -145,8 +150,10 @@ check(recompute_options_all 0 "least error adding at most 100.0%: mlp \\(\\+21.9
 string(CONCAT options_short "none +\\+0.0% +[0-9.]+ +falls short by [0-9.]+ GiB\n.*"
   "least error adding at most 100.0%: layernorm,mlp \\(\\+21.9%, error 0\\)\n"
   "baseline \\(bf16 activations, fp32 gradients and Adam\\): no recomputation fits\n\n"
-  "no plan for the step as given: .*falls short by 2009811512 bytes on pipeline stage 0")
-check(recompute_options_short 0 "${options_short}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192
+  "the step as given: no plan fits the budget of 13.00 GiB per GPU: pipeline stage 0 needs 1.87 "
+  "GiB more \\(14.87 GiB: ")
+check(recompute_options_short 0 "${options_short}" --preset llama3-8b --tp 2 --pp 4 --dp 4
+  --zero 1 --sp --seq 8192
   --budget-gib 13 --recompute-options)
 string(CONCAT options_json "\"recompute_options\": {\"max_overhead\": 0.05[0-9]*, \"options\": \\[{"
   "\"recompute\": \"none\", \"recompute_layers\": 0, \"modules\": \\[\\], \"overhead\": 0, "
@@ -158,8 +165,9 @@ string(CONCAT options_json "\"recompute_options\": {\"max_overhead\": 0.05[0-9]*
   "\"error\": 3.19[0-9]*, \"peak_bytes\": [0-9]+}}")
 check(recompute_options_json 0 "${options_json}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1
   --sp --seq 8192 --budget-gib 15 --recompute-options --max-recompute-overhead 5 --json)
-string(CONCAT options_short_json "\"plan_error\": \"agoq: planner: the budget of 13958643712 bytes "
-  "falls short by 2009811512 bytes.*\"baseline\": null, \"least_error\": {\"recompute\": \"none\", "
+string(CONCAT options_short_json "\"plan_error\": \"no plan fits the budget of 13.00 GiB per GPU: "
+  "pipeline stage 0 needs 1.87 GiB more.*\"baseline\": null, \"least_error\": {\"recompute\": "
+  "\"none\", "
   "\"recompute_layers\": 0, \"modules\": \\[\"layernorm\", \"mlp\"\\], ")
 check(recompute_options_short_json 0 "${options_short_json}" --preset llama3-8b --tp 2 --pp 4
   --dp 4 --zero 1 --sp --seq 8192 --budget-gib 13 --recompute-options --json)
@@ -171,8 +179,9 @@ check(bad_max_overhead 1
 
 # Context parallelism: CP 2 over 16384-token sequences keeps CP 1's activations at 8192 (17.02
 # GiB on stage 0) with ZeRO-1 over dp x cp = 8 (memory_model_test checks it by hand).
-string(CONCAT cp_table "parallel: tp 2, pp 4 \\(1F1B\\), dp 4, cp 2, ZeRO-1, sp on; micro-batch 1 x "
-  "seq 16384.*\n     0         4     2.11     0.53     4.23     1.06     0.00       17.02")
+string(CONCAT cp_table "parallel: tp 2, pp 4 \\(1F1B\\), dp 4, cp 2, ZeRO-1, sp on; "
+  "micro-batch 1 x seq 16384.*\n"
+  "     0         4     2.11     0.53     4.23     1.06     0.00       17.02")
 check(context_parallel 0 "${cp_table}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --cp 2 --zero 1
   --sp --seq 16384)
 check(context_parallel_json 0 "\"dp\": 4, \"cp\": 2, \"zero\": 1" --preset llama3-8b --pp 4
@@ -190,8 +199,9 @@ check(recompute_without_layers 1
 check(layers_without_recompute 1
   "agoq_plan: .*must be at least 1 with recompute none and 0 without, got 2" --recompute-layers 2)
 check(unknown_preset 1
-  "agoq_plan: .*unknown preset 'llama3-70b' \\(presets: llama3-8b, qwen2.5-32b, gpt3-1.3b\\)"
-  --preset llama3-70b)
+  "agoq_plan: .*unknown preset 'llama3-405b' \\(presets: llama3-8b, llama3-70b, qwen2.5-32b, \
+gpt3-1.3b\\)"
+  --preset llama3-405b)
 check(bad_integer 1 "agoq_plan: bad integer for tp: 'two'" --tp two)
 check(trailing_garbage 1 "agoq_plan: bad integer for layers: '32x'" --layers 32x)
 check(bad_number 1 "agoq_plan: bad number for budget-gib: 'lots'" --budget-gib lots)
@@ -227,9 +237,19 @@ check(huge_group 1 "agoq_plan: .*in_flight: the schedule is too large to count i
 # The largest budget keeps every tensor in bf16 (the summed rooms of the peak moments used to wrap).
 check(largest_budget 0 "stage 2: [^\n]*error 0 \\(optimum >= 0\\)"
   --pp 4 --vp 2 --budget-gib 4294967295)
-check(infeasible_budget 1
-  "agoq_plan: .*the budget of 2147483648 bytes falls short by [0-9]+ bytes on pipeline stage 0"
-  --budget-gib 2)
+# A budget below the least any plan needs: the tables, then the shortfall in GiB as the output's
+# last line (no usage text after it), exit status 1; in JSON as plan_error.
+string(CONCAT infeasible "peak per-GPU memory: 27.91 GiB -> 14.87 GiB, saving 46.7%\n"
+  "agoq_plan: no plan fits the budget of 2.00 GiB per GPU: pipeline stage 0 needs 12.87 GiB more "
+  "\\(14.87 GiB: [0-9.]+ of weights, gradients and optimizer states, [0-9.]+ of transient working "
+  "memory and [0-9.]+ of activations with every saved tensor at its smallest candidate\\); "
+  "--recompute-options says which recomputation would fit, --fit-recompute how many layers of "
+  "block recomputation\n$")
+check(infeasible_budget 1 "${infeasible}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp
+  --seq 8192 --budget-gib 2)
+check(infeasible_budget_json 1
+  "\"plan_error\": \"no plan fits the budget of 2.00 GiB per GPU: [^\"]+\"}\nagoq_plan: no plan"
+  --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 2 --json)
 
 # The error model's per-kind weights: printed with the plan and steering it. With SwiGLU's output
 # weighing nothing, stage 0 of the README's command stores it at int4 in every layer (int8 in layers

@@ -41,9 +41,13 @@ TEST_CASE("model presets: published shapes by name, and a clear error for any ot
   model_shape const g = preset_model("gpt3-1.3b");
   CHECK((g.style == block_style::gpt && g.layers == 24 && g.hidden == 2048 && g.ffn == 8192 &&
          g.heads == 16 && g.kv_heads == 16 && g.vocab == 50257 && g.tied_embeddings));
-  CHECK_THROWS_WITH_AS(preset_model("llama3-70b"),
-                       doctest::Contains("unknown preset 'llama3-70b' (presets: llama3-8b, "
-                                         "qwen2.5-32b, gpt3-1.3b)"),
+  model_shape const l = preset_model("llama3-70b");
+  CHECK((l.style == block_style::llama && l.layers == 80 && l.hidden == 8192 && l.ffn == 28672 &&
+         l.heads == 64 && l.kv_heads == 8 && l.head_size() == 128 && l.vocab == 128256 &&
+         !l.tied_embeddings));
+  CHECK_THROWS_WITH_AS(preset_model("llama3-405b"),
+                       doctest::Contains("unknown preset 'llama3-405b' (presets: llama3-8b, "
+                                         "llama3-70b, qwen2.5-32b, gpt3-1.3b)"),
                        agoq::invalid_argument);
 }
 

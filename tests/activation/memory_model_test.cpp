@@ -135,6 +135,8 @@ TEST_CASE("parameter counts match the published models") {
   step_config const st{1, 4096, 0};
   auto const l8 = estimate_memory(preset_model("llama3-8b"), {}, st, {}, policy_table{});
   CHECK(total_parameters(l8) == 8030261248);  // LLaMA-3-8B
+  auto const l70 = estimate_memory(preset_model("llama3-70b"), {}, st, {}, policy_table{});
+  CHECK(total_parameters(l70) == 70553706496);  // LLaMA-3-70B
   // Qwen-2.5-32B has 32,763,876,352 with its QKV biases (64 x 7168), which agoq does not model.
   auto const q = estimate_memory(preset_model("qwen2.5-32b"), {}, st, {}, policy_table{});
   CHECK(total_parameters(q) == 32763876352 - 64 * 7168);

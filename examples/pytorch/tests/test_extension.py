@@ -365,7 +365,7 @@ class GradientAndOptimizerTest(unittest.TestCase):
 class PlanningTest(unittest.TestCase):
     def test_model_presets_are_whole_models(self):
         presets = agoq.model_presets()
-        self.assertEqual(list(presets), ["llama3-8b", "qwen2.5-32b", "gpt3-1.3b"])
+        self.assertEqual(list(presets), ["llama3-8b", "llama3-70b", "qwen2.5-32b", "gpt3-1.3b"])
         llama = presets["llama3-8b"]
         self.assertEqual(llama, dict(style="llama", layers=32, hidden=4096, ffn=14336, heads=32,
                                      kv_heads=8, head_dim=128, vocab=128256,
