@@ -28,6 +28,15 @@ namespace {
 
 /// Bytes of stack per emulated thread (committed only as touched).
 constexpr std::size_t stack_bytes = std::size_t{256} << 10;
+/// Room above each stack for its top's offset (stack_color).
+constexpr std::size_t color_bytes = std::size_t{64} << 10;
+
+/// The offset of thread t's stack top above its 256 KiB: 33 cache lines more per thread (modulo
+/// color_bytes), so that the tops of a block's stacks, which a switch touches, fall in different
+/// sets of the caches rather than all in one (the stacks' bases are page-aligned).
+constexpr std::size_t stack_color(int t) noexcept {
+  return static_cast<std::size_t>(t) * 2112 % color_bytes;
+}
 
 enum class fiber_state { runnable, at_shuffle, at_barrier, exited };
 
@@ -36,10 +45,11 @@ namespace ctx = boost::context;
 /// A stack allocator handing out one of this host thread's stacks (kept between launches).
 struct pooled_stack {
   char* base;
+  std::size_t color;
   ctx::stack_context allocate() noexcept {
     ctx::stack_context sc;
-    sc.size = stack_bytes;
-    sc.sp = base + stack_bytes;
+    sc.size = stack_bytes + color;
+    sc.sp = base + stack_bytes + color;
     return sc;
   }
   void deallocate(ctx::stack_context&) noexcept {}
@@ -106,7 +116,8 @@ struct thread_stacks {
         spare_stacks.pop_back();
       }
     }
-    while (held.size() < n) held.push_back(std::make_unique_for_overwrite<char[]>(stack_bytes));
+    while (held.size() < n)
+      held.push_back(std::make_unique_for_overwrite<char[]>(stack_bytes + color_bytes));
   }
 };
 thread_local thread_stacks stacks;
@@ -172,7 +183,8 @@ void run_block(block_run& r, dim3 block, uint3 block_index) {
     auto const z = static_cast<unsigned>(t) / (block.x * block.y);
     f.index = uint3{x, y, z};
     f.context =
-        ctx::fiber(std::allocator_arg, pooled_stack{stacks.held[static_cast<std::size_t>(t)].get()},
+        ctx::fiber(std::allocator_arg,
+                   pooled_stack{stacks.held[static_cast<std::size_t>(t)].get(), stack_color(t)},
                    [&r, t](ctx::fiber&& scheduler) {
                      fiber& me = r.threads[static_cast<std::size_t>(t)];
                      me.scheduler = std::move(scheduler);
