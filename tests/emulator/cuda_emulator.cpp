@@ -33,7 +33,8 @@ constexpr std::size_t color_bytes = std::size_t{64} << 10;
 
 /// The offset of thread t's stack top above its 256 KiB: 33 cache lines more per thread (modulo
 /// color_bytes), so that the tops of a block's stacks, which a switch touches, fall in different
-/// sets of the caches rather than all in one (the stacks' bases are page-aligned).
+/// sets of the caches rather than all in one (the stacks, mapped whole, share their offset in a
+/// page).
 constexpr std::size_t stack_color(int t) noexcept {
   return static_cast<std::size_t>(t) * 2112 % color_bytes;
 }
