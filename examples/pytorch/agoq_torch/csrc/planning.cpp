@@ -464,8 +464,8 @@ py::list estimate_memory(py::dict const& model, std::int64_t micro_batch, std::i
 
 void register_planning(py::module_& m) {
   m.def("model_presets", &model_presets,
-        "{name: model} of the published shapes agoq knows (llama3-8b, llama3-70b, qwen2.5-32b, gpt3-1.3b), "
-        "each a dict with every key a model takes.");
+        "{name: model} of the published shapes agoq knows (llama3-8b, llama3-70b, qwen2.5-32b, "
+        "gpt3-1.3b), each a dict with every key a model takes.");
   m.def("tensor_kinds", &tensor_kinds, py::arg("style") = "llama",
         "The tensors a block of the style saves for backward, in forward order (o_proj_input "
         "reads the attention_output buffer).");
