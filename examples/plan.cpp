@@ -795,8 +795,9 @@ int run(int argc, char** argv) {
   std::optional<act::activation_plan> planned;
   std::string plan_error;
   if (o.budget_gib > 0) {
-    plan_error = shortfall(act::smallest_memory(input(true)), input(true).budget_bytes);
-    if (plan_error.empty()) planned = act::make_plan(input(true));
+    act::planner_input const in = input(true);
+    plan_error = shortfall(act::smallest_memory(in), in.budget_bytes);
+    if (plan_error.empty()) planned = act::make_plan(in);
   }
   if (o.json) {
     print_json(o, baseline, agoq, planned ? &*planned : nullptr, fit, choice, plan_error);
