@@ -16,7 +16,9 @@
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <iterator>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -65,10 +67,11 @@ struct recompute_choice {
 
 void usage() {
   std::puts(
-      "usage: agoq_plan [--config FILE] [--preset llama3-8b|llama3-70b|qwen2.5-32b|gpt3-1.3b]\n"
+      "usage: agoq_plan [--config FILE] [--preset NAME]\n"
       "  [--style llama|gpt] [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N]\n"
       "  [--head-dim N] [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N]\n"
-      "  [--vp-rules core|legacy] [--dp N] [--cp N] [--zero 0-3] [--sp] [--no-sp]\n"
+      "  [--vp-rules core|legacy] [--first-stage-layers N] [--last-stage-layers N]\n"
+      "  [--dp N] [--cp N] [--zero 0-3] [--sp] [--no-sp]\n"
       "  [--micro-batch N] [--seq N] [--micro-batches N] [--grad fp32|bf16|int8]\n"
       "  [--optim fp32|int8] [--bucket N] [--reserved-gib X] [--recompute none|uniform|block]\n"
       "  [--recompute-layers N] [--recompute-modules LIST] [--budget-gib X]\n"
@@ -80,6 +83,9 @@ void usage() {
       "needs pp <= group <= micro-batches and micro-batches mod group either 0 or >= pp;\n"
       "--vp-rules legacy follows older Megatron-LM (micro-batches a multiple of pp, every\n"
       "forward first when they equal pp). --micro-batches 0 (default) fills the pipeline.\n"
+      "--first-stage-layers and --last-stage-layers N give the first (last) pipeline stage N\n"
+      "layers, the other stages an even share of the rest (Megatron-Core's\n"
+      "--decoder-first/last-pipeline-num-layers; default 0: an even split).\n"
       "The transient column is the working memory at the peak: the largest layer (or output\n"
       "head) backward phase, gradient staging and 8-bit reduction buffers of one --bucket of\n"
       "parameters (default 0: Megatron-Core's max(40M, 1M dp cp)), and --reserved-gib (default\n"
@@ -102,8 +108,9 @@ void usage() {
       "block recomputation must recompute for the baseline and for AGoQ to fit the budget; it\n"
       "tries full recomputation alone, in place of --recompute and --recompute-modules.\n"
       "--recompute-options (with --budget-gib) plans AGoQ with each of the 8 sets of recompute\n"
-      "modules and each full recomputation (block N for N below the layers of a model chunk,\n"
-      "uniform N up to them) and prints, for each, the share of a step's matrix FLOPs it adds,\n"
+      "modules and each full recomputation (block N for N below the layers of the largest\n"
+      "model chunk, uniform N up to them) and prints, for each, the share of a step's matrix FLOPs "
+      "it adds,\n"
       "its peak and the plan's modelled error (or by how much it falls short), and the one of\n"
       "least error among those adding at most --max-recompute-overhead percent (default 100),\n"
       "then the baseline's recomputation of least overhead that fits the budget.\n"
@@ -112,6 +119,11 @@ void usage() {
       "examples/pytorch/sensitivity.py --plan-config); KIND@LAYER=W weighs one layer's tensor\n"
       "alone. Repeat them for more kinds and layers.\n"
       "A config file holds the same keys as key=value lines (sp=1, verbose=1; # comments).");
+  std::string names;
+  for (act::model_preset const& p : act::model_presets)
+    names += (names.empty() ? "" : ", ") + std::string(p.name);
+  std::printf("--preset NAME takes a published shape (the shape flags after it change it):\n%s.\n",
+              names.c_str());
 }
 
 /// The whole of v read by `read` (std::stoll or std::stod), or an error naming the key.
@@ -215,6 +227,10 @@ void apply(options& o, std::string const& key, std::string const& v) {
     o.parallel.vp_rules = v == "core"     ? act::interleaved_rules::megatron_core
                           : v == "legacy" ? act::interleaved_rules::megatron_legacy
                                           : throw std::invalid_argument("vp-rules: core|legacy");
+  } else if (key == "first-stage-layers") {
+    o.parallel.first_stage_layers = to_int(key, v);
+  } else if (key == "last-stage-layers") {
+    o.parallel.last_stage_layers = to_int(key, v);
   } else if (key == "dp") {
     o.parallel.dp = to_int(key, v);
   } else if (key == "cp") {
@@ -306,6 +322,34 @@ void read_config(options& o, std::string const& path) {
 
 double g(std::int64_t bytes) { return static_cast<double>(bytes) / gib; }
 
+/// The distinct values of f(stage) over the pipeline stages of p, in increasing order, as text:
+/// "8", "7 or 8", "1, 2 or 3".
+template <class F>
+std::string stage_values(act::parallel_config const& p, F&& f) {
+  std::set<std::int64_t> values;
+  for (std::int64_t s = 0; s < p.pp; ++s) values.insert(f(s));
+  std::string out;
+  for (auto it = values.begin(); it != values.end(); ++it) {
+    if (it != values.begin()) out += std::next(it) == values.end() ? " or " : ", ";
+    out += std::to_string(*it);
+  }
+  return out;
+}
+
+/// The layers of each pipeline stage of p, runs of equal counts shortened: "7, 14 x 8, 7".
+std::string stage_layout(act::model_shape const& m, act::parallel_config const& p) {
+  std::string out;
+  for (std::int64_t s = 0; s < p.pp;) {
+    std::int64_t const n = p.stage_layers(m, s);
+    std::int64_t run = 1;
+    while (s + run < p.pp && p.stage_layers(m, s + run) == n) ++run;
+    out += (out.empty() ? "" : ", ") + (run > 1 ? std::to_string(run) + " x " : "") +
+           std::to_string(n);
+    s += run;
+  }
+  return out;
+}
+
 /// Where the budget is below what the plan of least memory needs (`least`, smallest_memory), by
 /// how much, in GiB, on the stage short by the most (the first of them), with what that stage
 /// needs; empty where it fits. make_plan refuses the budget exactly then.
@@ -329,19 +373,21 @@ std::string shortfall(std::vector<act::stage_memory> const& least, std::int64_t 
 void print_table(options const& o, char const* title,
                  std::vector<act::stage_memory> const& stages) {
   std::printf("\n%s (GiB per GPU)\n", title);
-  std::printf("%6s %9s %8s %8s %8s %8s %8s %11s %8s %9s %8s\n", "stage", "in-flight", "weights",
-              "master", "grads", "optim", "gathered", "activations", "head", "transient", "total");
+  std::printf("%6s %6s %9s %8s %8s %8s %8s %8s %11s %8s %9s %8s\n", "stage", "layers", "in-flight",
+              "weights", "master", "grads", "optim", "gathered", "activations", "head", "transient",
+              "total");
   for (auto const& s : stages) {
     std::string flight;
     for (std::size_t i = 0; i < s.in_flight.size(); ++i)
       flight += (i ? "," : "") + std::to_string(s.in_flight[i]);
-    std::printf("%6lld %9s %8.2f %8.2f %8.2f %8.2f %8.2f %11.2f %8.2f %9.2f %8.2f\n",
-                static_cast<long long>(s.stage), flight.c_str(), g(s.weights), g(s.master_weights),
-                g(s.gradients), g(s.optimizer), g(s.gathered_weights), g(s.activations),
-                g(s.head_activations), g(s.transient()), g(s.total()));
+    std::printf("%6lld %6lld %9s %8.2f %8.2f %8.2f %8.2f %8.2f %11.2f %8.2f %9.2f %8.2f\n",
+                static_cast<long long>(s.stage), static_cast<long long>(s.layers), flight.c_str(),
+                g(s.weights), g(s.master_weights), g(s.gradients), g(s.optimizer),
+                g(s.gathered_weights), g(s.activations), g(s.head_activations), g(s.transient()),
+                g(s.total()));
   }
-  std::printf("%6s %9s %8s %8s %8s %8s %8s %11s %8s %9s %8.2f\n", "peak", "", "", "", "", "", "",
-              "", "", "", g(act::peak_total(stages)));
+  std::printf("%6s %6s %9s %8s %8s %8s %8s %8s %11s %8s %9s %8.2f\n", "peak", "", "", "", "", "",
+              "", "", "", "", "", g(act::peak_total(stages)));
   if (!o.verbose) return;
   std::printf(
       "transient: working (layer or head backward) + gradient buffers + reserved + recompute\n");
@@ -360,14 +406,19 @@ std::string shown_name(act::planned_tensor const& t) {
   return t.recomputed ? "recomputed" : storage_name(t);
 }
 
+/// The layers of a model chunk, as stage_values gives them ("8", "7 or 8").
+std::string chunk_sizes(options const& o) {
+  return stage_values(o.parallel,
+                      [&](std::int64_t s) { return o.parallel.chunk_layers(o.model, s); });
+}
+
 void print_recompute_options(options const& o, recompute_choice const& choice) {
   std::printf(
       "\nrecomputation within %.2f GiB per GPU (agoq): each set of modules (selective) and each\n"
-      "full recomputation (block/uniform N: N layers of each model chunk of %lld), with the\n"
+      "full recomputation (block/uniform N: N layers of each model chunk of %s), with the\n"
       "share of a step's matrix FLOPs it adds (layernorm's norms add none: a read of their\n"
       "inputs):\n%-26s %9s %9s %12s\n",
-      o.budget_gib, static_cast<long long>(o.parallel.layers_per_chunk(o.model)), "recompute",
-      "FLOPs", "peak GiB", "plan error");
+      o.budget_gib, chunk_sizes(o).c_str(), "recompute", "FLOPs", "peak GiB", "plan error");
   for (act::recompute_option const& c : choice.options) {
     std::string const name = act::name_of(c);
     if (c.fits) {
@@ -504,6 +555,7 @@ std::string json_stage(act::stage_memory const& s) {
   std::vector<std::string> flight;
   for (std::int64_t f : s.in_flight) flight.push_back(json_number(f));
   return json_object({{"stage", json_number(s.stage)},
+                      {"layers", json_number(s.layers)},
                       {"in_flight", json_array(flight)},
                       {"parameters", json_number(s.parameters)},
                       {"weights", json_number(s.weights)},
@@ -591,6 +643,8 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
                                 {"vp", json_number(p.virtual_stages)},
                                 {"vp_group", json_number(p.vp_group > 0 ? p.vp_group : p.pp)},
                                 {"vp_rules", json_string(act::name_of(p.vp_rules))},
+                                {"first_stage_layers", json_number(p.first_stage_layers)},
+                                {"last_stage_layers", json_number(p.last_stage_layers)},
                                 {"dp", json_number(p.dp)},
                                 {"cp", json_number(p.cp)},
                                 {"zero", json_number(std::int64_t{p.zero_stage})},
@@ -659,11 +713,12 @@ void print_text(options const& o, std::vector<act::stage_memory> const& baseline
       static_cast<long long>(m.hidden), static_cast<long long>(m.ffn),
       static_cast<long long>(m.heads), static_cast<long long>(m.kv_heads),
       static_cast<long long>(m.head_size()), static_cast<long long>(m.vocab));
-  std::string const schedule = p.virtual_stages == 1
-                                   ? "1F1B"
-                                   : "interleaved, v = " + std::to_string(p.virtual_stages) + ", " +
-                                         act::name_of(p.vp_rules) + ", groups of " +
-                                         std::to_string(p.vp_group > 0 ? p.vp_group : p.pp);
+  std::string schedule = p.virtual_stages == 1
+                             ? "1F1B"
+                             : "interleaved, v = " + std::to_string(p.virtual_stages) + ", " +
+                                   act::name_of(p.vp_rules) + ", groups of " +
+                                   std::to_string(p.vp_group > 0 ? p.vp_group : p.pp);
+  if (p.uneven()) schedule += "; layers " + stage_layout(m, p);
   std::printf(
       "parallel: tp %lld, pp %lld (%s), dp %lld%s, ZeRO-%d, sp %s; micro-batch %lld x seq "
       "%lld, micro-batches %s\n",
@@ -675,14 +730,16 @@ void print_text(options const& o, std::vector<act::stage_memory> const& baseline
                                : "fill the pipeline");
   if (o.step.recompute != act::recompute_method::none)
     std::printf(
-        "recompute: %s, %lld layer%s a checkpoint, %lld of each model chunk's %lld\n",
+        "recompute: %s, %lld layer%s a checkpoint, %s of each model chunk's %s\n",
         act::name_of(o.step.recompute).c_str(),
         static_cast<long long>(
             o.step.recompute == act::recompute_method::uniform ? o.step.recompute_layers : 1),
         o.step.recompute == act::recompute_method::uniform && o.step.recompute_layers > 1 ? "s"
                                                                                           : "",
-        static_cast<long long>(act::recomputed_layers(o.step, p.layers_per_chunk(m))),
-        static_cast<long long>(p.layers_per_chunk(m)));
+        stage_values(
+            p, [&](std::int64_t s) { return act::recomputed_layers(o.step, p.chunk_layers(m, s)); })
+            .c_str(),
+        chunk_sizes(o).c_str());
   if (o.step.selective.any()) {
     std::string kinds;
     for (act::tensor_kind const k : act::block_tensors(m.style))
@@ -708,9 +765,9 @@ void print_text(options const& o, std::vector<act::stage_memory> const& baseline
       return n ? std::to_string(*n) : std::string("none fits");
     };
     std::printf(
-        "fewest layers of each model chunk's %lld to recompute (block) within %.2f GiB: baseline "
+        "fewest layers of each model chunk's %s to recompute (block) within %.2f GiB: baseline "
         "%s, agoq %s%s\n",
-        static_cast<long long>(p.layers_per_chunk(m)), o.budget_gib, layers(fit.baseline).c_str(),
+        chunk_sizes(o).c_str(), o.budget_gib, layers(fit.baseline).c_str(),
         layers(fit.agoq).c_str(),
         o.step.selective.any() ? " (full recomputation alone, without the recompute modules)" : "");
   }

@@ -16,7 +16,8 @@ function(check name status regex)
   endif()
 endfunction()
 
-check(help 0 "usage: agoq_plan \\[--config FILE\\]" --help)
+set(presets "llama3-8b, llama3-70b, llama3-405b, qwen2.5-32b, gpt3-1.3b")
+check(help 0 "usage: agoq_plan \\[--config FILE\\].*published shape[^\n]*\n${presets}.\n" --help)
 
 # The README's command: LLaMA-3-8B on 32 GPUs under 16 GiB. The peak figures are the memory
 # model's (tests/activation/memory_model_test.cpp checks its terms by hand).
@@ -38,6 +39,33 @@ string(CONCAT llama3_70b "model: llama, 80 layers, hidden 8192, ffn 28672, heads
   "peak per-GPU memory: 41.37 GiB -> 22.64 GiB, saving 45.3%")
 check(llama3_70b 0 "${llama3_70b}"
   --preset llama3-70b --tp 8 --pp 4 --dp 4 --zero 1 --sp --seq 8192)
+# LLaMA-3.1-405B on Meta's uneven 16 stages (7, 14 x 8, 7 layers; docs/activations.md, section 4's
+# results), each stage's layers in the tables and the JSON document, block recomputation of 2
+# layers of each chunk of 7 or 8, the same keys in a config file, and the splits refused.
+set(l405_args --preset llama3-405b --tp 8 --pp 16 --dp 8 --zero 1 --sp --seq 8192)
+string(CONCAT llama3_405b
+  "model: llama, 126 layers, hidden 16384, ffn 53248, heads 128, kv_heads 8.*"
+  "parallel: tp 8, pp 16 \\(1F1B; layers 7, 14 x 8, 7\\).*"
+  " stage layers in-flight [^\n]*\n +0 +7 +16 [^\n]*\n +1 +8 +15 .*"
+  "peak per-GPU memory: 83.59 GiB -> 39.64 GiB, saving 52.6%")
+check(llama3_405b 0 "${llama3_405b}" ${l405_args} --first-stage-layers 7 --last-stage-layers 7)
+string(CONCAT uneven_json "\"first_stage_layers\": 7, \"last_stage_layers\": 7.*"
+  "\"baseline\": \\[{\"stage\": 0, \"layers\": 7,")
+check(uneven_json 0 "${uneven_json}"
+  ${l405_args} --first-stage-layers 7 --last-stage-layers 7 --json)
+check(uneven_recompute 0
+  "recompute: block, 1 layer a checkpoint, 2 of each model chunk's 7 or 8\n"
+  ${l405_args} --first-stage-layers 7 --last-stage-layers 7 --recompute block --recompute-layers 2)
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_uneven.conf
+  "preset = llama3-405b\npp = 16\nfirst-stage-layers = 6   # the rest: 8 each\n")
+check(uneven_config 0 "pp 16 \\(1F1B; layers 6, 15 x 8\\)"
+  --config ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_uneven.conf)
+check(uneven_needed 1
+  "agoq_plan: .*126 layers do not split into 16 stages x 1 chunks evenly \\(first_stage_layers and "
+  ${l405_args})
+check(uneven_refused 1 "agoq_plan: .*the 29 layers left by first_stage_layers \\(3\\) and \
+last_stage_layers \\(0\\) of 32 do not split evenly into the other 3 pipeline stages"
+  --pp 4 --first-stage-layers 3)
 check(gpt_preset 0 "model: gpt, 24 layers, hidden 2048, ffn 8192, heads 16, kv_heads 16"
   --preset gpt3-1.3b --pp 2)
 check(interleaved 0 "pp 4 \\(interleaved, v = 2, megatron-core, groups of 4\\).*micro-batches 8"
@@ -181,7 +209,7 @@ check(bad_max_overhead 1
 # GiB on stage 0) with ZeRO-1 over dp x cp = 8 (memory_model_test checks it by hand).
 string(CONCAT cp_table "parallel: tp 2, pp 4 \\(1F1B\\), dp 4, cp 2, ZeRO-1, sp on; "
   "micro-batch 1 x seq 16384.*\n"
-  "     0         4     2.11     0.53     4.23     1.06     0.00       17.02")
+  "     0      8         4     2.11     0.53     4.23     1.06     0.00       17.02")
 check(context_parallel 0 "${cp_table}" --preset llama3-8b --tp 2 --pp 4 --dp 4 --cp 2 --zero 1
   --sp --seq 16384)
 check(context_parallel_json 0 "\"dp\": 4, \"cp\": 2, \"zero\": 1" --preset llama3-8b --pp 4
@@ -199,9 +227,8 @@ check(recompute_without_layers 1
 check(layers_without_recompute 1
   "agoq_plan: .*must be at least 1 with recompute none and 0 without, got 2" --recompute-layers 2)
 check(unknown_preset 1
-  "agoq_plan: .*unknown preset 'llama3-405b' \\(presets: llama3-8b, llama3-70b, qwen2.5-32b, \
-gpt3-1.3b\\)"
-  --preset llama3-405b)
+  "agoq_plan: .*unknown preset 'mixtral-8x7b' \\(presets: ${presets}\\)"
+  --preset mixtral-8x7b)
 check(bad_integer 1 "agoq_plan: bad integer for tp: 'two'" --tp two)
 check(trailing_garbage 1 "agoq_plan: bad integer for layers: '32x'" --layers 32x)
 check(bad_number 1 "agoq_plan: bad number for budget-gib: 'lots'" --budget-gib lots)

@@ -45,9 +45,13 @@ TEST_CASE("model presets: published shapes by name, and a clear error for any ot
   CHECK((l.style == block_style::llama && l.layers == 80 && l.hidden == 8192 && l.ffn == 28672 &&
          l.heads == 64 && l.kv_heads == 8 && l.head_size() == 128 && l.vocab == 128256 &&
          !l.tied_embeddings));
-  CHECK_THROWS_WITH_AS(preset_model("llama3-405b"),
-                       doctest::Contains("unknown preset 'llama3-405b' (presets: llama3-8b, "
-                                         "llama3-70b, qwen2.5-32b, gpt3-1.3b)"),
+  model_shape const x = preset_model("llama3-405b");
+  CHECK((x.style == block_style::llama && x.layers == 126 && x.hidden == 16384 && x.ffn == 53248 &&
+         x.heads == 128 && x.kv_heads == 8 && x.head_size() == 128 && x.vocab == 128256 &&
+         !x.tied_embeddings));
+  CHECK_THROWS_WITH_AS(preset_model("mixtral-8x7b"),
+                       doctest::Contains("unknown preset 'mixtral-8x7b' (presets: llama3-8b, "
+                                         "llama3-70b, llama3-405b, qwen2.5-32b, gpt3-1.3b)"),
                        agoq::invalid_argument);
 }
 

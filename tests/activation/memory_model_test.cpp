@@ -137,6 +137,18 @@ TEST_CASE("parameter counts match the published models") {
   CHECK(total_parameters(l8) == 8030261248);  // LLaMA-3-8B
   auto const l70 = estimate_memory(preset_model("llama3-70b"), {}, st, {}, policy_table{});
   CHECK(total_parameters(l70) == 70553706496);  // LLaMA-3-70B
+  // LLaMA-3.1-405B, also on Meta's 16 uneven pipeline stages (7, 14 x 8, 7 layers).
+  model_shape const l405 = preset_model("llama3-405b");
+  CHECK(total_parameters(estimate_memory(l405, {}, st, {}, policy_table{})) == 405853388800);
+  parallel_config meta;
+  meta.pp = 16;
+  meta.first_stage_layers = 7;
+  meta.last_stage_layers = 7;
+  auto const stages = estimate_memory(l405, meta, st, {}, policy_table{});
+  CHECK(total_parameters(stages) == 405853388800);
+  CHECK(stages[0].layers == 7);
+  CHECK(stages[1].layers == 8);
+  CHECK(stages[15].layers == 7);
   // Qwen-2.5-32B has 32,763,876,352 with its QKV biases (64 x 7168), which agoq does not model.
   auto const q = estimate_memory(preset_model("qwen2.5-32b"), {}, st, {}, policy_table{});
   CHECK(total_parameters(q) == 32763876352 - 64 * 7168);
@@ -520,6 +532,131 @@ TEST_CASE("activations of a whole pipeline, by hand") {
   CHECK(peak_total(q) < peak_total(s));
 }
 
+TEST_CASE("uneven pipeline stages, by hand") {
+  // 8 layers on 4 devices under 1F1B, 1 on the first and the last: 1, 3, 3, 1 layers, with 4, 3,
+  // 2 and 1 micro-batches in flight.
+  model_shape const m{block_style::llama, 8, 256, 512, 4, 2, 0, 1000, false};
+  parallel_config p;
+  p.pp = 4;
+  p.first_stage_layers = 1;
+  p.last_stage_layers = 1;
+  REQUIRE_NOTHROW(p.validate(m));
+  CHECK(p.uneven());
+  std::vector<std::int64_t> layers;
+  for (std::int64_t s = 0; s < 4; ++s) layers.push_back(p.stage_layers(m, s));
+  CHECK(layers == std::vector<std::int64_t>{1, 3, 3, 1});
+  CHECK(p.chunk_layers(m, 1) == 3);
+  CHECK(p.max_chunk_layers(m) == 3);
+  std::vector<std::int64_t> stage_of;
+  for (std::int64_t l = 0; l < 8; ++l) {
+    layer_place const at = place_of(l, m, p);
+    CHECK(at.chunk == 0);
+    stage_of.push_back(at.stage);
+  }
+  CHECK(stage_of == std::vector<std::int64_t>{0, 1, 1, 1, 2, 2, 2, 3});
+  std::vector<std::int64_t> firsts;
+  for (std::int64_t s = 0; s < 4; ++s) firsts.push_back(first_layer_of(m, p, s, 0));
+  CHECK(firsts == std::vector<std::int64_t>{0, 1, 4, 7});
+
+  step_config st{1, 128, 0};
+  std::int64_t const layer = 128 * (6 * 256 * 2 + 2 * 128 * 2 + 3 * 512 * 2) + 4 * 128 * 4;
+  std::int64_t const per_layer = layer_parameters(m, 1);
+  std::int64_t const embedding = 1000 * 256;
+  auto const s = estimate_memory(m, p, st, {}, policy_table::all_precise());
+  REQUIRE(s.size() == 4);
+  std::vector<std::int64_t> const in_flight{4, 3, 2, 1};
+  for (std::size_t r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(s[r].layers == layers[r]);
+    CHECK(s[r].in_flight == std::vector<std::int64_t>{in_flight[r]});
+    CHECK(s[r].activations == in_flight[r] * layers[r] * layer);
+  }
+  CHECK(s[0].parameters == per_layer + embedding);
+  CHECK(s[1].parameters == 3 * per_layer);
+  CHECK(s[3].parameters == per_layer + embedding + 256);  // the head and the final norm
+  // The same parameters as the even split, placed differently.
+  parallel_config even = p;
+  even.first_stage_layers = even.last_stage_layers = 0;
+  auto const e = estimate_memory(m, even, st, {}, policy_table::all_precise());
+  CHECK(total_parameters(s) == total_parameters(e));
+  CHECK(e[0].activations == 4 * 2 * layer);
+  CHECK(s[0].total() < e[0].total());
+
+  // Block recomputation of each chunk's first 2 layers: all of the 1-layer chunks.
+  st.recompute = recompute_method::block;
+  st.recompute_layers = 2;
+  std::int64_t const input = 2 * 128 * 256;
+  std::vector<bool> recomputed;
+  for (std::int64_t l = 0; l < 8; ++l) recomputed.push_back(is_recomputed(m, p, st, l));
+  CHECK(recomputed == std::vector<bool>{true, true, true, false, true, true, false, true});
+  CHECK(checkpoint_input_bytes(m, p, st, 0) == input);
+  CHECK(checkpoint_input_bytes(m, p, st, 1) == 2 * input);
+  auto const b = estimate_memory(m, p, st, {}, policy_table::all_precise());
+  CHECK(b[0].activations == 4 * input);
+  CHECK(b[1].activations == 3 * (2 * input + layer));
+  CHECK(b[3].activations == input);
+  CHECK(b[0].recompute == layer);
+
+  // Interleaved (v = 2, m = 4): the first device's 2 layers in chunks of 1, the second's 6 in
+  // chunks of 3; round c runs chunk c of device 0, then of device 1 (Megatron-Core's offsets).
+  parallel_config v;
+  v.pp = 2;
+  v.virtual_stages = 2;
+  v.first_stage_layers = 2;
+  std::vector<std::int64_t> where;
+  for (std::int64_t l = 0; l < 8; ++l) {
+    layer_place const at = place_of(l, m, v);
+    where.push_back(at.stage * 2 + at.chunk);
+  }
+  CHECK(where == std::vector<std::int64_t>{0, 2, 2, 2, 1, 3, 3, 3});
+  CHECK(first_layer_of(m, v, 1, 1) == 5);
+  step_config vs{1, 128, 4};
+  auto const iv = estimate_memory(m, v, vs, {}, policy_table::all_precise());
+  CHECK(iv[0].layers == 2);
+  CHECK(iv[1].layers == 6);
+  // Device 0's peak moments (3,2) and (4,1) hold 5 chunk units of 1 layer each.
+  CHECK(iv[0].activations == 5 * layer);
+
+  // Layouts Megatron-Core refuses.
+  auto const refused = [&](parallel_config q, char const* why) {
+    CAPTURE(why);
+    CHECK_THROWS_WITH_AS(q.validate(m), doctest::Contains(why), agoq::invalid_argument);
+  };
+  parallel_config q = p;
+  q.pp = 1;
+  q.last_stage_layers = 0;
+  refused(q, "uneven pipeline stages (first_stage_layers, last_stage_layers) need at least 2");
+  q = p;
+  q.first_stage_layers = 3;  // 3 and 1: 2 for each of the other 2 devices
+  CHECK_NOTHROW(q.validate(m));
+  q.last_stage_layers = 2;  // 3 left for 2 devices
+  refused(q,
+          "the 3 layers left by first_stage_layers (3) and last_stage_layers (2) of 8 do not "
+          "split evenly into the other 2 pipeline stages");
+  q = p;
+  q.first_stage_layers = 9;
+  refused(q, "ask for more than the model's 8 layers");
+  q = p;
+  q.first_stage_layers = -1;
+  refused(q, "must be >= 0");
+  q.last_stage_layers = 0;  // no device set, but still refused
+  refused(q, "must be >= 0");
+  q.pp = 2;
+  q.first_stage_layers = 3;
+  q.last_stage_layers = 4;  // 1 layer for no device
+  refused(q, "the 1 layers left by");
+  q.last_stage_layers = 5;
+  CHECK_NOTHROW(q.validate(m));
+  q.virtual_stages = 2;
+  refused(q, "pipeline stage 0's 3 layers do not split into 2 chunks");
+  q.first_stage_layers = 7;
+  q.last_stage_layers = 0;
+  refused(q, "pipeline stage 0's 7 layers do not split into 2 chunks");
+  q.pp = 3;
+  q.first_stage_layers = 2;  // 2, then 3 on each of the others
+  refused(q, "pipeline stage 1's 3 layers do not split into 2 chunks");
+}
+
 TEST_CASE("activation recomputation, by hand") {
   // 8 layers on 2 devices under 1F1B: chunks of 4 layers, 2 and 1 micro-batches in flight.
   model_shape const m{block_style::llama, 8, 256, 512, 4, 2, 0, 1000, false};
@@ -559,7 +696,7 @@ TEST_CASE("activation recomputation, by hand") {
     step_config const st = with(method, n);
     CHECK(recompute_checkpoints(st, 4) == checkpoints);
     CHECK(recomputed_layers(st, 4) == recomputed);
-    CHECK(checkpoint_input_bytes(m, p, st) ==
+    CHECK(checkpoint_input_bytes(m, p, st, 1) ==
           static_cast<std::int64_t>(checkpoints.size()) * input);
     for (std::int64_t l = 0; l < 8; ++l) CHECK(is_recomputed(m, p, st, l) == (l % 4 < recomputed));
     auto const b = estimate_memory(m, p, st, {}, policy_table::all_precise());

@@ -469,10 +469,13 @@ TEST_CASE("plan memory equals the memory model, and in-flight counts come from t
   in.parallel.virtual_stages = 2;
   in.parallel.tp = 2;
   in.parallel.sp = true;
-  // Context parallelism too: 256 tokens of each sequence a rank.
-  for (std::int64_t const cp : {1, 2}) {
+  // Context parallelism too: 256 tokens of each sequence a rank; and uneven stages, 4 layers on
+  // the first device (2 chunks of 2) and 12 on the second (2 of 6).
+  for (auto const& [cp, first] : {std::pair{1, 0}, std::pair{2, 0}, std::pair{1, 4}}) {
     CAPTURE(cp);
+    CAPTURE(first);
     in.parallel.cp = cp;
+    in.parallel.first_stage_layers = first;
     in.step = {1, 512, 8};
     auto const need = minimum(in);
     in.budget_bytes = std::max(need[0], need[1]) + (std::int64_t{32} << 20);
@@ -491,8 +494,12 @@ TEST_CASE("plan memory equals the memory model, and in-flight counts come from t
         activations += t.bytes * t.in_flight;
       }
       CHECK(activations == st.memory.activations);
+      CHECK(static_cast<std::int64_t>(st.tensors.size()) ==
+            st.memory.layers * static_cast<std::int64_t>(plan.stages()[0].tensors.size()) /
+                plan.stages()[0].memory.layers);
     }
   }
+  in.parallel.first_stage_layers = 0;
   auto const plan = make_plan(in);
   CHECK(plan.storage_of(5, tensor_kind::o_proj_input) ==
         plan.storage_of(5, tensor_kind::attention_output));
@@ -807,7 +814,11 @@ TEST_CASE("smallest_memory is make_plan's boundary, and the fewest layers to rec
   f.parallel.zero_stage = 1;
   planner_input g = c;  // selective recomputation
   g.step.selective = {.layernorm = true, .mlp = true};
-  for (planner_input in : {a, b, c, d, e, f, g}) {
+  planner_input h = d;  // uneven stages: 1, 6 x 2, 3 layers, each chunk's first 2 recomputed
+  h.parallel.first_stage_layers = 1;
+  h.parallel.last_stage_layers = 3;
+  h.step.recompute_layers = 2;
+  for (planner_input in : {a, b, c, d, e, f, g, h}) {
     in.budget_bytes = peak_total(smallest_memory(in));
     CHECK_NOTHROW(make_plan(in));
     in.budget_bytes -= 1;
@@ -898,6 +909,15 @@ TEST_CASE("layer_forward_flops and recompute_overhead, by hand") {
     full.recompute_layers = n;
     CHECK(recompute_overhead(m, p, full) == doctest::Approx(0.302273574357063).epsilon(1e-12));
   }
+  // Uneven stages: 1 layer on the first device, 3 on the second; block 2 recomputes 1 + 2.
+  parallel_config uneven = p;
+  uneven.first_stage_layers = 1;
+  full.recompute = recompute_method::block;
+  full.recompute_layers = 1;  // n = 2
+  CHECK(recompute_overhead(m, uneven, full) == doctest::Approx(0.1511367871785315).epsilon(1e-12));
+  full.recompute_layers = 2;  // n = 3
+  CHECK(recompute_overhead(m, uneven, full) ==
+        doctest::Approx(0.1511367871785315 * 1.5).epsilon(1e-12));
   full.selective = {.mlp = true};  // full and selective exclude each other
   CHECK_THROWS_AS(recompute_overhead(m, p, full), agoq::invalid_argument);
   // GPT: fc1 and fc2, 4 T h f / tp; q = k = 256.
@@ -1077,6 +1097,15 @@ TEST_CASE("recompute_options: the sets of modules and every full recomputation")
   in.step.recompute = recompute_method::block;
   in.step.recompute_layers = 2;
   CHECK(name_of(*least_error_recompute(in, 0.2)) == name_of(*plain));
+  // Uneven stages, 2 layers on the first and the last device, 6 on each other: block 1 .. 5 and
+  // uniform 1 .. 6, N up to the largest chunk (the small chunks recompute all of theirs).
+  in.step.recompute = recompute_method::none;
+  in.step.recompute_layers = 0;
+  in.parallel.first_stage_layers = 2;
+  in.parallel.last_stage_layers = 2;
+  std::vector<recompute_option> const uneven = recompute_options(in);
+  REQUIRE(uneven.size() == 7 + 2 * 6);
+  check_options(in, uneven);
   in.budget_bytes = agoq::max_size_count + 1;
   CHECK_THROWS_AS(recompute_options(in), agoq::invalid_argument);
 }

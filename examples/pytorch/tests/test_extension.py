@@ -365,7 +365,8 @@ class GradientAndOptimizerTest(unittest.TestCase):
 class PlanningTest(unittest.TestCase):
     def test_model_presets_are_whole_models(self):
         presets = agoq.model_presets()
-        self.assertEqual(list(presets), ["llama3-8b", "llama3-70b", "qwen2.5-32b", "gpt3-1.3b"])
+        self.assertEqual(list(presets), ["llama3-8b", "llama3-70b", "llama3-405b", "qwen2.5-32b",
+                                         "gpt3-1.3b"])
         llama = presets["llama3-8b"]
         self.assertEqual(llama, dict(style="llama", layers=32, hidden=4096, ffn=14336, heads=32,
                                      kv_heads=8, head_dim=128, vocab=128256,
@@ -438,6 +439,31 @@ class PlanningTest(unittest.TestCase):
             agoq.estimate_memory(LLAMA, 8, 128, recompute="selective", recompute_layers=1)
         with self.assertRaisesRegex(ValueError, "at least 1 with recompute uniform"):
             agoq.estimate_memory(LLAMA, 8, 128, recompute="uniform")
+
+    def test_uneven_pipeline_stages(self):
+        # LLAMA's 4 layers on 3 stages, 1 on the first and the last, 2 on the other (Megatron-Core's
+        # num_layers_in_first/last_pipeline_stage); the even split of 2 stages for comparison.
+        uneven = dict(pp=3, first_stage_layers=1, last_stage_layers=1)
+        mem = agoq.estimate_memory(LLAMA, 8, 128, **uneven)
+        even = agoq.estimate_memory(LLAMA, 8, 128, pp=2)
+        self.assertEqual([m["layers"] for m in mem], [1, 2, 1])
+        self.assertEqual([m["layers"] for m in even], [2, 2])
+        self.assertEqual(sum(m["parameters"] for m in mem), sum(m["parameters"] for m in even))
+        self.assertEqual([m["in_flight"] for m in mem], [[3], [2], [1]])
+        # Block recomputation of each chunk's first layer: layer 0, 1 and 3.
+        budget = 2 * max(m["total"] for m in mem)
+        plan = agoq.make_plan(LLAMA, 8, 128, budget, recompute="block", recompute_layers=1,
+                              **uneven)
+        self.assertEqual(plan["recomputed"], [0, 1, 3])
+        self.assertEqual([s["layers"] for s in plan["stages"]], [1, 2, 1])
+        # The largest chunk has 2 layers: the 8 sets, block 1, uniform 1 and 2.
+        options = agoq.recompute_options(LLAMA, 8, 128, budget, **uneven)["options"]
+        self.assertEqual(len(options), 11)
+        self.assertEqual(agoq.least_block_recompute(LLAMA, 8, 128, budget, **uneven), 0)
+        with self.assertRaisesRegex(ValueError, "4 layers do not split into 3 stages x 1 chunks"):
+            agoq.estimate_memory(LLAMA, 8, 128, pp=3)
+        with self.assertRaisesRegex(ValueError, "do not split evenly into the other 1 pipeline"):
+            agoq.estimate_memory(LLAMA, 8, 128, pp=3, first_stage_layers=3, last_stage_layers=1)
 
     def test_selective_recomputation(self):
         # Megatron's recompute_modules: layernorm recomputes the norms' outputs, mlp the MLP's

@@ -249,11 +249,13 @@ struct model_preset {
   model_shape shape;
 };
 
-/// The shapes of published models: LLaMA-3-8B, LLaMA-3-70B, Qwen-2.5-32B and GPT-3 XL (1.3B
-/// parameters, input embedding and output head tied).
-inline constexpr std::array<model_preset, 4> model_presets{{
+/// The shapes of published models: LLaMA-3-8B, LLaMA-3-70B, LLaMA-3.1-405B (126 layers, which
+/// split over 16 pipeline stages only unevenly: parallel_config::first_stage_layers), Qwen-2.5-32B
+/// and GPT-3 XL (1.3B parameters, input embedding and output head tied).
+inline constexpr std::array<model_preset, 5> model_presets{{
     {"llama3-8b", {block_style::llama, 32, 4096, 14336, 32, 8, 128, 128256, false}},
     {"llama3-70b", {block_style::llama, 80, 8192, 28672, 64, 8, 128, 128256, false}},
+    {"llama3-405b", {block_style::llama, 126, 16384, 53248, 128, 8, 128, 128256, false}},
     {"qwen2.5-32b", {block_style::llama, 64, 5120, 27648, 40, 8, 128, 152064, false}},
     {"gpt3-1.3b", {block_style::gpt, 24, 2048, 8192, 16, 16, 128, 50257, true}},
 }};

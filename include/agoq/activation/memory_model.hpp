@@ -65,18 +65,47 @@ struct parallel_config {
   /// split); the ranks hold the same weights, and gradients are reduced, and ZeRO shards, over
   /// dp x cp (gradient_ranks()).
   std::int64_t cp = 1;
+  /// Uneven pipeline stages (Megatron-Core's num_layers_in_first_pipeline_stage and
+  /// num_layers_in_last_pipeline_stage, `--decoder-first-pipeline-num-layers` and
+  /// `--decoder-last-pipeline-num-layers`): the transformer layers of the first (last) pipeline
+  /// device; 0 leaves that device to the even split. The devices between share the other layers
+  /// evenly, and each device's layers split evenly into its virtual_stages chunks. A lighter
+  /// first or last device makes room for the embedding and the output head: Llama 3 405B ran its
+  /// 126 layers on 16 stages as 7, 14 x 8, 7. Needs pp >= 2.
+  std::int64_t first_stage_layers = 0;
+  std::int64_t last_stage_layers = 0;  ///< see first_stage_layers
 
   /// The ranks that hold the same weights and reduce their gradients together, which ZeRO shards
   /// over: dp x cp (Megatron-Core's data-parallel group with context parallelism).
   std::int64_t gradient_ranks() const noexcept { return dp * cp; }
 
-  /// Layers per model chunk, layers / (pp * virtual_stages).
-  std::int64_t layers_per_chunk(model_shape const& m) const noexcept {
-    return m.layers / (pp * virtual_stages);
+  /// True when first_stage_layers or last_stage_layers sets a device's layers.
+  bool uneven() const noexcept { return first_stage_layers > 0 || last_stage_layers > 0; }
+
+  /// The transformer layers of pipeline device `stage` in [0, pp): first_stage_layers on the
+  /// first, last_stage_layers on the last where set, an even share of the rest on the others
+  /// (layers / pp without uneven stages). `m` and this layout valid (validate).
+  std::int64_t stage_layers(model_shape const& m, std::int64_t stage) const noexcept {
+    if (stage == 0 && first_stage_layers > 0) return first_stage_layers;
+    if (stage == pp - 1 && last_stage_layers > 0) return last_stage_layers;
+    std::int64_t const others = pp - (first_stage_layers > 0) - (last_stage_layers > 0);
+    return (m.layers - first_stage_layers - last_stage_layers) / others;
+  }
+
+  /// The layers of each model chunk of pipeline device `stage`: stage_layers / virtual_stages.
+  std::int64_t chunk_layers(model_shape const& m, std::int64_t stage) const noexcept {
+    return stage_layers(m, stage) / virtual_stages;
+  }
+
+  /// The most layers of any model chunk (chunk_layers of every device).
+  std::int64_t max_chunk_layers(model_shape const& m) const noexcept {
+    std::int64_t most = 0;
+    for (std::int64_t s = 0; s < pp; ++s) most = std::max(most, chunk_layers(m, s));
+    return most;
   }
 
   /// Throws agoq::invalid_argument naming the first field out of range, the group size the
-  /// interleaved schedule refuses, or the layer count that does not split evenly. (Whether the
+  /// interleaved schedule refuses, or the layer count that does not split as asked. (Whether the
   /// step's micro-batches suit the schedule is checked where they meet: estimate_memory,
   /// in_flight_peaks.)
   void validate(model_shape const& m) const;
@@ -121,10 +150,41 @@ inline void parallel_config::validate(model_shape const& m) const {
                "parallel_config: zero_stage is 0, 1, 2 or 3, got " + std::to_string(zero_stage));
   AGOQ_EXPECTS(virtual_stages == 1 || pp >= 2,
                "parallel_config: an interleaved schedule needs at least 2 pipeline stages");
-  AGOQ_EXPECTS(pp <= m.layers / virtual_stages && m.layers % (pp * virtual_stages) == 0,
-               "parallel_config: " + std::to_string(m.layers) + " layers do not split into " +
-                   std::to_string(pp) + " stages x " + std::to_string(virtual_stages) + " chunks");
   detail::check_group(pp, virtual_stages, vp_group, vp_rules);
+  AGOQ_EXPECTS(first_stage_layers >= 0 && last_stage_layers >= 0,
+               "parallel_config: first_stage_layers and last_stage_layers must be >= 0 (0: an "
+               "even split), got " +
+                   std::to_string(first_stage_layers) + " and " +
+                   std::to_string(last_stage_layers));
+  if (!uneven()) {
+    AGOQ_EXPECTS(pp <= m.layers / virtual_stages && m.layers % (pp * virtual_stages) == 0,
+                 "parallel_config: " + std::to_string(m.layers) + " layers do not split into " +
+                     std::to_string(pp) + " stages x " + std::to_string(virtual_stages) +
+                     " chunks evenly (first_stage_layers and last_stage_layers split them "
+                     "unevenly)");
+    return;
+  }
+  AGOQ_EXPECTS(pp >= 2,
+               "parallel_config: uneven pipeline stages (first_stage_layers, "
+               "last_stage_layers) need at least 2 pipeline stages");
+  AGOQ_EXPECTS(first_stage_layers <= m.layers && last_stage_layers <= m.layers &&
+                   first_stage_layers + last_stage_layers <= m.layers,
+               "parallel_config: first_stage_layers (" + std::to_string(first_stage_layers) +
+                   ") and last_stage_layers (" + std::to_string(last_stage_layers) +
+                   ") ask for more than the model's " + std::to_string(m.layers) + " layers");
+  std::int64_t const others = pp - (first_stage_layers > 0) - (last_stage_layers > 0);
+  std::int64_t const rest = m.layers - first_stage_layers - last_stage_layers;
+  AGOQ_EXPECTS(others == 0 ? rest == 0 : rest >= others && rest % others == 0,
+               "parallel_config: the " + std::to_string(rest) + " layers left by " +
+                   "first_stage_layers (" + std::to_string(first_stage_layers) +
+                   ") and last_stage_layers (" + std::to_string(last_stage_layers) + ") of " +
+                   std::to_string(m.layers) + " do not split evenly into the other " +
+                   std::to_string(others) + " pipeline stages");
+  for (std::int64_t s = 0; s < pp; ++s)
+    AGOQ_EXPECTS(stage_layers(m, s) % virtual_stages == 0,
+                 "parallel_config: pipeline stage " + std::to_string(s) + "'s " +
+                     std::to_string(stage_layers(m, s)) + " layers do not split into " +
+                     std::to_string(virtual_stages) + " chunks");
 }
 
 /// Megatron's full activation recomputation (`--recompute-granularity full`,
@@ -359,24 +419,31 @@ inline std::int64_t vocab_per_rank(model_shape const& m, std::int64_t tp) {
   return agoq::detail::ceil_div(m.vocab, tp);
 }
 
-/// The pipeline device (rank along the pipeline) holding global layer `layer`, and its local
-/// chunk index: layers are cut into pp * v chunks of equal size, chunk c on device c % pp.
+/// The pipeline device (rank along the pipeline) holding a global layer, and its local chunk
+/// index. The layers run in v rounds of layers / v (v = virtual_stages): round c holds local
+/// chunk c of every device in device order, chunk_layers(m, s) layers of device s (Megatron-Core's
+/// get_transformer_layer_offset, uneven stages included).
 struct layer_place {
   std::int64_t stage = 0;  ///< pipeline device
   std::int64_t chunk = 0;  ///< local chunk index on that device (0 .. v - 1)
 };
 
-/// Where global layer `layer` lives.
+/// Where global layer `layer` in [0, layers) lives. `m` and `p` valid (parallel_config::validate).
 inline layer_place place_of(std::int64_t layer, model_shape const& m, parallel_config const& p) {
-  std::int64_t const global_chunk = layer / p.layers_per_chunk(m);
-  return {global_chunk % p.pp, global_chunk / p.pp};
+  std::int64_t const round = m.layers / p.virtual_stages;
+  layer_place at{0, layer / round};
+  for (std::int64_t rest = layer % round; rest >= p.chunk_layers(m, at.stage); ++at.stage)
+    rest -= p.chunk_layers(m, at.stage);
+  return at;
 }
 
 /// The first global layer of local chunk `chunk` of pipeline device `stage`: the chunk holds it and
-/// the layers_per_chunk - 1 that follow (place_of inverted).
+/// the chunk_layers(m, stage) - 1 that follow (place_of inverted).
 inline std::int64_t first_layer_of(model_shape const& m, parallel_config const& p,
                                    std::int64_t stage, std::int64_t chunk) {
-  return (chunk * p.pp + stage) * p.layers_per_chunk(m);
+  std::int64_t first = chunk * (m.layers / p.virtual_stages);
+  for (std::int64_t s = 0; s < stage; ++s) first += p.chunk_layers(m, s);
+  return first;
 }
 
 /// A pipeline schedule, the same for every device: what the in-flight functions below follow.
@@ -654,6 +721,7 @@ inline std::int64_t optimizer_bytes(optimizer_format o, std::int64_t n) {
 /// the same) during one step, in bytes.
 struct stage_memory {
   std::int64_t stage = 0;
+  std::int64_t layers = 0;              ///< transformer layers it holds (stage_layers)
   std::int64_t parameters = 0;          ///< parameters of its chunks on one TP rank (unsharded)
   std::int64_t weights = 0;             ///< bf16 weights (sharded over dp x cp under ZeRO-3)
   std::int64_t master_weights = 0;      ///< fp32 master copy (sharded under ZeRO >= 1)
@@ -772,8 +840,9 @@ inline bool is_recomputed(model_shape const& m, parallel_config const& p, step_c
   AGOQ_EXPECTS(layer >= 0 && layer < m.layers, "is_recomputed: layer " + std::to_string(layer) +
                                                    " outside [0, " + std::to_string(m.layers) +
                                                    ")");
-  std::int64_t const lc = p.layers_per_chunk(m);
-  return layer % lc < recomputed_layers(st, lc);
+  layer_place const at = place_of(layer, m, p);
+  return layer - first_layer_of(m, p, at.stage, at.chunk) <
+         recomputed_layers(st, p.chunk_layers(m, at.stage));
 }
 
 /// The checkpoints of a model chunk of `chunk_layers` layers, in layer order, each as its number
@@ -788,11 +857,12 @@ inline std::vector<std::int64_t> recompute_checkpoints(step_config const& st,
   return out;
 }
 
-/// Bytes of the checkpoints' inputs one micro-batch keeps in a model chunk under st.recompute:
-/// recompute_checkpoints of the chunk, times residual_stream_bytes. Throws as those.
+/// Bytes of the checkpoints' inputs one micro-batch keeps in a model chunk of pipeline device
+/// `stage` under st.recompute: recompute_checkpoints of the chunk, times residual_stream_bytes.
+/// Throws as those.
 inline std::int64_t checkpoint_input_bytes(model_shape const& m, parallel_config const& p,
-                                           step_config const& st) {
-  return static_cast<std::int64_t>(recompute_checkpoints(st, p.layers_per_chunk(m)).size()) *
+                                           step_config const& st, std::int64_t stage) {
+  return static_cast<std::int64_t>(recompute_checkpoints(st, p.chunk_layers(m, stage)).size()) *
          residual_stream_bytes(m, shard_of(p, st));
 }
 
@@ -950,11 +1020,11 @@ namespace detail {
 /// reserved, at most max_size_count, with P = model_shape::parameter_bound (64 bytes a parameter
 /// bound the states, the head's staged weight gradient and the gradient buffers but for their
 /// 512 bytes a rank), B = shard_shape::byte_bound (the working set; B/8 bounds one micro-batch's
-/// saved tensors of a layer, 8 KiB their section alignments, or of the output head), c the layers
-/// of a model chunk and U the chunk units the first device holds at once, the most of any
-/// (peak_in_flight_units), plus one under recomputation (its checkpoint's layers). The bound is
-/// loose (LLaMA-3-8B with bf16 activations: about 21 times the total), so a device needing more
-/// than about 2^57 bytes may be refused. `m`, `p` and `sh` are valid.
+/// saved tensors of a layer, 8 KiB their section alignments, or of the output head), c the most
+/// layers of a model chunk (max_chunk_layers) and U the chunk units the first device holds at once,
+/// the most of any (peak_in_flight_units), plus one under recomputation (its checkpoint's layers).
+/// The bound is loose (LLaMA-3-8B with bf16 activations: about 21 times the total), so a device
+/// needing more than about 2^57 bytes may be refused. `m`, `p` and `sh` are valid.
 inline void check_step_size(model_shape const& m, parallel_config const& p, step_config const& st,
                             shard_shape const& sh) {
   auto const units = static_cast<long double>(peak_in_flight_units(schedule_of(p, st), 0));
@@ -963,7 +1033,7 @@ inline void check_step_size(model_shape const& m, parallel_config const& p, step
   long double const copies = units + (st.recompute == recompute_method::none ? 0 : 1);
   long double const bound =
       64 * m.parameter_bound() +
-      copies * (static_cast<long double>(p.layers_per_chunk(m)) * (b / 8 + 8192) + b / 8) + b +
+      copies * (static_cast<long double>(p.max_chunk_layers(m)) * (b / 8 + 8192) + b / 8) + b +
       512 * static_cast<long double>(p.gradient_ranks()) + 4096 +
       static_cast<long double>(st.reserved_bytes);
   AGOQ_EXPECTS(bound <= static_cast<long double>(max_size_count),
@@ -1009,7 +1079,7 @@ template <class Quantized>
 std::int64_t device_working_bytes(model_shape const& m, parallel_config const& p,
                                   shard_shape const& sh, std::int64_t stage, bool staged,
                                   recompute_modules const& selective, Quantized&& quantized) {
-  std::int64_t const lc = p.layers_per_chunk(m);
+  std::int64_t const lc = p.chunk_layers(m, stage);
   std::int64_t bytes = stage == p.pp - 1 ? head_working_bytes(m, sh, staged) : 0;
   for (std::int64_t c = 0; c < p.virtual_stages; ++c) {
     std::int64_t const first = first_layer_of(m, p, stage, c);
@@ -1051,20 +1121,21 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
   shard_shape const sh = shard_of(p, st);
   sh.validate(m);
   detail::check_step_size(m, p, st, sh);
-  std::int64_t const lc = p.layers_per_chunk(m);
   std::int64_t const per_layer = layer_parameters(m, p.tp);
   std::int64_t const embedding = vocab_per_rank(m, p.tp) * m.hidden;
-  // Recomputation: the first `recomputed` layers of each chunk keep only their checkpoints'
-  // inputs.
-  std::int64_t const recomputed = recomputed_layers(st, lc);
-  std::vector<std::int64_t> const checkpoints = recompute_checkpoints(st, lc);
-  std::int64_t const checkpoint_bytes = checkpoint_input_bytes(m, p, st);
   std::int64_t const final_norm = m.style == block_style::llama ? m.hidden : 2 * m.hidden;
   std::vector<stage_memory> out;
   for (std::int64_t r = 0; r < p.pp; ++r) {
+    std::int64_t const lc = p.chunk_layers(m, r);
+    // Recomputation: the first `recomputed` layers of each chunk keep only their checkpoints'
+    // inputs.
+    std::int64_t const recomputed = recomputed_layers(st, lc);
+    std::vector<std::int64_t> const checkpoints = recompute_checkpoints(st, lc);
+    std::int64_t const checkpoint_bytes = checkpoint_input_bytes(m, p, st, r);
     stage_memory s;
     s.stage = r;
-    s.parameters = per_layer * lc * p.virtual_stages;
+    s.layers = p.stage_layers(m, r);
+    s.parameters = per_layer * s.layers;
     bool const first = r == 0;
     bool const last = r == p.pp - 1;
     if (first) s.parameters += embedding;

@@ -424,14 +424,12 @@ inline activation_plan make_plan(planner_input const& in) {
                    std::to_string(in.errors.last_layer()) + ", past the model's " +
                    std::to_string(m.layers) + " layers");
   shard_shape const sh = shard_of(p, in.step);
-  std::int64_t const lc = p.layers_per_chunk(m);
   // Memory that does not depend on the plan, per device: the states and the transient memory.
   auto const fixed = detail::reserved_memory(in);
   // Recomputed layers are not planned: kept precise, they cost transient memory only, and their
   // checkpoints' inputs are fixed.
   auto const recomputed = [&](std::int64_t l) { return is_recomputed(m, p, in.step, l); };
   std::int64_t const head = head_activation_bytes(m, sh);
-  std::int64_t const checkpoint_bytes = checkpoint_input_bytes(m, p, in.step);
   bool const staged = stages_gradients(p, in.states.gradients);
   std::vector<char> quantized(static_cast<std::size_t>(m.layers * tensor_kind_count), 0);
 
@@ -461,6 +459,7 @@ inline activation_plan make_plan(planner_input const& in) {
   std::int64_t worst_stage = -1;
   stage_memory worst_need;
   for (std::int64_t r = 0; r < p.pp; ++r) {
+    std::int64_t const lc = p.chunk_layers(m, r);
     stage_plan sp;
     sp.memory = fixed[static_cast<std::size_t>(r)];
     std::int64_t const held = sp.memory.states() + sp.memory.transient();
@@ -491,6 +490,7 @@ inline activation_plan make_plan(planner_input const& in) {
     std::vector<planned_tensor> items;
     std::vector<std::size_t> chunk_of;
     std::vector<std::vector<detail::plan_option>> hulls;
+    std::int64_t const checkpoint_bytes = checkpoint_input_bytes(m, p, in.step, r);
     std::vector<std::int64_t> chunk_bytes(weight.size(), checkpoint_bytes);
     for (std::size_t c = 0; c < weight.size(); ++c) {
       std::int64_t const first = first_layer_of(m, p, r, static_cast<std::int64_t>(c));
@@ -662,8 +662,9 @@ inline std::vector<stage_memory> smallest_memory(planner_input const& in) {
 /// The fewest layers of each model chunk that block recomputation must recompute
 /// (step_config::recompute = recompute_method::block, recompute_layers = N) for make_plan to fit
 /// in.budget_bytes on every device: 0 when it fits without recomputation, none when it does not
-/// fit even with every layer recomputed. in.step's own recomputation (full or selective) is
-/// ignored. Every N from 0 is tried (smallest_memory): from 0 to 1 the transient memory grows by a
+/// fit even with every layer recomputed (N up to max_chunk_layers; a chunk of fewer layers
+/// recomputes all of its own). in.step's own recomputation (full or selective) is ignored. Every N
+/// from 0 is tried (smallest_memory): from 0 to 1 the transient memory grows by a
 /// layer in bf16, so the fit need not be monotone there. Throws agoq::invalid_argument for a budget
 /// outside (0, 2^62] or as estimate_memory.
 inline std::optional<std::int64_t> least_block_recompute(planner_input in) {
@@ -671,7 +672,7 @@ inline std::optional<std::int64_t> least_block_recompute(planner_input in) {
   AGOQ_EXPECTS(in.budget_bytes > 0 && in.budget_bytes <= max_size_count,
                "least_block_recompute: the budget must be positive and at most 2^62 bytes, got " +
                    std::to_string(in.budget_bytes));
-  std::int64_t const lc = in.parallel.layers_per_chunk(in.model);
+  std::int64_t const lc = in.parallel.max_chunk_layers(in.model);
   in.step.selective = {};
   for (std::int64_t n = 0; n <= lc; ++n) {
     in.step.recompute = n == 0 ? recompute_method::none : recompute_method::block;
@@ -731,15 +732,17 @@ inline double recompute_flops(layer_flops const& fl, recompute_modules const& r)
 /// F + H)), with F the forward of a layer (layer_forward_flops), H the output head's 2 T h vocab /
 /// tp, and 3 the forward plus a backward of twice its products; R what the recomputation runs
 /// again: for full recomputation (st.recompute) n F, n the layers it recomputes (recomputed_layers
-/// of each of the L / layers_per_chunk model chunks: the whole forward of each again), for
+/// of each model chunk, summed over the pp x v chunks: the whole forward of each again), for
 /// selective recomputation (st.selective) L recompute_flops(F, st.selective). The same for every
 /// micro-batch, so for the whole step. Throws as layer_forward_flops and check_recompute.
 inline double recompute_overhead(model_shape const& m, parallel_config const& p,
                                  step_config const& st) {
   layer_flops const fl = layer_forward_flops(m, p, st);
-  std::int64_t const lc = p.layers_per_chunk(m);
   double const layers = static_cast<double>(m.layers);
-  double const full = static_cast<double>(m.layers / lc * recomputed_layers(st, lc));
+  std::int64_t chunks_layers = 0;  // recomputed_layers over every model chunk
+  for (std::int64_t r = 0; r < p.pp; ++r)
+    chunks_layers += p.virtual_stages * recomputed_layers(st, p.chunk_layers(m, r));
+  double const full = static_cast<double>(chunks_layers);
   double const head = 2.0 * static_cast<double>(st.micro_batch) * static_cast<double>(st.seq) /
                       static_cast<double>(p.cp) * static_cast<double>(m.hidden) *
                       static_cast<double>(m.vocab) / static_cast<double>(p.tp);
@@ -827,15 +830,16 @@ inline std::vector<recompute_option> selective_options(planner_input const& in) 
 }
 
 /// selective_options' 8 sets and every full recomputation of Megatron's, each planned for `in` as
-/// make_plan plans it: block N for N = 1 .. n - 1 (the first N layers of each model chunk of n
-/// layers, the rest planned; their share of the step's products grows with N) and uniform N for
-/// N = 1 .. n (every layer, in checkpoints of N: the same products for every N, fewer
+/// make_plan plans it, n the most layers of a model chunk (max_chunk_layers; a chunk of fewer
+/// recomputes all of its own where N passes them): block N for N = 1 .. n - 1 (the first N layers
+/// of each model chunk, the rest planned; their share of the step's products grows with N) and
+/// uniform N for N = 1 .. n (every layer, in checkpoints of N: the same products for every N, fewer
 /// checkpoints kept but more layers' tensors alive at once in the backward as N grows; block n is
 /// uniform 1). Ordered by overhead; on a tie the sets first (as selective_options orders them),
 /// then block, then uniform, each by N. 7 + 2n plans. Throws as selective_options.
 inline std::vector<recompute_option> recompute_options(planner_input const& in) {
   in.parallel.validate(in.model);
-  std::int64_t const lc = in.parallel.layers_per_chunk(in.model);
+  std::int64_t const lc = in.parallel.max_chunk_layers(in.model);
   std::vector<recompute_option> choices = detail::module_sets();
   for (recompute_method const method : {recompute_method::block, recompute_method::uniform})
     for (std::int64_t n = 1; n <= lc; ++n)

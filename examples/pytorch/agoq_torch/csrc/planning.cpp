@@ -115,6 +115,7 @@ act::optimizer_format optimizer_format_of(std::string const& s) {
 py::dict memory_dict(act::stage_memory const& s) {
   py::dict d;
   d["stage"] = s.stage;
+  d["layers"] = s.layers;
   d["parameters"] = s.parameters;
   d["weights"] = s.weights;
   d["master_weights"] = s.master_weights;
@@ -165,9 +166,20 @@ layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t m
                       bool sp, std::int64_t vp_group, std::string const& vp_rules,
                       std::int64_t bucket_parameters, std::int64_t reserved_bytes,
                       std::string const& recompute, std::int64_t recompute_layers, std::int64_t cp,
-                      std::vector<std::string> const& recompute_modules) {
+                      std::vector<std::string> const& recompute_modules,
+                      std::int64_t first_stage_layers, std::int64_t last_stage_layers) {
   layout_args a;
-  a.parallel = {tp, pp, dp, vp, zero, sp, vp_group, rules_of(vp_rules), cp};
+  a.parallel = {.tp = tp,
+                .pp = pp,
+                .dp = dp,
+                .virtual_stages = vp,
+                .zero_stage = zero,
+                .sp = sp,
+                .vp_group = vp_group,
+                .vp_rules = rules_of(vp_rules),
+                .cp = cp,
+                .first_stage_layers = first_stage_layers,
+                .last_stage_layers = last_stage_layers};
   a.step = {micro_batch, seq, micro_batches, bucket_parameters, reserved_bytes};
   a.step.recompute = recompute_of(recompute);
   a.step.recompute_layers = recompute_layers;
@@ -274,21 +286,20 @@ act::tensor_stats stats_of(py::dict const& d) {
 }
 
 /// The planner's input but for its error model: the model, layout, states, budget and policy.
-act::planner_input planner_input_of(py::dict const& model, std::int64_t micro_batch,
-                                    std::int64_t seq, std::int64_t budget_bytes,
-                                    py::object const& policy, std::int64_t dp, std::int64_t pp,
-                                    std::int64_t tp, std::int64_t vp, int zero, bool sp,
-                                    std::int64_t micro_batches, std::string const& gradients,
-                                    std::string const& optimizer, std::int64_t vp_group,
-                                    std::string const& vp_rules, std::int64_t bucket_parameters,
-                                    std::int64_t reserved_bytes, std::string const& recompute,
-                                    std::int64_t recompute_layers, std::int64_t cp,
-                                    std::vector<std::string> const& recompute_modules) {
+act::planner_input planner_input_of(
+    py::dict const& model, std::int64_t micro_batch, std::int64_t seq, std::int64_t budget_bytes,
+    py::object const& policy, std::int64_t dp, std::int64_t pp, std::int64_t tp, std::int64_t vp,
+    int zero, bool sp, std::int64_t micro_batches, std::string const& gradients,
+    std::string const& optimizer, std::int64_t vp_group, std::string const& vp_rules,
+    std::int64_t bucket_parameters, std::int64_t reserved_bytes, std::string const& recompute,
+    std::int64_t recompute_layers, std::int64_t cp,
+    std::vector<std::string> const& recompute_modules, std::int64_t first_stage_layers,
+    std::int64_t last_stage_layers) {
   act::planner_input in;
   in.model = model_of(model);
   auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
                            vp_rules, bucket_parameters, reserved_bytes, recompute, recompute_layers,
-                           cp, recompute_modules);
+                           cp, recompute_modules, first_stage_layers, last_stage_layers);
   in.parallel = l.parallel;
   in.step = l.step;
   in.states = {gradient_format_of(gradients), optimizer_format_of(optimizer)};
@@ -339,11 +350,12 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
                    std::int64_t bucket_parameters, std::int64_t reserved_bytes,
                    py::object const& sensitivity, py::object const& outlier,
                    std::string const& recompute, std::int64_t recompute_layers, std::int64_t cp,
-                   std::vector<std::string> const& recompute_modules) {
-  act::planner_input in =
-      planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
-                       micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
-                       reserved_bytes, recompute, recompute_layers, cp, recompute_modules);
+                   std::vector<std::string> const& recompute_modules,
+                   std::int64_t first_stage_layers, std::int64_t last_stage_layers) {
+  act::planner_input in = planner_input_of(
+      model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
+      gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, recompute,
+      recompute_layers, cp, recompute_modules, first_stage_layers, last_stage_layers);
   apply_error_model(in, statistics, sensitivity, outlier);
   act::activation_plan const plan = act::make_plan(in);
   py::list layers;
@@ -389,11 +401,12 @@ py::object least_block_recompute(py::dict const& model, std::int64_t micro_batch
                                  std::string const& gradients, std::string const& optimizer,
                                  std::int64_t vp_group, std::string const& vp_rules,
                                  std::int64_t bucket_parameters, std::int64_t reserved_bytes,
-                                 std::int64_t cp) {
+                                 std::int64_t cp, std::int64_t first_stage_layers,
+                                 std::int64_t last_stage_layers) {
   auto const n = act::least_block_recompute(
       planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
                        micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
-                       reserved_bytes, "none", 0, cp, {}));
+                       reserved_bytes, "none", 0, cp, {}, first_stage_layers, last_stage_layers));
   return n ? py::object(py::int_(*n)) : py::object(py::none());
 }
 
@@ -423,11 +436,12 @@ py::dict planned_options(py::dict const& model, std::int64_t micro_batch, std::i
                          std::int64_t vp_group, std::string const& vp_rules,
                          std::int64_t bucket_parameters, std::int64_t reserved_bytes,
                          py::object const& sensitivity, py::object const& outlier, std::int64_t cp,
-                         double max_overhead) {
+                         double max_overhead, std::int64_t first_stage_layers,
+                         std::int64_t last_stage_layers) {
   act::planner_input in =
       planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
                        micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
-                       reserved_bytes, "none", 0, cp, {});
+                       reserved_bytes, "none", 0, cp, {}, first_stage_layers, last_stage_layers);
   apply_error_model(in, statistics, sensitivity, outlier);
   std::vector<act::recompute_option> const all = options_of(in);
   py::list options;
@@ -447,11 +461,12 @@ py::list estimate_memory(py::dict const& model, std::int64_t micro_batch, std::i
                          std::string const& vp_rules, std::int64_t bucket_parameters,
                          std::int64_t reserved_bytes, std::string const& recompute,
                          std::int64_t recompute_layers, std::int64_t cp,
-                         std::vector<std::string> const& recompute_modules) {
+                         std::vector<std::string> const& recompute_modules,
+                         std::int64_t first_stage_layers, std::int64_t last_stage_layers) {
   act::model_shape const m = model_of(model);
   auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
                            vp_rules, bucket_parameters, reserved_bytes, recompute, recompute_layers,
-                           cp, recompute_modules);
+                           cp, recompute_modules, first_stage_layers, last_stage_layers);
   py::list out;
   for (act::stage_memory const& s : act::estimate_memory(
            m, l.parallel, l.step, {gradient_format_of(gradients), optimizer_format_of(optimizer)},
@@ -464,7 +479,8 @@ py::list estimate_memory(py::dict const& model, std::int64_t micro_batch, std::i
 
 void register_planning(py::module_& m) {
   m.def("model_presets", &model_presets,
-        "{name: model} of the published shapes agoq knows (llama3-8b, llama3-70b, qwen2.5-32b, "
+        "{name: model} of the published shapes agoq knows (llama3-8b, llama3-70b, llama3-405b, "
+        "qwen2.5-32b, "
         "gpt3-1.3b), each a dict with every key a model takes.");
   m.def("tensor_kinds", &tensor_kinds, py::arg("style") = "llama",
         "The tensors a block of the style saves for backward, in forward order (o_proj_input "
@@ -491,6 +507,7 @@ void register_planning(py::module_& m) {
         py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(),
         py::arg("recompute") = "none", py::arg("recompute_layers") = 0, py::arg("cp") = 1,
         py::arg("recompute_modules") = std::vector<std::string>{},
+        py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
         "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], "
         "'recomputed': [layer], 'recompute_modules': [module], 'recomputed_kinds': [kind], "
         "'stages': [memory], 'error': float}. The budget holds each "
@@ -516,14 +533,17 @@ void register_planning(py::module_& m) {
         "backward, in the layer's working memory, with the error of the kept tensors they come "
         "from; an unknown name raises ValueError. cp > 1 is "
         "context parallelism: each sequence split over cp ranks (seq a multiple of 2 cp), ZeRO "
-        "and the gradient reduction over dp x cp.");
+        "and the gradient reduction over dp x cp. first_stage_layers and last_stage_layers "
+        "give the first (last) pipeline stage that many layers and the others an even share of "
+        "the rest (Megatron-Core's num_layers_in_first/last_pipeline_stage; 0: an even split); "
+        "each stage's memory says its 'layers'.");
   m.def("least_block_recompute", &least_block_recompute, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
         py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
         py::arg("sp") = false, py::arg("micro_batches") = 0, py::arg("gradients") = "int8",
         py::arg("optimizer") = "fp32", py::arg("vp_group") = 0, py::arg("vp_rules") = "core",
         py::arg("bucket_parameters") = 0, py::arg("reserved_bytes") = act::default_reserved_bytes,
-        py::arg("cp") = 1,
+        py::arg("cp") = 1, py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
         "The fewest layers of each model chunk that block recomputation must recompute for "
         "make_plan (same arguments) to fit budget_bytes: 0 when it fits without, None when not "
         "even every layer fits. Full recomputation alone: no selective recomputation "
@@ -541,7 +561,8 @@ void register_planning(py::module_& m) {
                         py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
                         py::arg("reserved_bytes") = act::default_reserved_bytes,
                         py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(),
-                        py::arg("cp") = 1, py::arg("max_overhead") = 1.0, doc));
+                        py::arg("cp") = 1, py::arg("max_overhead") = 1.0,
+                        py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0, doc));
   };
   def_options("selective_options", &planned_options<&act::selective_options>,
               "Every set of Megatron's recompute modules (core_attn, layernorm, mlp) planned as "
@@ -550,12 +571,13 @@ void register_planning(py::module_& m) {
               "it adds), 'fits', 'error' (the plan's), 'peak_bytes'}] by overhead, 'least_error': "
               "the option that fits with the least error among those adding at most "
               "max_overhead, or None}.");
-  def_options("recompute_options", &planned_options<&act::recompute_options>,
-              "selective_options' sets and every full recomputation of Megatron's ('recompute' "
-              "'block' with 'recompute_layers' N below the layers of a model chunk, 'uniform' "
-              "with N up to them; 'modules' empty), planned as make_plan (same arguments) plans "
-              "them, in the same form: {'options': [...] by overhead, 'least_error': ... or "
-              "None}.");
+  def_options(
+      "recompute_options", &planned_options<&act::recompute_options>,
+      "selective_options' sets and every full recomputation of Megatron's ('recompute' "
+      "'block' with 'recompute_layers' N below the layers of the largest model chunk, "
+      "'uniform' with N up to them; 'modules' empty), planned as make_plan (same arguments) plans "
+      "them, in the same form: {'options': [...] by overhead, 'least_error': ... or "
+      "None}.");
   m.def("estimate_memory", &estimate_memory, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("gradients") = "fp32", py::arg("optimizer") = "fp32",
         py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,
@@ -564,10 +586,12 @@ void register_planning(py::module_& m) {
         py::arg("reserved_bytes") = act::default_reserved_bytes, py::arg("recompute") = "none",
         py::arg("recompute_layers") = 0, py::arg("cp") = 1,
         py::arg("recompute_modules") = std::vector<std::string>{},
+        py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
         "Per-pipeline-device memory of one step with every tensor at its policy default "
         "(vp_group, vp_rules: the interleaved schedule; bucket_parameters, reserved_bytes: the "
         "transient memory's settings; recompute, recompute_layers: full recomputation; cp: "
-        "context parallelism; recompute_modules: selective recomputation; as make_plan).");
+        "context parallelism; recompute_modules: selective recomputation; first_stage_layers, "
+        "last_stage_layers: uneven pipeline stages; as make_plan).");
 }
 
 }  // namespace agoq_torch
