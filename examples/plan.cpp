@@ -350,23 +350,18 @@ std::string stage_layout(act::model_shape const& m, act::parallel_config const& 
   return out;
 }
 
-/// Where the budget is below what the plan of least memory needs (`least`, smallest_memory), by
-/// how much, in GiB, on the stage short by the most (the first of them), with what that stage
-/// needs; empty where it fits. make_plan refuses the budget exactly then.
-std::string shortfall(std::vector<act::stage_memory> const& least, std::int64_t budget) {
-  std::size_t worst = 0;
-  for (std::size_t r = 1; r < least.size(); ++r)
-    if (least[r].total() > least[worst].total()) worst = r;
-  act::stage_memory const& s = least[worst];
-  if (s.total() <= budget) return {};
+/// The shortfall in GiB, said as the tool says it (the library's budget_shortfall::message() is
+/// in bytes).
+std::string shortfall_text(act::budget_shortfall const& s) {
   char text[512];
   std::snprintf(text, sizeof text,
-                "no plan fits the budget of %.2f GiB per GPU: pipeline stage %zu needs %.2f GiB "
+                "no plan fits the budget of %.2f GiB per GPU: pipeline stage %lld needs %.2f GiB "
                 "more (%.2f GiB: %.2f of weights, gradients and optimizer states, %.2f of "
                 "transient working memory and %.2f of activations with every saved tensor at its "
                 "smallest candidate)",
-                g(budget), worst, g(s.total() - budget), g(s.total()), g(s.states()),
-                g(s.transient()), g(s.activations + s.head_activations));
+                g(s.budget_bytes), static_cast<long long>(s.stage), g(s.bytes()), g(s.need.total()),
+                g(s.need.states()), g(s.need.transient()),
+                g(s.need.activations + s.need.head_activations));
   return text;
 }
 
@@ -853,8 +848,11 @@ int run(int argc, char** argv) {
   std::string plan_error;
   if (o.budget_gib > 0) {
     act::planner_input const in = input(true);
-    plan_error = shortfall(act::smallest_memory(in), in.budget_bytes);
-    if (plan_error.empty()) planned = act::make_plan(in);
+    if (auto const s = act::find_shortfall(in)) {
+      plan_error = shortfall_text(*s);
+    } else {
+      planned = act::make_plan(in);
+    }
   }
   if (o.json) {
     print_json(o, baseline, agoq, planned ? &*planned : nullptr, fit, choice, plan_error);

@@ -821,9 +821,12 @@ TEST_CASE("smallest_memory is make_plan's boundary, and the fewest layers to rec
   for (planner_input in : {a, b, c, d, e, f, g, h}) {
     in.budget_bytes = peak_total(smallest_memory(in));
     CHECK_NOTHROW(make_plan(in));
+    CHECK(!find_shortfall(in).has_value());
     in.budget_bytes -= 1;
     CHECK_THROWS_WITH_AS(make_plan(in), doctest::Contains("falls short by 1 bytes"),
                          agoq::invalid_argument);
+    REQUIRE(find_shortfall(in).has_value());
+    CHECK(find_shortfall(in)->bytes() == 1);
   }
   // 16 layers on 8 stages (chunks of 2): stage 0 holds 8 micro-batches.
   auto const fits = [](planner_input in, std::int64_t n) {
@@ -1139,10 +1142,34 @@ TEST_CASE("an infeasible budget says by how much it falls short") {
   std::string const expected =
       "falls short by 1000 bytes on pipeline stage " + std::to_string(stage);
   CHECK_THROWS_WITH_AS(make_plan(in), doctest::Contains(expected.c_str()), agoq::invalid_argument);
+  // The same figures, as data: the device, what it needs (smallest_memory's) and the message.
+  auto const short_of = find_shortfall(in);
+  REQUIRE(short_of.has_value());
+  CHECK(short_of->stage == stage);
+  CHECK(short_of->bytes() == 1000);
+  CHECK(short_of->budget_bytes == worst - 1000);
+  stage_memory const least = smallest_memory(in)[static_cast<std::size_t>(stage)];
+  CHECK(short_of->need.total() == least.total());
+  CHECK(short_of->need.activations == least.activations);
+  CHECK(short_of->need.states() == least.states());
+  CHECK(short_of->message() ==
+        "the budget of " + std::to_string(worst - 1000) +
+            " bytes falls short by 1000 bytes on "
+            "pipeline stage " +
+            std::to_string(stage) + " (it needs " + std::to_string(worst) + " bytes: " +
+            std::to_string(least.states()) + " of weights, gradients and optimizer states, " +
+            std::to_string(least.transient()) + " of transient working memory and " +
+            std::to_string(least.activations + least.head_activations) +
+            " of activations with every saved tensor at its smallest candidate)");
+  std::string const thrown = "agoq: planner: " + short_of->message();
+  CHECK_THROWS_WITH_AS(make_plan(in), doctest::Contains(thrown.c_str()), agoq::invalid_argument);
   in.budget_bytes = worst;
+  CHECK(!find_shortfall(in).has_value());
   CHECK_NOTHROW(make_plan(in));
   in.budget_bytes = 0;
   CHECK_THROWS_AS(make_plan(in), agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(find_shortfall(in), doctest::Contains("budget must be positive"),
+                       agoq::invalid_argument);
 }
 
 TEST_CASE("a budget that holds the activations but not the transient memory is refused") {

@@ -378,6 +378,73 @@ inline std::vector<stage_memory> reserved_memory(planner_input const& in) {
 
 }  // namespace detail
 
+/// The memory of every pipeline device with every planned tensor at its smallest candidate: the
+/// least any plan needs, as make_plan counts it (the states and its reserved transient memory,
+/// detail::reserved_memory; the recomputed layers in bf16). make_plan(in) throws for its budget
+/// exactly when a device's total here exceeds it (find_shortfall). Throws agoq::invalid_argument as
+/// estimate_memory.
+inline std::vector<stage_memory> smallest_memory(planner_input const& in) {
+  std::vector<stage_memory> out = detail::reserved_memory(in);
+  shard_shape const sh = shard_of(in.parallel, in.step);
+  auto const least = estimate_memory(
+      in.model, in.parallel, in.step, in.states, [&](std::int64_t l, tensor_kind k) -> storage {
+        if (is_recomputed(in.model, in.parallel, in.step, l)) return storage::precise();
+        auto const& c = in.policy.candidates(k);
+        saved_shape const s = shape_of(k, in.model, sh);
+        return *std::min_element(c.begin(), c.end(), [&](storage const& a, storage const& b) {
+          return a.bytes(s) < b.bytes(s);
+        });
+      });
+  for (std::size_t r = 0; r < out.size(); ++r) {
+    out[r].activations = least[r].activations;
+    out[r].head_activations = least[r].head_activations;
+    out[r].in_flight = least[r].in_flight;
+  }
+  return out;
+}
+
+/// Where a budget falls short of the least any plan needs (smallest_memory): the device short by
+/// the most, the budget and what that device needs.
+struct budget_shortfall {
+  std::int64_t stage = 0;         ///< the pipeline device short by the most (the first of them)
+  std::int64_t budget_bytes = 0;  ///< the budget per device
+  stage_memory need;              ///< that device's memory with every planned tensor at its
+                                  ///< smallest candidate (smallest_memory)
+
+  /// By how many bytes the budget falls short.
+  std::int64_t bytes() const noexcept { return need.total() - budget_bytes; }
+
+  /// The shortfall in words, in bytes: "the budget of B bytes falls short by S bytes on pipeline
+  /// stage N (it needs T bytes: ... of weights, gradients and optimizer states, ... of transient
+  /// working memory and ... of activations with every saved tensor at its smallest candidate)".
+  std::string message() const {
+    return "the budget of " + std::to_string(budget_bytes) + " bytes falls short by " +
+           std::to_string(bytes()) + " bytes on pipeline stage " + std::to_string(stage) +
+           " (it needs " + std::to_string(need.total()) +
+           " bytes: " + std::to_string(need.states()) +
+           " of weights, gradients and optimizer states, " + std::to_string(need.transient()) +
+           " of transient working memory and " +
+           std::to_string(need.activations + need.head_activations) +
+           " of activations with every saved tensor at its smallest candidate)";
+  }
+};
+
+/// Where in.budget_bytes cannot hold some device even with every planned tensor at its smallest
+/// candidate (smallest_memory), the device short by the most; none where every device fits,
+/// which is exactly where make_plan finds a plan. Throws agoq::invalid_argument for a budget
+/// outside (0, 2^62] or as estimate_memory.
+inline std::optional<budget_shortfall> find_shortfall(planner_input const& in) {
+  AGOQ_EXPECTS(in.budget_bytes > 0 && in.budget_bytes <= max_size_count,
+               "find_shortfall: the budget must be positive and at most 2^62 bytes, got " +
+                   std::to_string(in.budget_bytes));
+  std::vector<stage_memory> const least = smallest_memory(in);
+  std::size_t worst = 0;
+  for (std::size_t r = 1; r < least.size(); ++r)
+    if (least[r].total() > least[worst].total()) worst = r;
+  if (least[worst].total() <= in.budget_bytes) return std::nullopt;
+  return budget_shortfall{static_cast<std::int64_t>(worst), in.budget_bytes, least[worst]};
+}
+
 /// Plans every saved tensor (see the file comment). Per pipeline device the problem is a
 /// multiple-choice knapsack: each (layer, kind) takes one candidate, its cost the weighted
 /// modelled error; the device must fit the budget at each moment in_flight_peaks lists (and so at
@@ -409,9 +476,9 @@ inline std::vector<stage_memory> reserved_memory(planner_input const& in) {
 /// Throws agoq::invalid_argument for an invalid configuration, a budget outside (0, 2^62], one
 /// too large to count in 64-bit bytes (estimate_memory; a device whose tensors' bytes weighted by
 /// their copies over its peak moments could pass 2^62), and when the budget cannot hold
-/// some device even with every tensor at its smallest candidate; the message names that device,
-/// by how many bytes the budget falls short, and what the device needs: states, transient
-/// working memory and activations.
+/// some device even with every tensor at its smallest candidate: the message is "planner: " and
+/// find_shortfall's budget_shortfall::message() (that device, by how many bytes the budget falls
+/// short, and what the device needs: states, transient working memory and activations).
 inline activation_plan make_plan(planner_input const& in) {
   model_shape const& m = in.model;
   parallel_config const& p = in.parallel;
@@ -423,6 +490,8 @@ inline activation_plan make_plan(planner_input const& in) {
                "planner: the error model holds a per-layer sensitivity or statistics for layer " +
                    std::to_string(in.errors.last_layer()) + ", past the model's " +
                    std::to_string(m.layers) + " layers");
+  if (auto const s = find_shortfall(in))
+    agoq::detail::throw_invalid(__FILE__, __LINE__, "planner: " + s->message());
   shard_shape const sh = shard_of(p, in.step);
   // Memory that does not depend on the plan, per device: the states and the transient memory.
   auto const fixed = detail::reserved_memory(in);
@@ -455,9 +524,6 @@ inline activation_plan make_plan(planner_input const& in) {
     }
 
   std::vector<stage_plan> stages;
-  std::int64_t worst_short = 0;
-  std::int64_t worst_stage = -1;
-  stage_memory worst_need;
   for (std::int64_t r = 0; r < p.pp; ++r) {
     std::int64_t const lc = p.chunk_layers(m, r);
     stage_plan sp;
@@ -523,19 +589,12 @@ inline activation_plan make_plan(planner_input const& in) {
       }
     }
     auto const start = detail::bytes_at_peaks(peaks, chunk_bytes, head_bytes);
-    std::int64_t const used = held + *std::max_element(start.begin(), start.end());
-    std::vector<std::int64_t> room;  // left at each peak moment
+    std::vector<std::int64_t> room;  // left at each peak moment (none short: find_shortfall)
     for (std::int64_t const x : start) room.push_back(in.budget_bytes - held - x);
     std::vector<std::int64_t> const start_room = room;
-    if (used > in.budget_bytes && used - in.budget_bytes > worst_short) {
-      worst_short = used - in.budget_bytes;
-      worst_stage = r;
-      worst_need = sp.memory;
-      detail::set_activation_peak(worst_need, peaks, chunk_bytes, head_bytes);
-    }
 
-    std::vector<detail::plan_upgrade> ups;  // none where nothing fits: make_plan throws below
-    for (std::size_t i = 0; used <= in.budget_bytes && i < hulls.size(); ++i)
+    std::vector<detail::plan_upgrade> ups;
+    for (std::size_t i = 0; i < hulls.size(); ++i)
       for (std::size_t j = 0; j + 1 < hulls[i].size(); ++j) {
         std::int64_t const db = hulls[i][j + 1].bytes - hulls[i][j].bytes;
         double const de = hulls[i][j].error - hulls[i][j + 1].error;
@@ -613,7 +672,7 @@ inline activation_plan make_plan(planner_input const& in) {
     sp.error_lower_bound = std::max(0.0, sp.error - relaxed_gain);
     // Several peak moments (interleaving): the moments' rooms do not pool, so the LP with a row
     // per moment (detail::moment_lp_bound) tightens the summed relaxation's bound.
-    if (peaks.size() > 1 && used <= in.budget_bytes)
+    if (peaks.size() > 1)
       sp.error_lower_bound = std::min(
           sp.error,
           std::max(sp.error_lower_bound,
@@ -622,41 +681,7 @@ inline activation_plan make_plan(planner_input const& in) {
     sp.tensors = std::move(items);
     stages.push_back(std::move(sp));
   }
-  AGOQ_EXPECTS(
-      worst_stage < 0,
-      "planner: the budget of " + std::to_string(in.budget_bytes) + " bytes falls short by " +
-          std::to_string(worst_short) + " bytes on pipeline stage " + std::to_string(worst_stage) +
-          " (it needs " + std::to_string(worst_need.total()) + " bytes: " +
-          std::to_string(worst_need.states()) + " of weights, gradients and optimizer states, " +
-          std::to_string(worst_need.transient()) + " of transient working memory and " +
-          std::to_string(worst_need.activations + worst_need.head_activations) +
-          " of activations with every saved tensor at its smallest candidate)");
   return activation_plan(std::move(stages), in.budget_bytes, m.layers);
-}
-
-/// The memory of every pipeline device with every planned tensor at its smallest candidate: the
-/// least any plan needs, as make_plan counts it (the states and its reserved transient memory,
-/// detail::reserved_memory; the recomputed layers in bf16). make_plan(in) throws for its budget
-/// exactly when a device's total here exceeds it. Throws agoq::invalid_argument as
-/// estimate_memory.
-inline std::vector<stage_memory> smallest_memory(planner_input const& in) {
-  std::vector<stage_memory> out = detail::reserved_memory(in);
-  shard_shape const sh = shard_of(in.parallel, in.step);
-  auto const least = estimate_memory(
-      in.model, in.parallel, in.step, in.states, [&](std::int64_t l, tensor_kind k) -> storage {
-        if (is_recomputed(in.model, in.parallel, in.step, l)) return storage::precise();
-        auto const& c = in.policy.candidates(k);
-        saved_shape const s = shape_of(k, in.model, sh);
-        return *std::min_element(c.begin(), c.end(), [&](storage const& a, storage const& b) {
-          return a.bytes(s) < b.bytes(s);
-        });
-      });
-  for (std::size_t r = 0; r < out.size(); ++r) {
-    out[r].activations = least[r].activations;
-    out[r].head_activations = least[r].head_activations;
-    out[r].in_flight = least[r].in_flight;
-  }
-  return out;
 }
 
 /// The fewest layers of each model chunk that block recomputation must recompute
