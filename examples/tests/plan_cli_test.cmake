@@ -56,6 +56,14 @@ check(uneven_json 0 "${uneven_json}"
 check(uneven_recompute 0
   "recompute: block, 1 layer a checkpoint, 2 of each model chunk's 7 or 8\n"
   ${l405_args} --first-stage-layers 7 --last-stage-layers 7 --recompute block --recompute-layers 2)
+# Interleaved: 4 and 4 layers on the first and the last device, 12 on each other, in chunks of 2
+# and 6 (memory_model_test checks the placement by hand).
+string(CONCAT uneven_interleaved
+  "pp 4 \\(interleaved, v = 2, megatron-core, groups of 4; layers 4, 2 x 12, 4\\).*"
+  "\n +0 +4 +7,4 [^\n]*\n +1 +12 +5,4 .*"
+  "fewest layers of each model chunk's 2 or 6 to recompute")
+check(uneven_interleaved 0 "${uneven_interleaved}" --pp 4 --vp 2 --first-stage-layers 4
+  --last-stage-layers 4 --micro-batches 8 --budget-gib 80 --fit-recompute)
 file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_uneven.conf
   "preset = llama3-405b\npp = 16\nfirst-stage-layers = 6   # the rest: 8 each\n")
 check(uneven_config 0 "pp 16 \\(1F1B; layers 6, 15 x 8\\)"
