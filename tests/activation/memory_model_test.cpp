@@ -657,6 +657,54 @@ TEST_CASE("uneven pipeline stages, by hand") {
   refused(q, "pipeline stage 1's 3 layers do not split into 2 chunks");
 }
 
+TEST_CASE("layer placement: every layout's chunks tile the layers in round order") {
+  // Every split Megatron-Core accepts of up to 24 layers on 2-6 devices with 1-3 chunks each,
+  // with and without uneven first and last stages: walking round by round, device by device,
+  // each chunk starts where the one before ended (first_layer_of), and place_of maps each of its
+  // layers back to it.
+  int layouts = 0;
+  for (std::int64_t layers = 1; layers <= 24; ++layers)
+    for (std::int64_t pp = 2; pp <= 6; ++pp)
+      for (std::int64_t v = 1; v <= 3; ++v)
+        for (std::int64_t first = 0; first <= layers; ++first)
+          for (std::int64_t last = 0; last <= layers; ++last) {
+            model_shape const m{block_style::llama, layers, 256, 512, 4, 2, 0, 1000, false};
+            parallel_config p;
+            p.pp = pp;
+            p.virtual_stages = v;
+            p.first_stage_layers = first;
+            p.last_stage_layers = last;
+            try {
+              p.validate(m);
+            } catch (agoq::invalid_argument const&) {
+              continue;
+            }
+            ++layouts;
+            CAPTURE(layers);
+            CAPTURE(pp);
+            CAPTURE(v);
+            CAPTURE(first);
+            CAPTURE(last);
+            std::int64_t next = 0;
+            std::int64_t total = 0;
+            for (std::int64_t c = 0; c < v; ++c)
+              for (std::int64_t s = 0; s < pp; ++s) {
+                REQUIRE(first_layer_of(m, p, s, c) == next);
+                std::int64_t const n = p.chunk_layers(m, s);
+                REQUIRE(n >= 1);
+                for (std::int64_t l = next; l < next + n; ++l) {
+                  layer_place const at = place_of(l, m, p);
+                  REQUIRE((at.stage == s && at.chunk == c));
+                }
+                next += n;
+                if (c == 0) total += p.stage_layers(m, s);
+              }
+            CHECK(next == layers);
+            CHECK(total == layers);
+          }
+  CHECK(layouts > 1000);
+}
+
 TEST_CASE("activation recomputation, by hand") {
   // 8 layers on 2 devices under 1F1B: chunks of 4 layers, 2 and 1 micro-batches in flight.
   model_shape const m{block_style::llama, 8, 256, 512, 4, 2, 0, 1000, false};

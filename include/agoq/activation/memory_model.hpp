@@ -428,12 +428,36 @@ struct layer_place {
   std::int64_t chunk = 0;  ///< local chunk index on that device (0 .. v - 1)
 };
 
-/// Where global layer `layer` in [0, layers) lives. `m` and `p` valid (parallel_config::validate).
+namespace detail {
+
+/// The devices of a layout in their runs of equal chunks: `first` (1 where first_stage_layers is
+/// set, else 0) devices before the evenly split ones, then `even` evenly split devices, then the
+/// last device where last_stage_layers is set.
+struct stage_runs {
+  std::int64_t first = 0;
+  std::int64_t even = 0;
+};
+
+inline stage_runs runs_of(parallel_config const& p) noexcept {
+  std::int64_t const first = p.first_stage_layers > 0 ? 1 : 0;
+  return {first, p.pp - first - (p.last_stage_layers > 0 ? 1 : 0)};
+}
+
+}  // namespace detail
+
+/// Where global layer `layer` in [0, layers) lives, in constant time. `m` and `p` valid
+/// (parallel_config::validate).
 inline layer_place place_of(std::int64_t layer, model_shape const& m, parallel_config const& p) {
-  std::int64_t const round = m.layers / p.virtual_stages;
-  layer_place at{0, layer / round};
-  for (std::int64_t rest = layer % round; rest >= p.chunk_layers(m, at.stage); ++at.stage)
-    rest -= p.chunk_layers(m, at.stage);
+  detail::stage_runs const runs = detail::runs_of(p);
+  layer_place at{0, layer / (m.layers / p.virtual_stages)};
+  std::int64_t rest = layer % (m.layers / p.virtual_stages);
+  if (runs.first == 1) {
+    if (rest < p.chunk_layers(m, 0)) return at;
+    rest -= p.chunk_layers(m, 0);
+  }
+  at.stage = runs.first;
+  // Past the evenly split devices' chunks: the last device's.
+  if (runs.even > 0) at.stage += std::min(rest / p.chunk_layers(m, runs.first), runs.even);
   return at;
 }
 
@@ -441,8 +465,12 @@ inline layer_place place_of(std::int64_t layer, model_shape const& m, parallel_c
 /// the chunk_layers(m, stage) - 1 that follow (place_of inverted).
 inline std::int64_t first_layer_of(model_shape const& m, parallel_config const& p,
                                    std::int64_t stage, std::int64_t chunk) {
+  detail::stage_runs const runs = detail::runs_of(p);
   std::int64_t first = chunk * (m.layers / p.virtual_stages);
-  for (std::int64_t s = 0; s < stage; ++s) first += p.chunk_layers(m, s);
+  if (stage == 0) return first;
+  if (runs.first == 1) first += p.chunk_layers(m, 0);
+  if (runs.even > 0)
+    first += std::min(stage - runs.first, runs.even) * p.chunk_layers(m, runs.first);
   return first;
 }
 
@@ -840,6 +868,8 @@ inline bool is_recomputed(model_shape const& m, parallel_config const& p, step_c
   AGOQ_EXPECTS(layer >= 0 && layer < m.layers, "is_recomputed: layer " + std::to_string(layer) +
                                                    " outside [0, " + std::to_string(m.layers) +
                                                    ")");
+  check_recompute(st);
+  if (st.recompute == recompute_method::none) return false;
   layer_place const at = place_of(layer, m, p);
   return layer - first_layer_of(m, p, at.stage, at.chunk) <
          recomputed_layers(st, p.chunk_layers(m, at.stage));

@@ -378,29 +378,43 @@ inline std::vector<stage_memory> reserved_memory(planner_input const& in) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// smallest_memory with its states and transient memory `reserved` (reserved_memory(in)) given.
+inline std::vector<stage_memory> smallest_memory(planner_input const& in,
+                                                 std::vector<stage_memory> reserved) {
+  shard_shape const sh = shard_of(in.parallel, in.step);
+  std::array<storage, tensor_kind_count> smallest{};  // each kind's smallest candidate
+  for (tensor_kind const k : block_tensors(in.model.style)) {
+    auto const& c = in.policy.candidates(k);
+    saved_shape const s = shape_of(k, in.model, sh);
+    smallest[static_cast<std::size_t>(index_of(k))] = *std::min_element(
+        c.begin(), c.end(),
+        [&](storage const& a, storage const& b) { return a.bytes(s) < b.bytes(s); });
+  }
+  auto const least = estimate_memory(in.model, in.parallel, in.step, in.states,
+                                     [&](std::int64_t l, tensor_kind k) -> storage {
+                                       if (is_recomputed(in.model, in.parallel, in.step, l))
+                                         return storage::precise();
+                                       return smallest[static_cast<std::size_t>(index_of(k))];
+                                     });
+  for (std::size_t r = 0; r < reserved.size(); ++r) {
+    reserved[r].activations = least[r].activations;
+    reserved[r].head_activations = least[r].head_activations;
+    reserved[r].in_flight = least[r].in_flight;
+  }
+  return reserved;
+}
+
+}  // namespace detail
+
 /// The memory of every pipeline device with every planned tensor at its smallest candidate: the
 /// least any plan needs, as make_plan counts it (the states and its reserved transient memory,
 /// detail::reserved_memory; the recomputed layers in bf16). make_plan(in) throws for its budget
 /// exactly when a device's total here exceeds it (find_shortfall). Throws agoq::invalid_argument as
 /// estimate_memory.
 inline std::vector<stage_memory> smallest_memory(planner_input const& in) {
-  std::vector<stage_memory> out = detail::reserved_memory(in);
-  shard_shape const sh = shard_of(in.parallel, in.step);
-  auto const least = estimate_memory(
-      in.model, in.parallel, in.step, in.states, [&](std::int64_t l, tensor_kind k) -> storage {
-        if (is_recomputed(in.model, in.parallel, in.step, l)) return storage::precise();
-        auto const& c = in.policy.candidates(k);
-        saved_shape const s = shape_of(k, in.model, sh);
-        return *std::min_element(c.begin(), c.end(), [&](storage const& a, storage const& b) {
-          return a.bytes(s) < b.bytes(s);
-        });
-      });
-  for (std::size_t r = 0; r < out.size(); ++r) {
-    out[r].activations = least[r].activations;
-    out[r].head_activations = least[r].head_activations;
-    out[r].in_flight = least[r].in_flight;
-  }
-  return out;
+  return detail::smallest_memory(in, detail::reserved_memory(in));
 }
 
 /// Where a budget falls short of the least any plan needs (smallest_memory): the device short by
@@ -429,6 +443,20 @@ struct budget_shortfall {
   }
 };
 
+namespace detail {
+
+/// The shortfall of `budget` against the least each device needs, `least` (smallest_memory).
+inline std::optional<budget_shortfall> shortfall_of(std::vector<stage_memory> const& least,
+                                                    std::int64_t budget) {
+  std::size_t worst = 0;
+  for (std::size_t r = 1; r < least.size(); ++r)
+    if (least[r].total() > least[worst].total()) worst = r;
+  if (least[worst].total() <= budget) return std::nullopt;
+  return budget_shortfall{static_cast<std::int64_t>(worst), budget, least[worst]};
+}
+
+}  // namespace detail
+
 /// Where in.budget_bytes cannot hold some device even with every planned tensor at its smallest
 /// candidate (smallest_memory), the device short by the most; none where every device fits,
 /// which is exactly where make_plan finds a plan. Throws agoq::invalid_argument for a budget
@@ -437,12 +465,7 @@ inline std::optional<budget_shortfall> find_shortfall(planner_input const& in) {
   AGOQ_EXPECTS(in.budget_bytes > 0 && in.budget_bytes <= max_size_count,
                "find_shortfall: the budget must be positive and at most 2^62 bytes, got " +
                    std::to_string(in.budget_bytes));
-  std::vector<stage_memory> const least = smallest_memory(in);
-  std::size_t worst = 0;
-  for (std::size_t r = 1; r < least.size(); ++r)
-    if (least[r].total() > least[worst].total()) worst = r;
-  if (least[worst].total() <= in.budget_bytes) return std::nullopt;
-  return budget_shortfall{static_cast<std::int64_t>(worst), in.budget_bytes, least[worst]};
+  return detail::shortfall_of(smallest_memory(in), in.budget_bytes);
 }
 
 /// Plans every saved tensor (see the file comment). Per pipeline device the problem is a
@@ -490,11 +513,11 @@ inline activation_plan make_plan(planner_input const& in) {
                "planner: the error model holds a per-layer sensitivity or statistics for layer " +
                    std::to_string(in.errors.last_layer()) + ", past the model's " +
                    std::to_string(m.layers) + " layers");
-  if (auto const s = find_shortfall(in))
-    agoq::detail::throw_invalid(__FILE__, __LINE__, "planner: " + s->message());
   shard_shape const sh = shard_of(p, in.step);
   // Memory that does not depend on the plan, per device: the states and the transient memory.
   auto const fixed = detail::reserved_memory(in);
+  if (auto const s = detail::shortfall_of(detail::smallest_memory(in, fixed), in.budget_bytes))
+    agoq::detail::throw_invalid(__FILE__, __LINE__, "planner: " + s->message());
   // Recomputed layers are not planned: kept precise, they cost transient memory only, and their
   // checkpoints' inputs are fixed.
   auto const recomputed = [&](std::int64_t l) { return is_recomputed(m, p, in.step, l); };
