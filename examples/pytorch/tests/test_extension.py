@@ -5,6 +5,7 @@ of several processes. Run: python3 -m unittest discover -s examples/pytorch/test
 import math
 import os
 import pickle
+import re
 import socket
 import sys
 import unittest
@@ -725,6 +726,17 @@ class PlanningTest(unittest.TestCase):
         self.assertTrue(all(v in ("bf16", "fp32") for v in large["layers"][0].values()))
         with self.assertRaisesRegex(ValueError, "falls short"):
             agoq.make_plan(LLAMA, 8, 128, 1000)
+        # The same shortfall as data: the device, what it needs, the message make_plan raises.
+        short = agoq.find_shortfall(LLAMA, 8, 128, 1000)
+        self.assertEqual(short["stage"], 0)
+        self.assertEqual(short["budget_bytes"], 1000)
+        least = short["need"]["total"]
+        self.assertEqual(short["bytes"], least - 1000)
+        with self.assertRaisesRegex(ValueError, re.escape(short["message"])):
+            agoq.make_plan(LLAMA, 8, 128, 1000)
+        self.assertIsNone(agoq.find_shortfall(LLAMA, 8, 128, least))
+        agoq.make_plan(LLAMA, 8, 128, least)
+        self.assertEqual(agoq.find_shortfall(LLAMA, 8, 128, least - 1)["bytes"], 1)
         with self.assertRaises(ValueError):
             agoq.make_plan(dict(LLAMA, heads=5), 8, 128, default)
 

@@ -410,6 +410,30 @@ py::object least_block_recompute(py::dict const& model, std::int64_t micro_batch
   return n ? py::object(py::int_(*n)) : py::object(py::none());
 }
 
+py::object find_shortfall(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
+                          std::int64_t budget_bytes, py::object const& policy, std::int64_t dp,
+                          std::int64_t pp, std::int64_t tp, std::int64_t vp, int zero, bool sp,
+                          std::int64_t micro_batches, std::string const& gradients,
+                          std::string const& optimizer, std::int64_t vp_group,
+                          std::string const& vp_rules, std::int64_t bucket_parameters,
+                          std::int64_t reserved_bytes, std::string const& recompute,
+                          std::int64_t recompute_layers, std::int64_t cp,
+                          std::vector<std::string> const& recompute_modules,
+                          std::int64_t first_stage_layers, std::int64_t last_stage_layers) {
+  auto const s = act::find_shortfall(planner_input_of(
+      model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
+      gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, recompute,
+      recompute_layers, cp, recompute_modules, first_stage_layers, last_stage_layers));
+  if (!s) return py::none();
+  py::dict d;
+  d["stage"] = s->stage;
+  d["budget_bytes"] = s->budget_bytes;
+  d["bytes"] = s->bytes();
+  d["need"] = memory_dict(s->need);
+  d["message"] = s->message();
+  return d;
+}
+
 /// A recompute_option as a dict.
 py::dict option_dict(act::recompute_option const& o) {
   py::list modules;
@@ -548,6 +572,19 @@ void register_planning(py::module_& m) {
         "make_plan (same arguments) to fit budget_bytes: 0 when it fits without, None when not "
         "even every layer fits. Full recomputation alone: no selective recomputation "
         "(recompute_modules) is tried beside it.");
+  m.def("find_shortfall", &find_shortfall, py::arg("model"), py::arg("micro_batch"), py::arg("seq"),
+        py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
+        py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
+        py::arg("sp") = false, py::arg("micro_batches") = 0, py::arg("gradients") = "int8",
+        py::arg("optimizer") = "fp32", py::arg("vp_group") = 0, py::arg("vp_rules") = "core",
+        py::arg("bucket_parameters") = 0, py::arg("reserved_bytes") = act::default_reserved_bytes,
+        py::arg("recompute") = "none", py::arg("recompute_layers") = 0, py::arg("cp") = 1,
+        py::arg("recompute_modules") = std::vector<std::string>{},
+        py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
+        "Where make_plan (the same arguments, but the error model's) would find no plan: "
+        "{'stage': the device short by the most, 'budget_bytes', 'bytes': by how many it falls "
+        "short, 'need': that device's memory dict with every planned tensor at its smallest "
+        "candidate, 'message': make_plan's ValueError text}, or None where a plan fits.");
   // selective_options and recompute_options: make_plan's arguments, then max_overhead.
   auto const def_options = [&m](char const* name, auto fn, char const* doc) {
     std::apply(
