@@ -82,14 +82,19 @@ struct parallel_config {
   /// True when first_stage_layers or last_stage_layers sets a device's layers.
   bool uneven() const noexcept { return first_stage_layers > 0 || last_stage_layers > 0; }
 
+  /// The devices that share the layers evenly: all but the first and the last where their layers
+  /// are set.
+  std::int64_t even_stages() const noexcept {
+    return pp - (first_stage_layers > 0) - (last_stage_layers > 0);
+  }
+
   /// The transformer layers of pipeline device `stage` in [0, pp): first_stage_layers on the
   /// first, last_stage_layers on the last where set, an even share of the rest on the others
   /// (layers / pp without uneven stages). `m` and this layout valid (validate).
   std::int64_t stage_layers(model_shape const& m, std::int64_t stage) const noexcept {
     if (stage == 0 && first_stage_layers > 0) return first_stage_layers;
     if (stage == pp - 1 && last_stage_layers > 0) return last_stage_layers;
-    std::int64_t const others = pp - (first_stage_layers > 0) - (last_stage_layers > 0);
-    return (m.layers - first_stage_layers - last_stage_layers) / others;
+    return (m.layers - first_stage_layers - last_stage_layers) / even_stages();
   }
 
   /// The layers of each model chunk of pipeline device `stage`: stage_layers / virtual_stages.
@@ -172,7 +177,7 @@ inline void parallel_config::validate(model_shape const& m) const {
                "parallel_config: first_stage_layers (" + std::to_string(first_stage_layers) +
                    ") and last_stage_layers (" + std::to_string(last_stage_layers) +
                    ") ask for more than the model's " + std::to_string(m.layers) + " layers");
-  std::int64_t const others = pp - (first_stage_layers > 0) - (last_stage_layers > 0);
+  std::int64_t const others = even_stages();
   std::int64_t const rest = m.layers - first_stage_layers - last_stage_layers;
   AGOQ_EXPECTS(others == 0 ? rest == 0 : rest >= others && rest % others == 0,
                "parallel_config: the " + std::to_string(rest) + " layers left by " +
@@ -428,36 +433,20 @@ struct layer_place {
   std::int64_t chunk = 0;  ///< local chunk index on that device (0 .. v - 1)
 };
 
-namespace detail {
-
-/// The devices of a layout in their runs of equal chunks: `first` (1 where first_stage_layers is
-/// set, else 0) devices before the evenly split ones, then `even` evenly split devices, then the
-/// last device where last_stage_layers is set.
-struct stage_runs {
-  std::int64_t first = 0;
-  std::int64_t even = 0;
-};
-
-inline stage_runs runs_of(parallel_config const& p) noexcept {
-  std::int64_t const first = p.first_stage_layers > 0 ? 1 : 0;
-  return {first, p.pp - first - (p.last_stage_layers > 0 ? 1 : 0)};
-}
-
-}  // namespace detail
-
 /// Where global layer `layer` in [0, layers) lives, in constant time. `m` and `p` valid
 /// (parallel_config::validate).
 inline layer_place place_of(std::int64_t layer, model_shape const& m, parallel_config const& p) {
-  detail::stage_runs const runs = detail::runs_of(p);
+  // Each round: the first device's chunk where its layers are set, the evenly split devices'
+  // chunks (one size), the last device's.
+  std::int64_t const even = p.even_stages();
   layer_place at{0, layer / (m.layers / p.virtual_stages)};
   std::int64_t rest = layer % (m.layers / p.virtual_stages);
-  if (runs.first == 1) {
+  if (p.first_stage_layers > 0) {
     if (rest < p.chunk_layers(m, 0)) return at;
     rest -= p.chunk_layers(m, 0);
+    at.stage = 1;
   }
-  at.stage = runs.first;
-  // Past the evenly split devices' chunks: the last device's.
-  if (runs.even > 0) at.stage += std::min(rest / p.chunk_layers(m, runs.first), runs.even);
+  if (even > 0) at.stage += std::min(rest / p.chunk_layers(m, at.stage), even);
   return at;
 }
 
@@ -465,12 +454,12 @@ inline layer_place place_of(std::int64_t layer, model_shape const& m, parallel_c
 /// the chunk_layers(m, stage) - 1 that follow (place_of inverted).
 inline std::int64_t first_layer_of(model_shape const& m, parallel_config const& p,
                                    std::int64_t stage, std::int64_t chunk) {
-  detail::stage_runs const runs = detail::runs_of(p);
+  std::int64_t const even = p.even_stages();
   std::int64_t first = chunk * (m.layers / p.virtual_stages);
   if (stage == 0) return first;
-  if (runs.first == 1) first += p.chunk_layers(m, 0);
-  if (runs.even > 0)
-    first += std::min(stage - runs.first, runs.even) * p.chunk_layers(m, runs.first);
+  std::int64_t const set = p.first_stage_layers > 0 ? 1 : 0;  // the first device's, before them
+  first += set * p.chunk_layers(m, 0);
+  if (even > 0) first += std::min(stage - set, even) * p.chunk_layers(m, set);
   return first;
 }
 
