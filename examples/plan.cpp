@@ -71,7 +71,8 @@ void usage() {
       "  [--style llama|gpt] [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N]\n"
       "  [--head-dim N] [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N]\n"
       "  [--vp-rules core|legacy] [--first-stage-layers N] [--last-stage-layers N]\n"
-      "  [--dp N] [--cp N] [--zero 0-3] [--sp] [--no-sp]\n"
+      "  [--account-for-embedding] [--account-for-loss] [--dp N] [--cp N] [--zero 0-3] [--sp] "
+      "[--no-sp]\n"
       "  [--micro-batch N] [--seq N] [--micro-batches N] [--grad fp32|bf16|int8]\n"
       "  [--optim fp32|int8] [--bucket N] [--reserved-gib X] [--recompute none|uniform|block]\n"
       "  [--recompute-layers N] [--recompute-modules LIST] [--budget-gib X]\n"
@@ -86,6 +87,9 @@ void usage() {
       "--first-stage-layers and --last-stage-layers N give the first (last) pipeline stage N\n"
       "layers, the other stages an even share of the rest (Megatron-Core's\n"
       "--decoder-first/last-pipeline-num-layers; default 0: an even split).\n"
+      "--account-for-embedding and --account-for-loss count the embedding (the loss) as a\n"
+      "layer in the even split, one layer fewer in the first stage's first model chunk (the\n"
+      "last stage's last): Megatron-Core's --account-for-embedding/loss-in-pipeline-split.\n"
       "The transient column is the working memory at the peak: the largest layer (or output\n"
       "head) backward phase, gradient staging and 8-bit reduction buffers of one --bucket of\n"
       "parameters (default 0: Megatron-Core's max(40M, 1M dp cp)), and --reserved-gib (default\n"
@@ -231,6 +235,10 @@ void apply(options& o, std::string const& key, std::string const& v) {
     o.parallel.first_stage_layers = to_int(key, v);
   } else if (key == "last-stage-layers") {
     o.parallel.last_stage_layers = to_int(key, v);
+  } else if (key == "account-for-embedding") {
+    o.parallel.account_for_embedding = v != "0";
+  } else if (key == "account-for-loss") {
+    o.parallel.account_for_loss = v != "0";
   } else if (key == "dp") {
     o.parallel.dp = to_int(key, v);
   } else if (key == "cp") {
@@ -322,12 +330,13 @@ void read_config(options& o, std::string const& path) {
 
 double g(std::int64_t bytes) { return static_cast<double>(bytes) / gib; }
 
-/// The distinct values of f(stage) over the pipeline stages of p, in increasing order, as text:
-/// "8", "7 or 8", "1, 2 or 3".
+/// The distinct values of f(stage, chunk) over the model chunks of p, in increasing order, as
+/// text: "8", "7 or 8", "1, 2 or 3".
 template <class F>
-std::string stage_values(act::parallel_config const& p, F&& f) {
+std::string chunk_values(act::parallel_config const& p, F&& f) {
   std::set<std::int64_t> values;
-  for (std::int64_t s = 0; s < p.pp; ++s) values.insert(f(s));
+  for (std::int64_t s = 0; s < p.pp; ++s)
+    for (std::int64_t c = 0; c < p.virtual_stages; ++c) values.insert(f(s, c));
   std::string out;
   for (auto it = values.begin(); it != values.end(); ++it) {
     if (it != values.begin()) out += std::next(it) == values.end() ? " or " : ", ";
@@ -401,10 +410,11 @@ std::string shown_name(act::planned_tensor const& t) {
   return t.recomputed ? "recomputed" : storage_name(t);
 }
 
-/// The layers of a model chunk, as stage_values gives them ("8", "7 or 8").
+/// The layers of a model chunk, as chunk_values gives them ("8", "7 or 8").
 std::string chunk_sizes(options const& o) {
-  return stage_values(o.parallel,
-                      [&](std::int64_t s) { return o.parallel.chunk_layers(o.model, s); });
+  return chunk_values(o.parallel, [&](std::int64_t s, std::int64_t c) {
+    return o.parallel.chunk_layers(o.model, s, c);
+  });
 }
 
 void print_recompute_options(options const& o, recompute_choice const& choice) {
@@ -640,6 +650,8 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
                                 {"vp_rules", json_string(act::name_of(p.vp_rules))},
                                 {"first_stage_layers", json_number(p.first_stage_layers)},
                                 {"last_stage_layers", json_number(p.last_stage_layers)},
+                                {"account_for_embedding", json_bool(p.account_for_embedding)},
+                                {"account_for_loss", json_bool(p.account_for_loss)},
                                 {"dp", json_number(p.dp)},
                                 {"cp", json_number(p.cp)},
                                 {"zero", json_number(std::int64_t{p.zero_stage})},
@@ -713,7 +725,14 @@ void print_text(options const& o, std::vector<act::stage_memory> const& baseline
                              : "interleaved, v = " + std::to_string(p.virtual_stages) + ", " +
                                    act::name_of(p.vp_rules) + ", groups of " +
                                    std::to_string(p.vp_group > 0 ? p.vp_group : p.pp);
-  if (p.uneven()) schedule += "; layers " + stage_layout(m, p);
+  if (p.uneven() || p.account_for_embedding || p.account_for_loss)
+    schedule += "; layers " + stage_layout(m, p);
+  if (p.account_for_embedding || p.account_for_loss)
+    schedule += std::string(", the ") +
+                (p.account_for_embedding && p.account_for_loss ? "embedding and the loss"
+                 : p.account_for_embedding                     ? "embedding"
+                                                               : "loss") +
+                " counted in the split";
   std::printf(
       "parallel: tp %lld, pp %lld (%s), dp %lld%s, ZeRO-%d, sp %s; micro-batch %lld x seq "
       "%lld, micro-batches %s\n",
@@ -731,8 +750,10 @@ void print_text(options const& o, std::vector<act::stage_memory> const& baseline
             o.step.recompute == act::recompute_method::uniform ? o.step.recompute_layers : 1),
         o.step.recompute == act::recompute_method::uniform && o.step.recompute_layers > 1 ? "s"
                                                                                           : "",
-        stage_values(
-            p, [&](std::int64_t s) { return act::recomputed_layers(o.step, p.chunk_layers(m, s)); })
+        chunk_values(p,
+                     [&](std::int64_t s, std::int64_t c) {
+                       return act::recomputed_layers(o.step, p.chunk_layers(m, s, c));
+                     })
             .c_str(),
         chunk_sizes(o).c_str());
   if (o.step.selective.any()) {
@@ -785,7 +806,7 @@ int run(int argc, char** argv) {
     if (a.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + a + "'");
     a = a.substr(2);
     if (a == "sp" || a == "verbose" || a == "json" || a == "fit-recompute" ||
-        a == "recompute-options") {
+        a == "recompute-options" || a == "account-for-embedding" || a == "account-for-loss") {
       apply(o, a, "1");
     } else if (a == "no-sp") {
       apply(o, "sp", "0");

@@ -74,6 +74,34 @@ check(uneven_needed 1
 check(uneven_refused 1 "agoq_plan: .*the 29 layers left by first_stage_layers \\(3\\) and \
 last_stage_layers \\(0\\) of 32 do not split evenly into the other 3 pipeline stages"
   --pp 4 --first-stage-layers 3)
+# The embedding and the loss counted in the even split (Megatron-Core's
+# --account-for-embedding/loss-in-pipeline-split): without interleaving the same 7, 14 x 8, 7 and
+# figures as above; interleaved (v = 2, which 7 layers on a stage cannot be), chunks of 3 or 4; the
+# JSON keys, a config file, and the splits refused.
+string(CONCAT counted
+  "pp 16 \\(1F1B; layers 7, 14 x 8, 7, the embedding and the loss counted in the split\\).*"
+  "peak per-GPU memory: 83.59 GiB -> 39.64 GiB, saving 52.6%")
+check(counted 0 "${counted}" ${l405_args} --account-for-embedding --account-for-loss)
+string(CONCAT counted_interleaved
+  "pp 16 \\(interleaved, v = 2, megatron-core, groups of 16; layers 7, 14 x 8, 7, the embedding "
+  "and the loss counted in the split\\).*"
+  "\n +0 +7 +31,16 [^\n]*\n +1 +8 +29,16 .*"
+  "peak per-GPU memory: 113.39 GiB -> 51.44 GiB, saving 54.6%.*"
+  "fewest layers of each model chunk's 3 or 4 to recompute \\(block\\) within 70.00 GiB: "
+  "baseline 3, agoq 0")
+check(counted_interleaved 0 "${counted_interleaved}" ${l405_args} --vp 2 --micro-batches 64
+  --account-for-embedding --account-for-loss --budget-gib 70 --fit-recompute)
+check(counted_json 0 "\"account_for_embedding\": true, \"account_for_loss\": false"
+  ${l405_args} --layers 125 --pp 2 --account-for-embedding --json)
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_counted.conf
+  "preset = llama3-405b\nlayers = 125\npp = 2\naccount-for-embedding = 1\n")
+check(counted_config 0 "pp 2 \\(1F1B; layers 62, 63, the embedding counted in the split\\)"
+  --config ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_counted.conf)
+check(counted_refused 1
+  "agoq_plan: .*126 layers and the embedding do not split into 16 stages x 2 chunks evenly"
+  ${l405_args} --vp 2 --account-for-embedding)
+check(counted_uneven 1 "agoq_plan: .*they exclude first_stage_layers and last_stage_layers"
+  ${l405_args} --account-for-loss --last-stage-layers 7)
 check(gpt_preset 0 "model: gpt, 24 layers, hidden 2048, ffn 8192, heads 16, kv_heads 16"
   --preset gpt3-1.3b --pp 2)
 check(interleaved 0 "pp 4 \\(interleaved, v = 2, megatron-core, groups of 4\\).*micro-batches 8"

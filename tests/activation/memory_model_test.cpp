@@ -545,7 +545,7 @@ TEST_CASE("uneven pipeline stages, by hand") {
   std::vector<std::int64_t> layers;
   for (std::int64_t s = 0; s < 4; ++s) layers.push_back(p.stage_layers(m, s));
   CHECK(layers == std::vector<std::int64_t>{1, 3, 3, 1});
-  CHECK(p.chunk_layers(m, 1) == 3);
+  CHECK(p.chunk_layers(m, 1, 0) == 3);
   CHECK(p.max_chunk_layers(m) == 3);
   std::vector<std::int64_t> stage_of;
   for (std::int64_t l = 0; l < 8; ++l) {
@@ -589,8 +589,8 @@ TEST_CASE("uneven pipeline stages, by hand") {
   std::vector<bool> recomputed;
   for (std::int64_t l = 0; l < 8; ++l) recomputed.push_back(is_recomputed(m, p, st, l));
   CHECK(recomputed == std::vector<bool>{true, true, true, false, true, true, false, true});
-  CHECK(checkpoint_input_bytes(m, p, st, 0) == input);
-  CHECK(checkpoint_input_bytes(m, p, st, 1) == 2 * input);
+  CHECK(checkpoint_input_bytes(m, p, st, 0, 0) == input);
+  CHECK(checkpoint_input_bytes(m, p, st, 1, 0) == 2 * input);
   auto const b = estimate_memory(m, p, st, {}, policy_table::all_precise());
   CHECK(b[0].activations == 4 * input);
   CHECK(b[1].activations == 3 * (2 * input + layer));
@@ -657,52 +657,169 @@ TEST_CASE("uneven pipeline stages, by hand") {
   refused(q, "pipeline stage 1's 3 layers do not split into 2 chunks");
 }
 
+TEST_CASE("the embedding and the loss counted in the pipeline split, by hand") {
+  // Megatron-Core's account_for_embedding_in_pipeline_split and
+  // account_for_loss_in_pipeline_split. 6 layers on 2 devices x 2 chunks with both counted: 8
+  // units in chunks of 2, the first device's first chunk and the last device's last holding one
+  // layer each. Rounds: device 0 chunk 0 {0}, device 1 chunk 0 {1, 2}; device 0 chunk 1 {3, 4},
+  // device 1 chunk 1 {5}.
+  model_shape const m{block_style::llama, 6, 256, 512, 4, 2, 0, 1000, false};
+  parallel_config p;
+  p.pp = 2;
+  p.virtual_stages = 2;
+  p.account_for_embedding = true;
+  p.account_for_loss = true;
+  REQUIRE_NOTHROW(p.validate(m));
+  CHECK_FALSE(p.uneven());
+  CHECK(p.split_units(m) == 8);
+  CHECK(p.chunk_layers(m, 0, 0) == 1);
+  CHECK(p.chunk_layers(m, 0, 1) == 2);
+  CHECK(p.chunk_layers(m, 1, 0) == 2);
+  CHECK(p.chunk_layers(m, 1, 1) == 1);
+  CHECK(p.stage_layers(m, 0) == 3);
+  CHECK(p.stage_layers(m, 1) == 3);
+  CHECK(p.max_chunk_layers(m) == 2);
+  std::vector<std::int64_t> where;
+  for (std::int64_t l = 0; l < 6; ++l) {
+    layer_place const at = place_of(l, m, p);
+    where.push_back(at.stage * 2 + at.chunk);
+  }
+  CHECK(where == std::vector<std::int64_t>{0, 2, 2, 1, 1, 3});
+  CHECK(first_layer_of(m, p, 0, 0) == 0);
+  CHECK(first_layer_of(m, p, 1, 0) == 1);
+  CHECK(first_layer_of(m, p, 0, 1) == 3);
+  CHECK(first_layer_of(m, p, 1, 1) == 5);
+
+  // Device 0's peak moments under the interleaved schedule with 4 micro-batches hold chunk units
+  // (3, 2) and (4, 1): 3 + 4 and 4 + 2 layers.
+  step_config st{1, 128, 4};
+  std::int64_t const layer = 128 * (6 * 256 * 2 + 2 * 128 * 2 + 3 * 512 * 2) + 4 * 128 * 4;
+  auto const s = estimate_memory(m, p, st, {}, policy_table::all_precise());
+  REQUIRE(s.size() == 2);
+  CHECK(s[0].layers == 3);
+  CHECK(s[0].activations == 7 * layer);
+  CHECK(s[0].parameters == 3 * layer_parameters(m, 1) + 1000 * 256);
+
+  // Block recomputation of each chunk's first layer: layers 0, 1, 3 and 5; each chunk keeps one
+  // checkpoint's input.
+  st.recompute = recompute_method::block;
+  st.recompute_layers = 1;
+  std::vector<bool> recomputed;
+  for (std::int64_t l = 0; l < 6; ++l) recomputed.push_back(is_recomputed(m, p, st, l));
+  CHECK(recomputed == std::vector<bool>{true, true, false, true, false, true});
+  std::int64_t const input = 2 * 128 * 256;
+  for (std::int64_t c = 0; c < 2; ++c) CHECK(checkpoint_input_bytes(m, p, st, 0, c) == input);
+  auto const b = estimate_memory(m, p, st, {}, policy_table::all_precise());
+  CHECK(b[0].activations == std::max(3 * input + 2 * (input + layer), 4 * input + input + layer));
+
+  // Without interleaving, the same as uneven stages one layer below the even share: LLaMA 3
+  // 405B's 126 layers on 16 devices, 128 units of 8, as 7, 14 x 8, 7.
+  model_shape const big = preset_model("llama3-405b");
+  parallel_config counted;
+  counted.tp = 8;
+  counted.pp = 16;
+  counted.account_for_embedding = true;
+  counted.account_for_loss = true;
+  parallel_config uneven = counted;
+  uneven.account_for_embedding = uneven.account_for_loss = false;
+  uneven.first_stage_layers = uneven.last_stage_layers = 7;
+  step_config const big_step{1, 8192, 128};
+  auto const a = estimate_memory(big, counted, big_step, {}, policy_table{});
+  auto const u = estimate_memory(big, uneven, big_step, {}, policy_table{});
+  REQUIRE(a.size() == u.size());
+  for (std::size_t r = 0; r < a.size(); ++r) {
+    CAPTURE(r);
+    CHECK(a[r].layers == u[r].layers);
+    CHECK(a[r].total() == u[r].total());
+  }
+  CHECK(a[0].layers == 7);
+  CHECK(a[1].layers == 8);
+
+  // One layer and the embedding on 2 devices: the first holds no transformer layer.
+  model_shape const one{block_style::llama, 1, 256, 512, 4, 2, 0, 1000, false};
+  parallel_config e;
+  e.pp = 2;
+  e.account_for_embedding = true;
+  REQUIRE_NOTHROW(e.validate(one));
+  CHECK(place_of(0, one, e).stage == 1);
+  auto const o = estimate_memory(one, e, step_config{1, 128, 2}, {}, policy_table::all_precise());
+  CHECK(o[0].layers == 0);
+  CHECK(o[0].activations == 0);
+  CHECK(o[0].parameters == 1000 * 256);
+  CHECK(o[1].layers == 1);
+  CHECK(o[1].activations == layer);
+
+  // Refused: a count that does not split, and with uneven stages.
+  parallel_config q = p;
+  q.account_for_loss = false;  // 7 units on 4 chunks
+  CHECK_THROWS_WITH_AS(q.validate(m),
+                       doctest::Contains("parallel_config: 6 layers and the embedding do not "
+                                         "split into 2 stages x 2 chunks evenly ("),
+                       agoq::invalid_argument);
+  q = p;
+  q.virtual_stages = 1;
+  q.first_stage_layers = 2;
+  CHECK_THROWS_WITH_AS(q.validate(m), doctest::Contains("they exclude first_stage_layers"),
+                       agoq::invalid_argument);
+}
+
 TEST_CASE("layer placement: every layout's chunks tile the layers in round order") {
   // Every split Megatron-Core accepts of up to 24 layers on 2-6 devices with 1-3 chunks each,
-  // with and without uneven first and last stages: walking round by round, device by device,
-  // each chunk starts where the one before ended (first_layer_of), and place_of maps each of its
-  // layers back to it.
+  // with and without uneven first and last stages, and with the embedding and the loss counted in
+  // the even split or not: walking round by round, device by device, each chunk starts where the
+  // one before ended (first_layer_of), and place_of maps each of its layers back to it.
   int layouts = 0;
+  int counted = 0;  // layouts with the embedding or the loss counted
   for (std::int64_t layers = 1; layers <= 24; ++layers)
     for (std::int64_t pp = 2; pp <= 6; ++pp)
       for (std::int64_t v = 1; v <= 3; ++v)
         for (std::int64_t first = 0; first <= layers; ++first)
-          for (std::int64_t last = 0; last <= layers; ++last) {
-            model_shape const m{block_style::llama, layers, 256, 512, 4, 2, 0, 1000, false};
-            parallel_config p;
-            p.pp = pp;
-            p.virtual_stages = v;
-            p.first_stage_layers = first;
-            p.last_stage_layers = last;
-            try {
-              p.validate(m);
-            } catch (agoq::invalid_argument const&) {
-              continue;
-            }
-            ++layouts;
-            CAPTURE(layers);
-            CAPTURE(pp);
-            CAPTURE(v);
-            CAPTURE(first);
-            CAPTURE(last);
-            std::int64_t next = 0;
-            std::int64_t total = 0;
-            for (std::int64_t c = 0; c < v; ++c)
-              for (std::int64_t s = 0; s < pp; ++s) {
-                REQUIRE(first_layer_of(m, p, s, c) == next);
-                std::int64_t const n = p.chunk_layers(m, s);
-                REQUIRE(n >= 1);
-                for (std::int64_t l = next; l < next + n; ++l) {
-                  layer_place const at = place_of(l, m, p);
-                  REQUIRE((at.stage == s && at.chunk == c));
-                }
-                next += n;
-                if (c == 0) total += p.stage_layers(m, s);
+          for (std::int64_t last = 0; last <= layers; ++last)
+            for (int units = 0; units < 4; ++units) {
+              model_shape const m{block_style::llama, layers, 256, 512, 4, 2, 0, 1000, false};
+              parallel_config p;
+              p.pp = pp;
+              p.virtual_stages = v;
+              p.first_stage_layers = first;
+              p.last_stage_layers = last;
+              p.account_for_embedding = (units & 1) != 0;
+              p.account_for_loss = (units & 2) != 0;
+              try {
+                p.validate(m);
+              } catch (agoq::invalid_argument const&) {
+                continue;
               }
-            CHECK(next == layers);
-            CHECK(total == layers);
-          }
+              ++layouts;
+              counted += units != 0;
+              CAPTURE(layers);
+              CAPTURE(pp);
+              CAPTURE(v);
+              CAPTURE(first);
+              CAPTURE(last);
+              CAPTURE(units);
+              std::int64_t next = 0;
+              std::vector<std::int64_t> total(static_cast<std::size_t>(pp), 0);
+              for (std::int64_t c = 0; c < v; ++c)
+                for (std::int64_t s = 0; s < pp; ++s) {
+                  REQUIRE(first_layer_of(m, p, s, c) == next);
+                  std::int64_t const n = p.chunk_layers(m, s, c);
+                  // Only the chunk beside the embedding or the loss may hold none.
+                  bool const lighter = (p.account_for_embedding && s == 0 && c == 0) ||
+                                       (p.account_for_loss && s == pp - 1 && c == v - 1);
+                  REQUIRE(n >= (lighter ? 0 : 1));
+                  for (std::int64_t l = next; l < next + n; ++l) {
+                    layer_place const at = place_of(l, m, p);
+                    REQUIRE((at.stage == s && at.chunk == c));
+                  }
+                  next += n;
+                  total[static_cast<std::size_t>(s)] += n;
+                }
+              CHECK(next == layers);
+              for (std::int64_t s = 0; s < pp; ++s)
+                CHECK(total[static_cast<std::size_t>(s)] == p.stage_layers(m, s));
+            }
   CHECK(layouts > 1000);
+  CHECK(counted > 150);
 }
 
 TEST_CASE("activation recomputation, by hand") {
@@ -744,7 +861,7 @@ TEST_CASE("activation recomputation, by hand") {
     step_config const st = with(method, n);
     CHECK(recompute_checkpoints(st, 4) == checkpoints);
     CHECK(recomputed_layers(st, 4) == recomputed);
-    CHECK(checkpoint_input_bytes(m, p, st, 1) ==
+    CHECK(checkpoint_input_bytes(m, p, st, 1, 0) ==
           static_cast<std::int64_t>(checkpoints.size()) * input);
     for (std::int64_t l = 0; l < 8; ++l) CHECK(is_recomputed(m, p, st, l) == (l % 4 < recomputed));
     auto const b = estimate_memory(m, p, st, {}, policy_table::all_precise());

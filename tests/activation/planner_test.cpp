@@ -469,13 +469,24 @@ TEST_CASE("plan memory equals the memory model, and in-flight counts come from t
   in.parallel.virtual_stages = 2;
   in.parallel.tp = 2;
   in.parallel.sp = true;
-  // Context parallelism too: 256 tokens of each sequence a rank; and uneven stages, 4 layers on
-  // the first device (2 chunks of 2) and 12 on the second (2 of 6).
-  for (auto const& [cp, first] : {std::pair{1, 0}, std::pair{2, 0}, std::pair{1, 4}}) {
+  // Context parallelism too: 256 tokens of each sequence a rank; the embedding and the loss
+  // counted in the split of 14 layers (chunks of 3 and 4 on the first device, 4 and 3 on the
+  // second); and uneven stages, 4 layers on the first device (2 chunks of 2) and 12 on the second
+  // (2 of 6), whose budget the even split below fits in.
+  struct layout {
+    int cp;
+    std::int64_t first;
+    bool counted;
+  };
+  for (auto const& [cp, first, counted] :
+       {layout{1, 0, false}, layout{2, 0, false}, layout{1, 0, true}, layout{1, 4, false}}) {
     CAPTURE(cp);
     CAPTURE(first);
+    CAPTURE(counted);
     in.parallel.cp = cp;
     in.parallel.first_stage_layers = first;
+    in.parallel.account_for_embedding = in.parallel.account_for_loss = counted;
+    in.model.layers = counted ? 14 : 16;
     in.step = {1, 512, 8};
     auto const need = minimum(in);
     in.budget_bytes = std::max(need[0], need[1]) + (std::int64_t{32} << 20);
@@ -818,7 +829,17 @@ TEST_CASE("smallest_memory is make_plan's boundary, and the fewest layers to rec
   h.parallel.first_stage_layers = 1;
   h.parallel.last_stage_layers = 3;
   h.step.recompute_layers = 2;
-  for (planner_input in : {a, b, c, d, e, f, g, h}) {
+  planner_input i = b;  // the embedding and the loss counted: 6 layers in chunks of 1, 2 / 2, 1
+  i.model.layers = 6;
+  i.parallel.account_for_embedding = true;
+  i.parallel.account_for_loss = true;
+  i.step.recompute = recompute_method::block;
+  i.step.recompute_layers = 1;
+  planner_input j = b;  // 2 layers, 4 units: the first and the last chunk hold none
+  j.model.layers = 2;
+  j.parallel.account_for_embedding = true;
+  j.parallel.account_for_loss = true;
+  for (planner_input in : {a, b, c, d, e, f, g, h, i, j}) {
     in.budget_bytes = peak_total(smallest_memory(in));
     CHECK_NOTHROW(make_plan(in));
     CHECK(!find_shortfall(in).has_value());
@@ -1109,6 +1130,14 @@ TEST_CASE("recompute_options: the sets of modules and every full recomputation")
   std::vector<recompute_option> const uneven = recompute_options(in);
   REQUIRE(uneven.size() == 7 + 2 * 6);
   check_options(in, uneven);
+  // The embedding and the loss counted in the split of 14 layers: 3, 4, 4, 3; block 1 .. 3 and
+  // uniform 1 .. 4.
+  in.parallel.first_stage_layers = in.parallel.last_stage_layers = 0;
+  in.parallel.account_for_embedding = in.parallel.account_for_loss = true;
+  in.model.layers = 14;
+  std::vector<recompute_option> const counted = recompute_options(in);
+  REQUIRE(counted.size() == 7 + 2 * 4);
+  check_options(in, counted);
   in.budget_bytes = agoq::max_size_count + 1;
   CHECK_THROWS_AS(recompute_options(in), agoq::invalid_argument);
 }

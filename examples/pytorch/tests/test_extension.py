@@ -466,6 +466,35 @@ class PlanningTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "do not split evenly into the other 1 pipeline"):
             agoq.estimate_memory(LLAMA, 8, 128, pp=3, first_stage_layers=3, last_stage_layers=1)
 
+    def test_embedding_and_loss_in_pipeline_split(self):
+        # Megatron-Core's account_for_embedding/loss_in_pipeline_split: LLAMA's 4 layers and the
+        # two counted on 3 stages, 2 units each: 1, 2, 1 layers, the same as uneven stages of 1.
+        counted = dict(pp=3, account_for_embedding=True, account_for_loss=True)
+        mem = agoq.estimate_memory(LLAMA, 8, 128, **counted)
+        self.assertEqual([m["layers"] for m in mem], [1, 2, 1])
+        self.assertEqual(mem, agoq.estimate_memory(LLAMA, 8, 128, pp=3, first_stage_layers=1,
+                                                   last_stage_layers=1))
+        budget = 2 * max(m["total"] for m in mem)
+        plan = agoq.make_plan(LLAMA, 8, 128, budget, recompute="block", recompute_layers=1,
+                              **counted)
+        self.assertEqual(plan["recomputed"], [0, 1, 3])
+        # Interleaved (vp 2, chunks of 1 unit), which uneven stages of 1 layer cannot be: the
+        # first device's first chunk and the last device's last hold no layer.
+        inter = dict(counted, vp=2, micro_batches=6)
+        mem = agoq.estimate_memory(LLAMA, 8, 128, **inter)
+        self.assertEqual([m["layers"] for m in mem], [1, 2, 1])
+        plan = agoq.make_plan(LLAMA, 8, 128, budget, **inter)
+        self.assertEqual([s["layers"] for s in plan["stages"]], [1, 2, 1])
+        self.assertIsNone(agoq.find_shortfall(LLAMA, 8, 128, budget, **inter))
+        # 1 unit a chunk: no block N below the largest chunk, uniform 1.
+        self.assertEqual(len(agoq.recompute_options(LLAMA, 8, 128, budget, **inter)["options"]),
+                         8 + 1)
+        with self.assertRaisesRegex(ValueError,
+                                    "4 layers and the embedding do not split into 2 stages"):
+            agoq.estimate_memory(LLAMA, 8, 128, pp=2, account_for_embedding=True)
+        with self.assertRaisesRegex(ValueError, "they exclude first_stage_layers"):
+            agoq.estimate_memory(LLAMA, 8, 128, first_stage_layers=1, **counted)
+
     def test_selective_recomputation(self):
         # Megatron's recompute_modules: layernorm recomputes the norms' outputs, mlp the MLP's
         # inner tensors, so of a layer's saved tensors only the others are kept, on every stage

@@ -74,6 +74,16 @@ struct parallel_config {
   /// 126 layers on 16 stages as 7, 14 x 8, 7. Needs pp >= 2.
   std::int64_t first_stage_layers = 0;
   std::int64_t last_stage_layers = 0;  ///< see first_stage_layers
+  /// Megatron-Core's account_for_embedding_in_pipeline_split and
+  /// account_for_loss_in_pipeline_split (`--account-for-embedding-in-pipeline-split`,
+  /// `--account-for-loss-in-pipeline-split`): the embedding (the loss) counts as one layer in the
+  /// even split (split_units), so that the first device's first model chunk (the last device's
+  /// last chunk) holds one transformer layer fewer than every other chunk, which may leave it
+  /// none. Without interleaving the same as first_stage_layers (last_stage_layers) one below the
+  /// even share; under it only that one chunk is lighter. Exclude first_stage_layers and
+  /// last_stage_layers.
+  bool account_for_embedding = false;
+  bool account_for_loss = false;  ///< see account_for_embedding
 
   /// The ranks that hold the same weights and reduce their gradients together, which ZeRO shards
   /// over: dp x cp (Megatron-Core's data-parallel group with context parallelism).
@@ -88,24 +98,43 @@ struct parallel_config {
     return pp - (first_stage_layers > 0) - (last_stage_layers > 0);
   }
 
+  /// What the even split divides into pp x virtual_stages equal model chunks: the layers, plus
+  /// one for the embedding and one for the loss where account_for_embedding and account_for_loss
+  /// count them.
+  std::int64_t split_units(model_shape const& m) const noexcept {
+    return m.layers + account_for_embedding + account_for_loss;
+  }
+
   /// The transformer layers of pipeline device `stage` in [0, pp): first_stage_layers on the
   /// first, last_stage_layers on the last where set, an even share of the rest on the others
-  /// (layers / pp without uneven stages). `m` and this layout valid (validate).
+  /// (layers / pp without uneven stages, less the embedding's and the loss's units where
+  /// counted). `m` and this layout valid (validate).
   std::int64_t stage_layers(model_shape const& m, std::int64_t stage) const noexcept {
+    if (!uneven())
+      return split_units(m) / pp - (account_for_embedding && stage == 0) -
+             (account_for_loss && stage == pp - 1);
     if (stage == 0 && first_stage_layers > 0) return first_stage_layers;
     if (stage == pp - 1 && last_stage_layers > 0) return last_stage_layers;
     return (m.layers - first_stage_layers - last_stage_layers) / even_stages();
   }
 
-  /// The layers of each model chunk of pipeline device `stage`: stage_layers / virtual_stages.
-  std::int64_t chunk_layers(model_shape const& m, std::int64_t stage) const noexcept {
-    return stage_layers(m, stage) / virtual_stages;
+  /// The transformer layers of local model chunk `chunk` in [0, virtual_stages) of pipeline
+  /// device `stage`: stage_layers / virtual_stages, but one fewer in the first device's first
+  /// chunk (the last device's last) under account_for_embedding (account_for_loss).
+  std::int64_t chunk_layers(model_shape const& m, std::int64_t stage,
+                            std::int64_t chunk) const noexcept {
+    if (uneven()) return stage_layers(m, stage) / virtual_stages;
+    return split_units(m) / (pp * virtual_stages) -
+           (account_for_embedding && stage == 0 && chunk == 0) -
+           (account_for_loss && stage == pp - 1 && chunk == virtual_stages - 1);
   }
 
-  /// The most layers of any model chunk (chunk_layers of every device).
+  /// The most layers of any model chunk (chunk_layers of every device and chunk).
   std::int64_t max_chunk_layers(model_shape const& m) const noexcept {
     std::int64_t most = 0;
-    for (std::int64_t s = 0; s < pp; ++s) most = std::max(most, chunk_layers(m, s));
+    for (std::int64_t s = 0; s < pp; ++s)
+      for (std::int64_t c = 0; c < virtual_stages; ++c)
+        most = std::max(most, chunk_layers(m, s, c));
     return most;
   }
 
@@ -162,13 +191,22 @@ inline void parallel_config::validate(model_shape const& m) const {
                    std::to_string(first_stage_layers) + " and " +
                    std::to_string(last_stage_layers));
   if (!uneven()) {
-    AGOQ_EXPECTS(pp <= m.layers / virtual_stages && m.layers % (pp * virtual_stages) == 0,
-                 "parallel_config: " + std::to_string(m.layers) + " layers do not split into " +
-                     std::to_string(pp) + " stages x " + std::to_string(virtual_stages) +
-                     " chunks evenly (first_stage_layers and last_stage_layers split them "
-                     "unevenly)");
+    std::int64_t const units = split_units(m);
+    std::string const counted = std::string(account_for_embedding ? " and the embedding" : "") +
+                                (account_for_loss ? " and the loss" : "");
+    AGOQ_EXPECTS(pp <= units / virtual_stages && units % (pp * virtual_stages) == 0,
+                 "parallel_config: " + std::to_string(m.layers) + " layers" + counted +
+                     " do not split into " + std::to_string(pp) + " stages x " +
+                     std::to_string(virtual_stages) + " chunks evenly" +
+                     (counted.empty() ? " (first_stage_layers and last_stage_layers split them "
+                                        "unevenly)"
+                                      : ""));
     return;
   }
+  AGOQ_EXPECTS(!account_for_embedding && !account_for_loss,
+               "parallel_config: account_for_embedding and account_for_loss count the embedding "
+               "and the loss in the even split; they exclude first_stage_layers and "
+               "last_stage_layers");
   AGOQ_EXPECTS(pp >= 2,
                "parallel_config: uneven pipeline stages (first_stage_layers, "
                "last_stage_layers) need at least 2 pipeline stages");
@@ -425,9 +463,10 @@ inline std::int64_t vocab_per_rank(model_shape const& m, std::int64_t tp) {
 }
 
 /// The pipeline device (rank along the pipeline) holding a global layer, and its local chunk
-/// index. The layers run in v rounds of layers / v (v = virtual_stages): round c holds local
-/// chunk c of every device in device order, chunk_layers(m, s) layers of device s (Megatron-Core's
-/// get_transformer_layer_offset, uneven stages included).
+/// index. The layers run in v rounds (v = virtual_stages): round c holds local chunk c of every
+/// device in device order, chunk_layers(m, s, c) layers of device s (Megatron-Core's
+/// get_transformer_layer_offset, uneven stages and the embedding and loss counted in the split
+/// included).
 struct layer_place {
   std::int64_t stage = 0;  ///< pipeline device
   std::int64_t chunk = 0;  ///< local chunk index on that device (0 .. v - 1)
@@ -436,30 +475,42 @@ struct layer_place {
 /// Where global layer `layer` in [0, layers) lives, in constant time. `m` and `p` valid
 /// (parallel_config::validate).
 inline layer_place place_of(std::int64_t layer, model_shape const& m, parallel_config const& p) {
-  // Each round: the first device's chunk where its layers are set, the evenly split devices'
-  // chunks (one size), the last device's.
+  if (!p.uneven()) {
+    // The even split of split_units: the embedding's unit, where counted, comes before layer 0.
+    std::int64_t const round = p.split_units(m) / p.virtual_stages;
+    std::int64_t const unit = layer + p.account_for_embedding;
+    return {unit % round / (round / p.pp), unit / round};
+  }
+  // Each round (layers / v): the first device's chunk where its layers are set, the evenly
+  // split devices' chunks (one size), the last device's.
   std::int64_t const even = p.even_stages();
   layer_place at{0, layer / (m.layers / p.virtual_stages)};
   std::int64_t rest = layer % (m.layers / p.virtual_stages);
   if (p.first_stage_layers > 0) {
-    if (rest < p.chunk_layers(m, 0)) return at;
-    rest -= p.chunk_layers(m, 0);
+    if (rest < p.chunk_layers(m, 0, 0)) return at;
+    rest -= p.chunk_layers(m, 0, 0);
     at.stage = 1;
   }
-  if (even > 0) at.stage += std::min(rest / p.chunk_layers(m, at.stage), even);
+  if (even > 0) at.stage += std::min(rest / p.chunk_layers(m, at.stage, 0), even);
   return at;
 }
 
 /// The first global layer of local chunk `chunk` of pipeline device `stage`: the chunk holds it and
-/// the chunk_layers(m, stage) - 1 that follow (place_of inverted).
+/// the chunk_layers(m, stage, chunk) - 1 that follow (place_of inverted; for a chunk that holds
+/// none, the first layer after it).
 inline std::int64_t first_layer_of(model_shape const& m, parallel_config const& p,
                                    std::int64_t stage, std::int64_t chunk) {
+  if (!p.uneven()) {
+    std::int64_t const round = p.split_units(m) / p.virtual_stages;
+    std::int64_t const unit = chunk * round + stage * (round / p.pp);
+    return unit - (unit > 0 && p.account_for_embedding);
+  }
   std::int64_t const even = p.even_stages();
   std::int64_t first = chunk * (m.layers / p.virtual_stages);
   if (stage == 0) return first;
   std::int64_t const set = p.first_stage_layers > 0 ? 1 : 0;  // the first device's, before them
-  first += set * p.chunk_layers(m, 0);
-  if (even > 0) first += std::min(stage - set, even) * p.chunk_layers(m, set);
+  first += set * p.chunk_layers(m, 0, 0);
+  if (even > 0) first += std::min(stage - set, even) * p.chunk_layers(m, set, 0);
   return first;
 }
 
@@ -861,7 +912,7 @@ inline bool is_recomputed(model_shape const& m, parallel_config const& p, step_c
   if (st.recompute == recompute_method::none) return false;
   layer_place const at = place_of(layer, m, p);
   return layer - first_layer_of(m, p, at.stage, at.chunk) <
-         recomputed_layers(st, p.chunk_layers(m, at.stage));
+         recomputed_layers(st, p.chunk_layers(m, at.stage, at.chunk));
 }
 
 /// The checkpoints of a model chunk of `chunk_layers` layers, in layer order, each as its number
@@ -876,12 +927,14 @@ inline std::vector<std::int64_t> recompute_checkpoints(step_config const& st,
   return out;
 }
 
-/// Bytes of the checkpoints' inputs one micro-batch keeps in a model chunk of pipeline device
-/// `stage` under st.recompute: recompute_checkpoints of the chunk, times residual_stream_bytes.
-/// Throws as those.
+/// Bytes of the checkpoints' inputs one micro-batch keeps in local model chunk `chunk` of pipeline
+/// device `stage` under st.recompute: recompute_checkpoints of the chunk, times
+/// residual_stream_bytes. Throws as those.
 inline std::int64_t checkpoint_input_bytes(model_shape const& m, parallel_config const& p,
-                                           step_config const& st, std::int64_t stage) {
-  return static_cast<std::int64_t>(recompute_checkpoints(st, p.chunk_layers(m, stage)).size()) *
+                                           step_config const& st, std::int64_t stage,
+                                           std::int64_t chunk) {
+  return static_cast<std::int64_t>(
+             recompute_checkpoints(st, p.chunk_layers(m, stage, chunk)).size()) *
          residual_stream_bytes(m, shard_of(p, st));
 }
 
@@ -1098,11 +1151,10 @@ template <class Quantized>
 std::int64_t device_working_bytes(model_shape const& m, parallel_config const& p,
                                   shard_shape const& sh, std::int64_t stage, bool staged,
                                   recompute_modules const& selective, Quantized&& quantized) {
-  std::int64_t const lc = p.chunk_layers(m, stage);
   std::int64_t bytes = stage == p.pp - 1 ? head_working_bytes(m, sh, staged) : 0;
   for (std::int64_t c = 0; c < p.virtual_stages; ++c) {
     std::int64_t const first = first_layer_of(m, p, stage, c);
-    for (std::int64_t l = first; l < first + lc; ++l)
+    for (std::int64_t l = first; l < first + p.chunk_layers(m, stage, c); ++l)
       bytes =
           std::max(bytes, layer_working_bytes(
                               m, sh, [&](tensor_kind k) { return quantized(l, k); }, selective));
@@ -1145,12 +1197,6 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
   std::int64_t const final_norm = m.style == block_style::llama ? m.hidden : 2 * m.hidden;
   std::vector<stage_memory> out;
   for (std::int64_t r = 0; r < p.pp; ++r) {
-    std::int64_t const lc = p.chunk_layers(m, r);
-    // Recomputation: the first `recomputed` layers of each chunk keep only their checkpoints'
-    // inputs.
-    std::int64_t const recomputed = recomputed_layers(st, lc);
-    std::vector<std::int64_t> const checkpoints = recompute_checkpoints(st, lc);
-    std::int64_t const checkpoint_bytes = checkpoint_input_bytes(m, p, st, r);
     stage_memory s;
     s.stage = r;
     s.layers = p.stage_layers(m, r);
@@ -1179,12 +1225,17 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
     std::vector<std::int64_t> chunk_bytes(static_cast<std::size_t>(p.virtual_stages), 0);
     for (std::int64_t c = 0; c < p.virtual_stages; ++c) {
       std::int64_t const first = first_layer_of(m, p, r, c);
+      std::int64_t const lc = p.chunk_layers(m, r, c);
+      // Recomputation: the first `recomputed` layers of the chunk keep only their checkpoints'
+      // inputs.
+      std::int64_t const recomputed = recomputed_layers(st, lc);
+      std::vector<std::int64_t> const checkpoints = recompute_checkpoints(st, lc);
       std::vector<std::int64_t> bytes;  // one micro-batch's saved tensors of each layer
       for (std::int64_t l = first; l < first + lc; ++l)
         bytes.push_back(layer_activation_bytes(
             m, sh, [&](tensor_kind k) { return choose(l, k); }, st.selective));
       chunk_bytes[static_cast<std::size_t>(c)] =
-          checkpoint_bytes +
+          checkpoint_input_bytes(m, p, st, r, c) +
           std::accumulate(bytes.begin() + recomputed, bytes.end(), std::int64_t{0});
       for (auto at = bytes.begin(); std::int64_t const n : checkpoints) {
         s.recompute = std::max(s.recompute, std::accumulate(at, at + n, std::int64_t{0}));

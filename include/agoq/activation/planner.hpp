@@ -548,7 +548,6 @@ inline activation_plan make_plan(planner_input const& in) {
 
   std::vector<stage_plan> stages;
   for (std::int64_t r = 0; r < p.pp; ++r) {
-    std::int64_t const lc = p.chunk_layers(m, r);
     stage_plan sp;
     sp.memory = fixed[static_cast<std::size_t>(r)];
     std::int64_t const held = sp.memory.states() + sp.memory.transient();
@@ -565,9 +564,10 @@ inline activation_plan make_plan(planner_input const& in) {
       std::int64_t largest = 0;
       for (storage const& c : in.policy.candidates(owned[ki]))
         largest = std::max(largest, c.bytes(shapes[ki]));
-      for (std::int64_t const w : weight)
-        most += static_cast<long double>(largest) * static_cast<long double>(lc) *
-                static_cast<long double>(w);
+      for (std::size_t c = 0; c < weight.size(); ++c)
+        most += static_cast<long double>(largest) *
+                static_cast<long double>(p.chunk_layers(m, r, static_cast<std::int64_t>(c))) *
+                static_cast<long double>(weight[c]);
     }
     AGOQ_EXPECTS(most <= static_cast<long double>(max_size_count),
                  "planner: pipeline stage " + std::to_string(r) + " has " +
@@ -579,11 +579,14 @@ inline activation_plan make_plan(planner_input const& in) {
     std::vector<planned_tensor> items;
     std::vector<std::size_t> chunk_of;
     std::vector<std::vector<detail::plan_option>> hulls;
-    std::int64_t const checkpoint_bytes = checkpoint_input_bytes(m, p, in.step, r);
-    std::vector<std::int64_t> chunk_bytes(weight.size(), checkpoint_bytes);
+    std::vector<std::int64_t> checkpoint_bytes;  // of each chunk
+    for (std::int64_t c = 0; c < p.virtual_stages; ++c)
+      checkpoint_bytes.push_back(checkpoint_input_bytes(m, p, in.step, r, c));
+    std::vector<std::int64_t> chunk_bytes = checkpoint_bytes;
     for (std::size_t c = 0; c < weight.size(); ++c) {
-      std::int64_t const first = first_layer_of(m, p, r, static_cast<std::int64_t>(c));
-      for (std::int64_t l = first; l < first + lc; ++l) {
+      auto const chunk = static_cast<std::int64_t>(c);
+      std::int64_t const first = first_layer_of(m, p, r, chunk);
+      for (std::int64_t l = first; l < first + p.chunk_layers(m, r, chunk); ++l) {
         for (std::size_t ki = 0; ki < owned.size(); ++ki) {
           tensor_kind const k = owned[ki];
           if (recomputed(l) || recomputes(selective, k)) {  // one option: nothing held
@@ -656,7 +659,7 @@ inline activation_plan make_plan(planner_input const& in) {
       at[u.item] = u.step + 1;
     }
 
-    std::fill(chunk_bytes.begin(), chunk_bytes.end(), checkpoint_bytes);
+    chunk_bytes = checkpoint_bytes;
     // The relative error of each kept kind of the layer at hand, as planned: a layer's sources
     // come before the kinds recomputed from them (block order).
     std::array<double, tensor_kind_count> relative{};
@@ -789,7 +792,8 @@ inline double recompute_overhead(model_shape const& m, parallel_config const& p,
   double const layers = static_cast<double>(m.layers);
   std::int64_t chunks_layers = 0;  // recomputed_layers over every model chunk
   for (std::int64_t r = 0; r < p.pp; ++r)
-    chunks_layers += p.virtual_stages * recomputed_layers(st, p.chunk_layers(m, r));
+    for (std::int64_t c = 0; c < p.virtual_stages; ++c)
+      chunks_layers += recomputed_layers(st, p.chunk_layers(m, r, c));
   double const full = static_cast<double>(chunks_layers);
   double const head = 2.0 * static_cast<double>(st.micro_batch) * static_cast<double>(st.seq) /
                       static_cast<double>(p.cp) * static_cast<double>(m.hidden) *

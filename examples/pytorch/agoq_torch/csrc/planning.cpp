@@ -167,7 +167,8 @@ layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t m
                       std::int64_t bucket_parameters, std::int64_t reserved_bytes,
                       std::string const& recompute, std::int64_t recompute_layers, std::int64_t cp,
                       std::vector<std::string> const& recompute_modules,
-                      std::int64_t first_stage_layers, std::int64_t last_stage_layers) {
+                      std::int64_t first_stage_layers, std::int64_t last_stage_layers,
+                      bool account_for_embedding, bool account_for_loss) {
   layout_args a;
   a.parallel = {.tp = tp,
                 .pp = pp,
@@ -179,7 +180,9 @@ layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t m
                 .vp_rules = rules_of(vp_rules),
                 .cp = cp,
                 .first_stage_layers = first_stage_layers,
-                .last_stage_layers = last_stage_layers};
+                .last_stage_layers = last_stage_layers,
+                .account_for_embedding = account_for_embedding,
+                .account_for_loss = account_for_loss};
   a.step = {micro_batch, seq, micro_batches, bucket_parameters, reserved_bytes};
   a.step.recompute = recompute_of(recompute);
   a.step.recompute_layers = recompute_layers;
@@ -294,12 +297,13 @@ act::planner_input planner_input_of(
     std::int64_t bucket_parameters, std::int64_t reserved_bytes, std::string const& recompute,
     std::int64_t recompute_layers, std::int64_t cp,
     std::vector<std::string> const& recompute_modules, std::int64_t first_stage_layers,
-    std::int64_t last_stage_layers) {
+    std::int64_t last_stage_layers, bool account_for_embedding, bool account_for_loss) {
   act::planner_input in;
   in.model = model_of(model);
   auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
                            vp_rules, bucket_parameters, reserved_bytes, recompute, recompute_layers,
-                           cp, recompute_modules, first_stage_layers, last_stage_layers);
+                           cp, recompute_modules, first_stage_layers, last_stage_layers,
+                           account_for_embedding, account_for_loss);
   in.parallel = l.parallel;
   in.step = l.step;
   in.states = {gradient_format_of(gradients), optimizer_format_of(optimizer)};
@@ -351,11 +355,13 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
                    py::object const& sensitivity, py::object const& outlier,
                    std::string const& recompute, std::int64_t recompute_layers, std::int64_t cp,
                    std::vector<std::string> const& recompute_modules,
-                   std::int64_t first_stage_layers, std::int64_t last_stage_layers) {
+                   std::int64_t first_stage_layers, std::int64_t last_stage_layers,
+                   bool account_for_embedding, bool account_for_loss) {
   act::planner_input in = planner_input_of(
       model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
       gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, recompute,
-      recompute_layers, cp, recompute_modules, first_stage_layers, last_stage_layers);
+      recompute_layers, cp, recompute_modules, first_stage_layers, last_stage_layers,
+      account_for_embedding, account_for_loss);
   apply_error_model(in, statistics, sensitivity, outlier);
   act::activation_plan const plan = act::make_plan(in);
   py::list layers;
@@ -402,11 +408,12 @@ py::object least_block_recompute(py::dict const& model, std::int64_t micro_batch
                                  std::int64_t vp_group, std::string const& vp_rules,
                                  std::int64_t bucket_parameters, std::int64_t reserved_bytes,
                                  std::int64_t cp, std::int64_t first_stage_layers,
-                                 std::int64_t last_stage_layers) {
-  auto const n = act::least_block_recompute(
-      planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
-                       micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
-                       reserved_bytes, "none", 0, cp, {}, first_stage_layers, last_stage_layers));
+                                 std::int64_t last_stage_layers, bool account_for_embedding,
+                                 bool account_for_loss) {
+  auto const n = act::least_block_recompute(planner_input_of(
+      model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
+      gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, "none", 0, cp,
+      {}, first_stage_layers, last_stage_layers, account_for_embedding, account_for_loss));
   return n ? py::object(py::int_(*n)) : py::object(py::none());
 }
 
@@ -419,11 +426,13 @@ py::object find_shortfall(py::dict const& model, std::int64_t micro_batch, std::
                           std::int64_t reserved_bytes, std::string const& recompute,
                           std::int64_t recompute_layers, std::int64_t cp,
                           std::vector<std::string> const& recompute_modules,
-                          std::int64_t first_stage_layers, std::int64_t last_stage_layers) {
+                          std::int64_t first_stage_layers, std::int64_t last_stage_layers,
+                          bool account_for_embedding, bool account_for_loss) {
   auto const s = act::find_shortfall(planner_input_of(
       model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
       gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, recompute,
-      recompute_layers, cp, recompute_modules, first_stage_layers, last_stage_layers));
+      recompute_layers, cp, recompute_modules, first_stage_layers, last_stage_layers,
+      account_for_embedding, account_for_loss));
   if (!s) return py::none();
   py::dict d;
   d["stage"] = s->stage;
@@ -461,11 +470,12 @@ py::dict planned_options(py::dict const& model, std::int64_t micro_batch, std::i
                          std::int64_t bucket_parameters, std::int64_t reserved_bytes,
                          py::object const& sensitivity, py::object const& outlier, std::int64_t cp,
                          double max_overhead, std::int64_t first_stage_layers,
-                         std::int64_t last_stage_layers) {
-  act::planner_input in =
-      planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
-                       micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
-                       reserved_bytes, "none", 0, cp, {}, first_stage_layers, last_stage_layers);
+                         std::int64_t last_stage_layers, bool account_for_embedding,
+                         bool account_for_loss) {
+  act::planner_input in = planner_input_of(
+      model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
+      gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, "none", 0, cp,
+      {}, first_stage_layers, last_stage_layers, account_for_embedding, account_for_loss);
   apply_error_model(in, statistics, sensitivity, outlier);
   std::vector<act::recompute_option> const all = options_of(in);
   py::list options;
@@ -486,11 +496,13 @@ py::list estimate_memory(py::dict const& model, std::int64_t micro_batch, std::i
                          std::int64_t reserved_bytes, std::string const& recompute,
                          std::int64_t recompute_layers, std::int64_t cp,
                          std::vector<std::string> const& recompute_modules,
-                         std::int64_t first_stage_layers, std::int64_t last_stage_layers) {
+                         std::int64_t first_stage_layers, std::int64_t last_stage_layers,
+                         bool account_for_embedding, bool account_for_loss) {
   act::model_shape const m = model_of(model);
   auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
                            vp_rules, bucket_parameters, reserved_bytes, recompute, recompute_layers,
-                           cp, recompute_modules, first_stage_layers, last_stage_layers);
+                           cp, recompute_modules, first_stage_layers, last_stage_layers,
+                           account_for_embedding, account_for_loss);
   py::list out;
   for (act::stage_memory const& s : act::estimate_memory(
            m, l.parallel, l.step, {gradient_format_of(gradients), optimizer_format_of(optimizer)},
@@ -532,6 +544,7 @@ void register_planning(py::module_& m) {
         py::arg("recompute") = "none", py::arg("recompute_layers") = 0, py::arg("cp") = 1,
         py::arg("recompute_modules") = std::vector<std::string>{},
         py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
+        py::arg("account_for_embedding") = false, py::arg("account_for_loss") = false,
         "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], "
         "'recomputed': [layer], 'recompute_modules': [module], 'recomputed_kinds': [kind], "
         "'stages': [memory], 'error': float}. The budget holds each "
@@ -560,7 +573,10 @@ void register_planning(py::module_& m) {
         "and the gradient reduction over dp x cp. first_stage_layers and last_stage_layers "
         "give the first (last) pipeline stage that many layers and the others an even share of "
         "the rest (Megatron-Core's num_layers_in_first/last_pipeline_stage; 0: an even split); "
-        "each stage's memory says its 'layers'.");
+        "account_for_embedding and account_for_loss count the embedding (the loss) as a layer "
+        "in the even split, one layer fewer in the first stage's first model chunk (the last "
+        "stage's last; Megatron-Core's account_for_embedding/loss_in_pipeline_split); each "
+        "stage's memory says its 'layers'.");
   m.def("least_block_recompute", &least_block_recompute, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
         py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
@@ -568,6 +584,7 @@ void register_planning(py::module_& m) {
         py::arg("optimizer") = "fp32", py::arg("vp_group") = 0, py::arg("vp_rules") = "core",
         py::arg("bucket_parameters") = 0, py::arg("reserved_bytes") = act::default_reserved_bytes,
         py::arg("cp") = 1, py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
+        py::arg("account_for_embedding") = false, py::arg("account_for_loss") = false,
         "The fewest layers of each model chunk that block recomputation must recompute for "
         "make_plan (same arguments) to fit budget_bytes: 0 when it fits without, None when not "
         "even every layer fits. Full recomputation alone: no selective recomputation "
@@ -581,6 +598,7 @@ void register_planning(py::module_& m) {
         py::arg("recompute") = "none", py::arg("recompute_layers") = 0, py::arg("cp") = 1,
         py::arg("recompute_modules") = std::vector<std::string>{},
         py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
+        py::arg("account_for_embedding") = false, py::arg("account_for_loss") = false,
         "Where make_plan (the same arguments, but the error model's) would find no plan: "
         "{'stage': the device short by the most, 'budget_bytes', 'bytes': by how many it falls "
         "short, 'need': that device's memory dict with every planned tensor at its smallest "
@@ -589,17 +607,18 @@ void register_planning(py::module_& m) {
   auto const def_options = [&m](char const* name, auto fn, char const* doc) {
     std::apply(
         [&](auto&&... args) { m.def(name, fn, args...); },
-        std::make_tuple(py::arg("model"), py::arg("micro_batch"), py::arg("seq"),
-                        py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
-                        py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1,
-                        py::arg("zero") = 0, py::arg("sp") = false, py::arg("micro_batches") = 0,
-                        py::arg("gradients") = "int8", py::arg("optimizer") = "fp32",
-                        py::arg("statistics") = py::none(), py::arg("vp_group") = 0,
-                        py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
-                        py::arg("reserved_bytes") = act::default_reserved_bytes,
-                        py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(),
-                        py::arg("cp") = 1, py::arg("max_overhead") = 1.0,
-                        py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0, doc));
+        std::make_tuple(
+            py::arg("model"), py::arg("micro_batch"), py::arg("seq"), py::arg("budget_bytes"),
+            py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1, py::arg("tp") = 1,
+            py::arg("vp") = 1, py::arg("zero") = 0, py::arg("sp") = false,
+            py::arg("micro_batches") = 0, py::arg("gradients") = "int8",
+            py::arg("optimizer") = "fp32", py::arg("statistics") = py::none(),
+            py::arg("vp_group") = 0, py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
+            py::arg("reserved_bytes") = act::default_reserved_bytes,
+            py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(), py::arg("cp") = 1,
+            py::arg("max_overhead") = 1.0, py::arg("first_stage_layers") = 0,
+            py::arg("last_stage_layers") = 0, py::arg("account_for_embedding") = false,
+            py::arg("account_for_loss") = false, doc));
   };
   def_options("selective_options", &planned_options<&act::selective_options>,
               "Every set of Megatron's recompute modules (core_attn, layernorm, mlp) planned as "
@@ -624,11 +643,13 @@ void register_planning(py::module_& m) {
         py::arg("recompute_layers") = 0, py::arg("cp") = 1,
         py::arg("recompute_modules") = std::vector<std::string>{},
         py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
+        py::arg("account_for_embedding") = false, py::arg("account_for_loss") = false,
         "Per-pipeline-device memory of one step with every tensor at its policy default "
         "(vp_group, vp_rules: the interleaved schedule; bucket_parameters, reserved_bytes: the "
         "transient memory's settings; recompute, recompute_layers: full recomputation; cp: "
         "context parallelism; recompute_modules: selective recomputation; first_stage_layers, "
-        "last_stage_layers: uneven pipeline stages; as make_plan).");
+        "last_stage_layers: uneven pipeline stages; account_for_embedding, account_for_loss: "
+        "the embedding and the loss counted in the split; as make_plan).");
 }
 
 }  // namespace agoq_torch
