@@ -43,6 +43,7 @@ struct options {
   bool fit_recompute = false;
   bool recompute_options = false;
   double max_recompute_overhead = 1.0;  ///< a share (--max-recompute-overhead is in percent)
+  std::string pipeline_layout;          ///< --pipeline-layout as given (use_pipeline_layout)
 };
 
 /// --fit-recompute's answers: the fewest layers of each model chunk to recompute (block) for the
@@ -71,8 +72,8 @@ void usage() {
       "  [--style llama|gpt] [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N]\n"
       "  [--head-dim N] [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N]\n"
       "  [--vp-rules core|legacy] [--first-stage-layers N] [--last-stage-layers N]\n"
-      "  [--account-for-embedding] [--account-for-loss] [--dp N] [--cp N] [--zero 0-3] [--sp] "
-      "[--no-sp]\n"
+      "  [--account-for-embedding] [--account-for-loss] [--pipeline-layout TEXT]\n"
+      "  [--dp N] [--cp N] [--zero 0-3] [--sp] [--no-sp]\n"
       "  [--micro-batch N] [--seq N] [--micro-batches N] [--grad fp32|bf16|int8]\n"
       "  [--optim fp32|int8] [--bucket N] [--reserved-gib X] [--recompute none|uniform|block]\n"
       "  [--recompute-layers N] [--recompute-modules LIST] [--budget-gib X]\n"
@@ -90,6 +91,10 @@ void usage() {
       "--account-for-embedding and --account-for-loss count the embedding (the loss) as a\n"
       "layer in the even split, one layer fewer in the first stage's first model chunk (the\n"
       "last stage's last): Megatron-Core's --account-for-embedding/loss-in-pipeline-split.\n"
+      "--pipeline-layout TEXT gives every model chunk its layers, as Megatron-Core's\n"
+      "--pipeline-model-parallel-layout: chunks in round order separated by '|', 'E' the\n"
+      "embedding, 't' a layer, 'L' the loss, X*n and (...)*n repeated, e.g. Et*7|(t*8|)*14,t*7L;\n"
+      "--vp is its chunks / pp. It excludes the three options above.\n"
       "The transient column is the working memory at the peak: the largest layer (or output\n"
       "head) backward phase, gradient staging and 8-bit reduction buffers of one --bucket of\n"
       "parameters (default 0: Megatron-Core's max(40M, 1M dp cp)), and --reserved-gib (default\n"
@@ -239,6 +244,9 @@ void apply(options& o, std::string const& key, std::string const& v) {
     o.parallel.account_for_embedding = v != "0";
   } else if (key == "account-for-loss") {
     o.parallel.account_for_loss = v != "0";
+  } else if (key == "pipeline-layout") {
+    act::parse_pipeline_layout(v);  // refused as soon as given; used once pp is known
+    o.pipeline_layout = v;
   } else if (key == "dp") {
     o.parallel.dp = to_int(key, v);
   } else if (key == "cp") {
@@ -633,6 +641,8 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
                 std::string const& plan_error) {
   act::model_shape const& m = o.model;
   act::parallel_config const& p = o.parallel;
+  std::vector<std::string> layout;  // the layers of each model chunk, where given
+  for (std::int64_t const n : p.pipeline_layout) layout.push_back(json_number(n));
   std::vector<std::pair<std::string_view, std::string>> doc = {
       {"model", json_object({{"style", json_string(act::name_of(m.style))},
                              {"layers", json_number(m.layers)},
@@ -652,6 +662,7 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
                                 {"last_stage_layers", json_number(p.last_stage_layers)},
                                 {"account_for_embedding", json_bool(p.account_for_embedding)},
                                 {"account_for_loss", json_bool(p.account_for_loss)},
+                                {"pipeline_layout", json_array(layout)},
                                 {"dp", json_number(p.dp)},
                                 {"cp", json_number(p.cp)},
                                 {"zero", json_number(std::int64_t{p.zero_stage})},
@@ -725,8 +736,9 @@ void print_text(options const& o, std::vector<act::stage_memory> const& baseline
                              : "interleaved, v = " + std::to_string(p.virtual_stages) + ", " +
                                    act::name_of(p.vp_rules) + ", groups of " +
                                    std::to_string(p.vp_group > 0 ? p.vp_group : p.pp);
-  if (p.uneven() || p.account_for_embedding || p.account_for_loss)
+  if (p.uneven() || p.account_for_embedding || p.account_for_loss || !o.pipeline_layout.empty())
     schedule += "; layers " + stage_layout(m, p);
+  if (!o.pipeline_layout.empty()) schedule += ", layout " + o.pipeline_layout;
   if (p.account_for_embedding || p.account_for_loss)
     schedule += std::string(", the ") +
                 (p.account_for_embedding && p.account_for_loss ? "embedding and the loss"
@@ -820,6 +832,7 @@ int run(int argc, char** argv) {
       }
     }
   }
+  if (!o.pipeline_layout.empty()) o.parallel.use_pipeline_layout(o.pipeline_layout);
   o.parallel.validate(o.model);
   act::model_shape const& m = o.model;
   act::parallel_config const& p = o.parallel;

@@ -102,6 +102,31 @@ check(counted_refused 1
   ${l405_args} --vp 2 --account-for-embedding)
 check(counted_uneven 1 "agoq_plan: .*they exclude first_stage_layers and last_stage_layers"
   ${l405_args} --account-for-loss --last-stage-layers 7)
+# Megatron-Core's --pipeline-model-parallel-layout: 405B's split given as a layout (the same
+# figures), interleaved (vp from its chunks: 32 on 16 devices), the chunks in the JSON document, a
+# config key, and what it refuses.
+string(CONCAT layout
+  "pp 16 \\(1F1B; layers 7, 14 x 8, 7, layout Et\\*7\\|\\(t\\*8\\|\\)\\*14,t\\*7L\\).*"
+  "peak per-GPU memory: 83.59 GiB -> 39.64 GiB, saving 52.6%")
+check(layout 0 "${layout}" ${l405_args} --pipeline-layout "Et*7|(t*8|)*14,t*7L")
+check(layout_interleaved 0
+  "interleaved, v = 2, megatron-core, groups of 16; layers 7, 14 x 8, 7, .*saving 54.6%"
+  ${l405_args} --pipeline-layout "Et*3|(t*4|)*30,t*3L" --micro-batches 64)
+check(layout_json 0 "\"vp\": 2, .*\"pipeline_layout\": \\[1, 2, 1, 0\\]"
+  --layers 4 --pp 2 --pipeline-layout "Et|tt|t|L" --json)
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_layout.conf
+  "layers = 4\npp = 2\npipeline-layout = Et|tt|t|L   # chunks 1, 2 / 1, 0\n")
+check(layout_config 0 "pp 2 \\(interleaved, v = 2, [^;]*; layers 2 x 2, layout Et\\|tt\\|t\\|L\\)"
+  --config ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_layout.conf)
+check(layout_mtp 1 "agoq_plan: .*multi-token prediction layers \\('m'\\) are not modelled"
+  --pp 2 --pipeline-layout "Et|tt|tm|L")
+check(layout_chunks 1 "agoq_plan: .*the pipeline layout's 4 model chunks are not pp \\(3\\) x "
+  --layers 4 --pp 3 --pipeline-layout "Et|tt|t|L")
+check(layout_layers 1
+  "agoq_plan: .*the pipeline layout places 4 transformer layers, not the model's 32"
+  --pp 2 --pipeline-layout "Et|tt|t|L")
+check(layout_excludes 1 "agoq_plan: .*it excludes first_stage_layers"
+  --layers 4 --pp 2 --first-stage-layers 2 --pipeline-layout "Et|tt|t|L")
 check(gpt_preset 0 "model: gpt, 24 layers, hidden 2048, ffn 8192, heads 16, kv_heads 16"
   --preset gpt3-1.3b --pp 2)
 check(interleaved 0 "pp 4 \\(interleaved, v = 2, megatron-core, groups of 4\\).*micro-batches 8"

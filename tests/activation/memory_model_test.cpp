@@ -763,11 +763,127 @@ TEST_CASE("the embedding and the loss counted in the pipeline split, by hand") {
                        agoq::invalid_argument);
 }
 
+TEST_CASE("Megatron-Core's pipeline layout: read, placed and refused") {
+  // Megatron-Core's examples and syntax: commas dropped, groups, then characters repeated.
+  CHECK(parse_pipeline_layout("Et|tt|tt|tL") == std::vector<std::int64_t>{1, 2, 2, 1});
+  CHECK(parse_pipeline_layout("E|tt|t,t|L") == std::vector<std::int64_t>{0, 2, 2, 0});
+  CHECK(parse_pipeline_layout("Et*3|(tt|)*3,t*3L") == std::vector<std::int64_t>{3, 2, 2, 2, 3});
+  CHECK(parse_pipeline_layout("(Et|)*1(t*2|)*2L") == std::vector<std::int64_t>{1, 2, 2, 0});
+  CHECK(parse_pipeline_layout("EL") == std::vector<std::int64_t>{0});
+  CHECK(parse_pipeline_layout("Et*1,2|L") == std::vector<std::int64_t>{12, 0});  // "t*12"
+  std::vector<std::int64_t> const llama405 = parse_pipeline_layout("Et*7|(t*8|)*14,t*7L");
+  REQUIRE(llama405.size() == 16);
+  CHECK(llama405.front() == 7);
+  CHECK(llama405[1] == 8);
+  CHECK(llama405.back() == 7);
+  for (auto const& [text, why] : std::vector<std::pair<char const*, char const*>>{
+           {"tt|tL", "the embedding 'E' must open the first chunk"},
+           {"t|EtL", "the embedding 'E' must open the first chunk"},
+           {"EEt|tL", "the embedding 'E' must open the first chunk"},
+           {"Et|tt", "the loss 'L' must close the last chunk"},
+           {"EtL|t", "the loss 'L' must close the last chunk"},
+           {"", "the embedding 'E' must open the first chunk"},
+           {"Et|tm|L", "multi-token prediction layers ('m') are not modelled"},
+           {"Et|tx|L", "'x' is not a layer"},
+           {"E(t|t|L", "a '(' is not closed"},
+           {"Et)|tL", "a ')' without its '('"},
+           {"E((t|)*2)*2L", "parentheses do not nest"},
+           {"E(t|)L", "a group in parentheses needs '*n'"},
+           {"Et*|tL", "a '*' without a count"},
+           {"E*2t|tL", "the embedding 'E' must open the first chunk, once"},  // "EEt|tL"
+           {"*2Et|tL", "a '*' must follow"},
+           {"Et*2*3|tL", "a '*' must follow"},
+           {"Et*99999999|L", "a count past 2^24"},
+           {"E(t*9999|)*9999L", "it expands past 2^24 characters"}}) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(parse_pipeline_layout(text), doctest::Contains(why),
+                         agoq::invalid_argument);
+  }
+
+  // As a parallel_config: the counted split of the test above, given; the same memory.
+  model_shape const m{block_style::llama, 6, 256, 512, 4, 2, 0, 1000, false};
+  parallel_config counted;
+  counted.pp = 2;
+  counted.virtual_stages = 2;
+  counted.account_for_embedding = counted.account_for_loss = true;
+  parallel_config given;
+  given.pp = 2;
+  given.virtual_stages = 2;
+  given.pipeline_layout = parse_pipeline_layout("Et|tt|tt|tL");
+  REQUIRE_NOTHROW(given.validate(m));
+  // use_pipeline_layout: virtual_stages from the chunks where it is 1, else left to validate.
+  parallel_config used;
+  used.pp = 2;
+  used.use_pipeline_layout("Et|tt|tt|tL");
+  CHECK(used.virtual_stages == 2);
+  CHECK(used.pipeline_layout == given.pipeline_layout);
+  used.virtual_stages = 4;
+  used.use_pipeline_layout("Et|tt|tt|tL");
+  CHECK(used.virtual_stages == 4);
+  CHECK_THROWS_WITH_AS(used.validate(m), doctest::Contains("are not pp (2) x virtual_stages (4)"),
+                       agoq::invalid_argument);
+  used.virtual_stages = 1;
+  used.pp = 3;  // 4 chunks on 3 devices: left at 1, refused
+  used.use_pipeline_layout("Et|tt|tt|tL");
+  CHECK(used.virtual_stages == 1);
+  CHECK_THROWS_AS(used.validate(m), agoq::invalid_argument);
+  step_config const st{1, 128, 4};
+  auto const a = estimate_memory(m, counted, st, {}, policy_table{});
+  auto const b = estimate_memory(m, given, st, {}, policy_table{});
+  for (std::size_t r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(a[r].layers == b[r].layers);
+    CHECK(a[r].total() == b[r].total());
+  }
+  // A split none of the other fields gives: 1, 3 on device 0 and 2, 0 on device 1 (v = 2).
+  given.pipeline_layout = parse_pipeline_layout("Et|tt|ttt|L");
+  REQUIRE_NOTHROW(given.validate(m));
+  CHECK(given.stage_layers(m, 0) == 4);
+  CHECK(given.stage_layers(m, 1) == 2);
+  CHECK(given.max_chunk_layers(m) == 3);
+  std::vector<std::int64_t> where;
+  for (std::int64_t l = 0; l < 6; ++l) {
+    layer_place const at = place_of(l, m, given);
+    where.push_back(at.stage * 2 + at.chunk);
+  }
+  CHECK(where == std::vector<std::int64_t>{0, 2, 2, 1, 1, 1});
+  CHECK(first_layer_of(m, given, 1, 1) == 6);  // holds none: the first layer after it
+  auto const c = estimate_memory(m, given, st, {}, policy_table::all_precise());
+  std::int64_t const layer = 128 * (6 * 256 * 2 + 2 * 128 * 2 + 3 * 512 * 2) + 4 * 128 * 4;
+  // Device 0's peak moments (3, 2) and (4, 1) of chunks of 1 and 3 layers: 9 and 7.
+  CHECK(c[0].activations == 9 * layer);
+
+  // Refused: chunks that are not pp x virtual_stages, other split fields beside it, layers that
+  // are not the model's.
+  auto const refused = [&](parallel_config q, char const* why) {
+    CAPTURE(why);
+    CHECK_THROWS_WITH_AS(q.validate(m), doctest::Contains(why), agoq::invalid_argument);
+  };
+  parallel_config q = given;
+  q.virtual_stages = 1;
+  refused(q, "the pipeline layout's 4 model chunks are not pp (2) x virtual_stages (1)");
+  q = given;
+  q.pp = 3;
+  refused(q, "the pipeline layout's 4 model chunks are not pp (3) x virtual_stages (2)");
+  q = given;
+  q.first_stage_layers = 4;
+  refused(q, "it excludes first_stage_layers, last_stage_layers, account_for_embedding");
+  q = given;
+  q.account_for_loss = true;
+  refused(q, "it excludes first_stage_layers");
+  q = given;
+  q.pipeline_layout = parse_pipeline_layout("Et|tt|tt|L");
+  refused(q, "the pipeline layout places 5 transformer layers, not the model's 6");
+  q.pipeline_layout = {6, -1, 1, 0};
+  refused(q, "holds -1 layers");
+}
+
 TEST_CASE("layer placement: every layout's chunks tile the layers in round order") {
   // Every split Megatron-Core accepts of up to 24 layers on 2-6 devices with 1-3 chunks each,
   // with and without uneven first and last stages, and with the embedding and the loss counted in
   // the even split or not: walking round by round, device by device, each chunk starts where the
-  // one before ended (first_layer_of), and place_of maps each of its layers back to it.
+  // one before ended (first_layer_of), and place_of maps each of its layers back to it; the same
+  // split given as a pipeline layout places every layer alike.
   int layouts = 0;
   int counted = 0;  // layouts with the embedding or the loss counted
   for (std::int64_t layers = 1; layers <= 24; ++layers)
@@ -817,6 +933,25 @@ TEST_CASE("layer placement: every layout's chunks tile the layers in round order
               CHECK(next == layers);
               for (std::int64_t s = 0; s < pp; ++s)
                 CHECK(total[static_cast<std::size_t>(s)] == p.stage_layers(m, s));
+              // The same split given as a pipeline layout places every layer alike.
+              parallel_config given;
+              given.pp = pp;
+              given.virtual_stages = v;
+              for (std::int64_t c = 0; c < v; ++c)
+                for (std::int64_t s = 0; s < pp; ++s)
+                  given.pipeline_layout.push_back(p.chunk_layers(m, s, c));
+              REQUIRE_NOTHROW(given.validate(m));
+              for (std::int64_t s = 0; s < pp; ++s) {
+                REQUIRE(given.stage_layers(m, s) == p.stage_layers(m, s));
+                for (std::int64_t c = 0; c < v; ++c)
+                  REQUIRE(first_layer_of(m, given, s, c) == first_layer_of(m, p, s, c));
+              }
+              for (std::int64_t l = 0; l < layers; ++l) {
+                layer_place const a = place_of(l, m, p);
+                layer_place const b = place_of(l, m, given);
+                REQUIRE((a.stage == b.stage && a.chunk == b.chunk));
+              }
+              CHECK(given.max_chunk_layers(m) == p.max_chunk_layers(m));
             }
   CHECK(layouts > 1000);
   CHECK(counted > 150);

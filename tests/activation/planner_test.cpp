@@ -839,7 +839,11 @@ TEST_CASE("smallest_memory is make_plan's boundary, and the fewest layers to rec
   j.model.layers = 2;
   j.parallel.account_for_embedding = true;
   j.parallel.account_for_loss = true;
-  for (planner_input in : {a, b, c, d, e, f, g, h, i, j}) {
+  planner_input k = b;  // a pipeline layout: chunks of 1 and 0 on device 0, 3 and 0 on device 1
+  k.parallel.pipeline_layout = parse_pipeline_layout("Et|ttt||L");
+  k.step.recompute = recompute_method::uniform;
+  k.step.recompute_layers = 2;
+  for (planner_input in : {a, b, c, d, e, f, g, h, i, j, k}) {
     in.budget_bytes = peak_total(smallest_memory(in));
     CHECK_NOTHROW(make_plan(in));
     CHECK(!find_shortfall(in).has_value());

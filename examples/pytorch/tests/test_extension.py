@@ -494,6 +494,14 @@ class PlanningTest(unittest.TestCase):
             agoq.estimate_memory(LLAMA, 8, 128, pp=2, account_for_embedding=True)
         with self.assertRaisesRegex(ValueError, "they exclude first_stage_layers"):
             agoq.estimate_memory(LLAMA, 8, 128, first_stage_layers=1, **counted)
+        # The same interleaved split as Megatron-Core's layout string (vp from its 6 chunks).
+        layout = dict(pp=3, pipeline_layout="E|t|t|t|t|L", micro_batches=6)
+        self.assertEqual(agoq.estimate_memory(LLAMA, 8, 128, **layout), mem)
+        self.assertEqual(agoq.make_plan(LLAMA, 8, 128, budget, **layout), plan)
+        with self.assertRaisesRegex(ValueError, r"multi-token prediction layers \('m'\)"):
+            agoq.estimate_memory(LLAMA, 8, 128, pp=2, pipeline_layout="Ett|ttm|L")
+        with self.assertRaisesRegex(ValueError, "places 3 transformer layers, not the model's 4"):
+            agoq.estimate_memory(LLAMA, 8, 128, pp=2, pipeline_layout="Ett|tL")
 
     def test_selective_recomputation(self):
         # Megatron's recompute_modules: layernorm recomputes the norms' outputs, mlp the MLP's

@@ -84,6 +84,12 @@ struct parallel_config {
   /// last_stage_layers.
   bool account_for_embedding = false;
   bool account_for_loss = false;  ///< see account_for_embedding
+  /// Megatron-Core's pipeline_model_parallel_layout (`--pipeline-model-parallel-layout`): the
+  /// transformer layers of every model chunk, given, in round order: chunk c of device s at
+  /// c x pp + s, pp x virtual_stages entries (parse_pipeline_layout reads Megatron-Core's
+  /// string). A chunk may hold none. Empty: the layers are split as the fields above say, which
+  /// it excludes.
+  std::vector<std::int64_t> pipeline_layout{};
 
   /// The ranks that hold the same weights and reduce their gradients together, which ZeRO shards
   /// over: dp x cp (Megatron-Core's data-parallel group with context parallelism).
@@ -105,11 +111,16 @@ struct parallel_config {
     return m.layers + account_for_embedding + account_for_loss;
   }
 
-  /// The transformer layers of pipeline device `stage` in [0, pp): first_stage_layers on the
-  /// first, last_stage_layers on the last where set, an even share of the rest on the others
-  /// (layers / pp without uneven stages, less the embedding's and the loss's units where
-  /// counted). `m` and this layout valid (validate).
+  /// The transformer layers of pipeline device `stage` in [0, pp): its chunks' in pipeline_layout
+  /// where given; else first_stage_layers on the first, last_stage_layers on the last where set,
+  /// an even share of the rest on the others (layers / pp without uneven stages, less the
+  /// embedding's and the loss's units where counted). `m` and this layout valid (validate).
   std::int64_t stage_layers(model_shape const& m, std::int64_t stage) const noexcept {
+    if (!pipeline_layout.empty()) {
+      std::int64_t n = 0;
+      for (std::int64_t c = 0; c < virtual_stages; ++c) n += chunk_layers(m, stage, c);
+      return n;
+    }
     if (!uneven())
       return split_units(m) / pp - (account_for_embedding && stage == 0) -
              (account_for_loss && stage == pp - 1);
@@ -119,10 +130,13 @@ struct parallel_config {
   }
 
   /// The transformer layers of local model chunk `chunk` in [0, virtual_stages) of pipeline
-  /// device `stage`: stage_layers / virtual_stages, but one fewer in the first device's first
-  /// chunk (the last device's last) under account_for_embedding (account_for_loss).
+  /// device `stage`: pipeline_layout's where given, else stage_layers / virtual_stages, but one
+  /// fewer in the first device's first chunk (the last device's last) under account_for_embedding
+  /// (account_for_loss).
   std::int64_t chunk_layers(model_shape const& m, std::int64_t stage,
                             std::int64_t chunk) const noexcept {
+    if (!pipeline_layout.empty())
+      return pipeline_layout[static_cast<std::size_t>(chunk * pp + stage)];
     if (uneven()) return stage_layers(m, stage) / virtual_stages;
     return split_units(m) / (pp * virtual_stages) -
            (account_for_embedding && stage == 0 && chunk == 0) -
@@ -137,6 +151,12 @@ struct parallel_config {
         most = std::max(most, chunk_layers(m, s, c));
     return most;
   }
+
+  /// Sets pipeline_layout from Megatron-Core's layout string (parse_pipeline_layout, which throws
+  /// as it says) and, where virtual_stages is 1, virtual_stages to its chunks / pp where they
+  /// divide, as Megatron-Core derives it (another value must agree with it: validate). Set pp
+  /// first.
+  void use_pipeline_layout(std::string_view text);
 
   /// Throws agoq::invalid_argument naming the first field out of range, the group size the
   /// interleaved schedule refuses, or the layer count that does not split as asked. (Whether the
@@ -185,6 +205,32 @@ inline void parallel_config::validate(model_shape const& m) const {
   AGOQ_EXPECTS(virtual_stages == 1 || pp >= 2,
                "parallel_config: an interleaved schedule needs at least 2 pipeline stages");
   detail::check_group(pp, virtual_stages, vp_group, vp_rules);
+  if (!pipeline_layout.empty()) {
+    AGOQ_EXPECTS(static_cast<std::int64_t>(pipeline_layout.size()) / pp == virtual_stages &&
+                     static_cast<std::int64_t>(pipeline_layout.size()) % pp == 0,
+                 "parallel_config: the pipeline layout's " +
+                     std::to_string(pipeline_layout.size()) + " model chunks are not pp (" +
+                     std::to_string(pp) + ") x virtual_stages (" + std::to_string(virtual_stages) +
+                     ")");
+    AGOQ_EXPECTS(!uneven() && !account_for_embedding && !account_for_loss,
+                 "parallel_config: a pipeline layout gives every model chunk its layers; it "
+                 "excludes first_stage_layers, last_stage_layers, account_for_embedding and "
+                 "account_for_loss");
+    std::int64_t total = 0;
+    for (std::int64_t const n : pipeline_layout) {
+      AGOQ_EXPECTS(n >= 0 && n <= m.layers,
+                   "parallel_config: a model chunk of the pipeline "
+                   "layout holds " +
+                       std::to_string(n) + " layers, not 0 to " + std::to_string(m.layers));
+      total += n;
+    }
+    AGOQ_EXPECTS(total == m.layers, "parallel_config: the pipeline layout places " +
+                                        std::to_string(total) +
+                                        " transformer layers, not the "
+                                        "model's " +
+                                        std::to_string(m.layers));
+    return;
+  }
   AGOQ_EXPECTS(first_stage_layers >= 0 && last_stage_layers >= 0,
                "parallel_config: first_stage_layers and last_stage_layers must be >= 0 (0: an "
                "even split), got " +
@@ -228,6 +274,103 @@ inline void parallel_config::validate(model_shape const& m) const {
                  "parallel_config: pipeline stage " + std::to_string(s) + "'s " +
                      std::to_string(stage_layers(m, s)) + " layers do not split into " +
                      std::to_string(virtual_stages) + " chunks");
+}
+
+/// Megatron-Core's pipeline_model_parallel_layout string (`--pipeline-model-parallel-layout`)
+/// read as the transformer layers of each model chunk, in the string's order, which is
+/// parallel_config::pipeline_layout's round order (its length / pp is virtual_stages). Chunks are
+/// separated by '|', each a run of 't' (a transformer layer), 'E' (the embedding) and 'L' (the
+/// loss); as in Megatron-Core, commas are dropped first, then "(...)*n" repeats the text in
+/// parentheses n times (not nested), then "X*n" the character X: "Et*3|(tt|)*29,t*3L" is
+/// 31 chunks of 3, 2 x 29 and 3 layers. The embedding must open the first chunk and the loss close
+/// the last, once each: where the embedding and the output head are modelled (the first and the
+/// last device). Throws agoq::invalid_argument saying what it cannot read: another character ('m',
+/// Megatron-Core's multi-token prediction layer, is not modelled), a '(' not closed or nested, a
+/// ')' without one, a '*' without a character, a group or a count before it, a count past 2^24,
+/// an expansion past 2^24 characters, the embedding or the loss missing, repeated or elsewhere.
+inline std::vector<std::int64_t> parse_pipeline_layout(std::string_view text) {
+  std::string const what = "pipeline layout '" + std::string(text) + "': ";
+  constexpr std::size_t most = std::size_t{1} << 24;
+  std::string in;
+  for (char const ch : text)
+    if (ch != ',') in += ch;
+  // The count after the '*' at `at`, which it moves past the digits.
+  auto const count = [&](std::string_view s, std::size_t& at) {
+    std::size_t const from = ++at;
+    std::size_t n = 0;
+    for (; at < s.size() && s[at] >= '0' && s[at] <= '9'; ++at) {
+      n = n * 10 + static_cast<std::size_t>(s[at] - '0');
+      AGOQ_EXPECTS(n <= most, what + "a count past 2^24");
+    }
+    AGOQ_EXPECTS(at > from, what + "a '*' without a count");
+    return n;
+  };
+  auto const repeat = [&](std::string& out, std::string_view piece, std::size_t n) {
+    AGOQ_EXPECTS(piece.empty() || n <= (most - out.size()) / piece.size(),
+                 what + "it expands past 2^24 characters");
+    for (std::size_t i = 0; i < n; ++i) out += piece;
+  };
+  // The groups in parentheses.
+  std::string groups;
+  for (std::size_t i = 0; i < in.size();) {
+    AGOQ_EXPECTS(in[i] != ')', what + "a ')' without its '('");
+    if (in[i] != '(') {
+      groups += in[i++];
+      continue;
+    }
+    std::size_t const close = in.find(')', i);
+    AGOQ_EXPECTS(close != std::string::npos, what + "a '(' is not closed");
+    std::string_view const body = std::string_view(in).substr(i + 1, close - i - 1);
+    AGOQ_EXPECTS(body.find('(') == std::string_view::npos, what + "parentheses do not nest");
+    std::size_t at = close + 1;
+    AGOQ_EXPECTS(at < in.size() && in[at] == '*', what + "a group in parentheses needs '*n'");
+    repeat(groups, body, count(in, at));
+    i = at;
+  }
+  // The repeated characters; a '*' right after a count repeats nothing (as in Megatron-Core).
+  std::string flat;
+  bool counted = false;  // flat's last character came from a count
+  for (std::size_t i = 0; i < groups.size();) {
+    if (groups[i] != '*') {
+      flat += groups[i++];
+      counted = false;
+      continue;
+    }
+    AGOQ_EXPECTS(!flat.empty() && !counted,
+                 what + "a '*' must follow the character or the group it repeats");
+    char const ch = flat.back();
+    flat.pop_back();
+    repeat(flat, std::string_view(&ch, 1), count(groups, i));
+    counted = true;
+  }
+  std::vector<std::int64_t> chunks{0};
+  for (std::size_t i = 0; i < flat.size(); ++i) {
+    char const ch = flat[i];
+    if (ch == '|') {
+      chunks.push_back(0);
+    } else if (ch == 't') {
+      ++chunks.back();
+    } else if (ch == 'E') {
+      AGOQ_EXPECTS(i == 0, what + "the embedding 'E' must open the first chunk, once");
+    } else if (ch == 'L') {
+      AGOQ_EXPECTS(i + 1 == flat.size(), what + "the loss 'L' must close the last chunk, once");
+    } else {
+      AGOQ_EXPECTS(ch != 'm', what + "multi-token prediction layers ('m') are not modelled");
+      AGOQ_EXPECTS(false, what + "'" + std::string(1, ch) +
+                              "' is not a layer ('E' embedding, 't' transformer layer, 'L' loss; "
+                              "'|' between chunks)");
+    }
+  }
+  AGOQ_EXPECTS(!flat.empty() && flat.front() == 'E',
+               what + "the embedding 'E' must open the first chunk, once");
+  AGOQ_EXPECTS(flat.back() == 'L', what + "the loss 'L' must close the last chunk, once");
+  return chunks;
+}
+
+inline void parallel_config::use_pipeline_layout(std::string_view text) {
+  pipeline_layout = parse_pipeline_layout(text);
+  auto const chunks = static_cast<std::int64_t>(pipeline_layout.size());
+  if (virtual_stages == 1 && pp >= 1 && chunks % pp == 0) virtual_stages = chunks / pp;
 }
 
 /// Megatron's full activation recomputation (`--recompute-granularity full`,
@@ -472,9 +615,16 @@ struct layer_place {
   std::int64_t chunk = 0;  ///< local chunk index on that device (0 .. v - 1)
 };
 
-/// Where global layer `layer` in [0, layers) lives, in constant time. `m` and `p` valid
+/// Where global layer `layer` in [0, layers) lives, in constant time (linear in the model chunks
+/// with a pipeline_layout). `m` and `p` valid
 /// (parallel_config::validate).
 inline layer_place place_of(std::int64_t layer, model_shape const& m, parallel_config const& p) {
+  if (!p.pipeline_layout.empty()) {  // the chunk whose layers reach past it, in round order
+    std::int64_t i = 0;
+    for (std::int64_t end = p.pipeline_layout[0]; end <= layer;)
+      end += p.pipeline_layout[static_cast<std::size_t>(++i)];
+    return {i % p.pp, i / p.pp};
+  }
   if (!p.uneven()) {
     // The even split of split_units: the embedding's unit, where counted, comes before layer 0.
     std::int64_t const round = p.split_units(m) / p.virtual_stages;
@@ -500,6 +650,10 @@ inline layer_place place_of(std::int64_t layer, model_shape const& m, parallel_c
 /// none, the first layer after it).
 inline std::int64_t first_layer_of(model_shape const& m, parallel_config const& p,
                                    std::int64_t stage, std::int64_t chunk) {
+  if (!p.pipeline_layout.empty()) {
+    auto const at = p.pipeline_layout.begin() + chunk * p.pp + stage;
+    return std::accumulate(p.pipeline_layout.begin(), at, std::int64_t{0});
+  }
   if (!p.uneven()) {
     std::int64_t const round = p.split_units(m) / p.virtual_stages;
     std::int64_t const unit = chunk * round + stage * (round / p.pp);

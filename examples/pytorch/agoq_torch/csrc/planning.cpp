@@ -168,7 +168,8 @@ layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t m
                       std::string const& recompute, std::int64_t recompute_layers, std::int64_t cp,
                       std::vector<std::string> const& recompute_modules,
                       std::int64_t first_stage_layers, std::int64_t last_stage_layers,
-                      bool account_for_embedding, bool account_for_loss) {
+                      bool account_for_embedding, bool account_for_loss,
+                      std::string const& pipeline_layout) {
   layout_args a;
   a.parallel = {.tp = tp,
                 .pp = pp,
@@ -183,6 +184,7 @@ layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t m
                 .last_stage_layers = last_stage_layers,
                 .account_for_embedding = account_for_embedding,
                 .account_for_loss = account_for_loss};
+  if (!pipeline_layout.empty()) a.parallel.use_pipeline_layout(pipeline_layout);
   a.step = {micro_batch, seq, micro_batches, bucket_parameters, reserved_bytes};
   a.step.recompute = recompute_of(recompute);
   a.step.recompute_layers = recompute_layers;
@@ -297,13 +299,14 @@ act::planner_input planner_input_of(
     std::int64_t bucket_parameters, std::int64_t reserved_bytes, std::string const& recompute,
     std::int64_t recompute_layers, std::int64_t cp,
     std::vector<std::string> const& recompute_modules, std::int64_t first_stage_layers,
-    std::int64_t last_stage_layers, bool account_for_embedding, bool account_for_loss) {
+    std::int64_t last_stage_layers, bool account_for_embedding, bool account_for_loss,
+    std::string const& pipeline_layout) {
   act::planner_input in;
   in.model = model_of(model);
   auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
                            vp_rules, bucket_parameters, reserved_bytes, recompute, recompute_layers,
                            cp, recompute_modules, first_stage_layers, last_stage_layers,
-                           account_for_embedding, account_for_loss);
+                           account_for_embedding, account_for_loss, pipeline_layout);
   in.parallel = l.parallel;
   in.step = l.step;
   in.states = {gradient_format_of(gradients), optimizer_format_of(optimizer)};
@@ -356,12 +359,13 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
                    std::string const& recompute, std::int64_t recompute_layers, std::int64_t cp,
                    std::vector<std::string> const& recompute_modules,
                    std::int64_t first_stage_layers, std::int64_t last_stage_layers,
-                   bool account_for_embedding, bool account_for_loss) {
+                   bool account_for_embedding, bool account_for_loss,
+                   std::string const& pipeline_layout) {
   act::planner_input in = planner_input_of(
       model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
       gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, recompute,
       recompute_layers, cp, recompute_modules, first_stage_layers, last_stage_layers,
-      account_for_embedding, account_for_loss);
+      account_for_embedding, account_for_loss, pipeline_layout);
   apply_error_model(in, statistics, sensitivity, outlier);
   act::activation_plan const plan = act::make_plan(in);
   py::list layers;
@@ -409,11 +413,12 @@ py::object least_block_recompute(py::dict const& model, std::int64_t micro_batch
                                  std::int64_t bucket_parameters, std::int64_t reserved_bytes,
                                  std::int64_t cp, std::int64_t first_stage_layers,
                                  std::int64_t last_stage_layers, bool account_for_embedding,
-                                 bool account_for_loss) {
-  auto const n = act::least_block_recompute(planner_input_of(
-      model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
-      gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, "none", 0, cp,
-      {}, first_stage_layers, last_stage_layers, account_for_embedding, account_for_loss));
+                                 bool account_for_loss, std::string const& pipeline_layout) {
+  auto const n = act::least_block_recompute(
+      planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
+                       micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
+                       reserved_bytes, "none", 0, cp, {}, first_stage_layers, last_stage_layers,
+                       account_for_embedding, account_for_loss, pipeline_layout));
   return n ? py::object(py::int_(*n)) : py::object(py::none());
 }
 
@@ -427,12 +432,13 @@ py::object find_shortfall(py::dict const& model, std::int64_t micro_batch, std::
                           std::int64_t recompute_layers, std::int64_t cp,
                           std::vector<std::string> const& recompute_modules,
                           std::int64_t first_stage_layers, std::int64_t last_stage_layers,
-                          bool account_for_embedding, bool account_for_loss) {
+                          bool account_for_embedding, bool account_for_loss,
+                          std::string const& pipeline_layout) {
   auto const s = act::find_shortfall(planner_input_of(
       model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
       gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, recompute,
       recompute_layers, cp, recompute_modules, first_stage_layers, last_stage_layers,
-      account_for_embedding, account_for_loss));
+      account_for_embedding, account_for_loss, pipeline_layout));
   if (!s) return py::none();
   py::dict d;
   d["stage"] = s->stage;
@@ -471,11 +477,12 @@ py::dict planned_options(py::dict const& model, std::int64_t micro_batch, std::i
                          py::object const& sensitivity, py::object const& outlier, std::int64_t cp,
                          double max_overhead, std::int64_t first_stage_layers,
                          std::int64_t last_stage_layers, bool account_for_embedding,
-                         bool account_for_loss) {
-  act::planner_input in = planner_input_of(
-      model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
-      gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, "none", 0, cp,
-      {}, first_stage_layers, last_stage_layers, account_for_embedding, account_for_loss);
+                         bool account_for_loss, std::string const& pipeline_layout) {
+  act::planner_input in =
+      planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
+                       micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
+                       reserved_bytes, "none", 0, cp, {}, first_stage_layers, last_stage_layers,
+                       account_for_embedding, account_for_loss, pipeline_layout);
   apply_error_model(in, statistics, sensitivity, outlier);
   std::vector<act::recompute_option> const all = options_of(in);
   py::list options;
@@ -487,22 +494,20 @@ py::dict planned_options(py::dict const& model, std::int64_t micro_batch, std::i
   return out;
 }
 
-py::list estimate_memory(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
-                         std::string const& gradients, std::string const& optimizer,
-                         py::object const& policy, std::int64_t dp, std::int64_t pp,
-                         std::int64_t tp, std::int64_t vp, int zero, bool sp,
-                         std::int64_t micro_batches, std::int64_t vp_group,
-                         std::string const& vp_rules, std::int64_t bucket_parameters,
-                         std::int64_t reserved_bytes, std::string const& recompute,
-                         std::int64_t recompute_layers, std::int64_t cp,
-                         std::vector<std::string> const& recompute_modules,
-                         std::int64_t first_stage_layers, std::int64_t last_stage_layers,
-                         bool account_for_embedding, bool account_for_loss) {
+py::list estimate_memory(
+    py::dict const& model, std::int64_t micro_batch, std::int64_t seq, std::string const& gradients,
+    std::string const& optimizer, py::object const& policy, std::int64_t dp, std::int64_t pp,
+    std::int64_t tp, std::int64_t vp, int zero, bool sp, std::int64_t micro_batches,
+    std::int64_t vp_group, std::string const& vp_rules, std::int64_t bucket_parameters,
+    std::int64_t reserved_bytes, std::string const& recompute, std::int64_t recompute_layers,
+    std::int64_t cp, std::vector<std::string> const& recompute_modules,
+    std::int64_t first_stage_layers, std::int64_t last_stage_layers, bool account_for_embedding,
+    bool account_for_loss, std::string const& pipeline_layout) {
   act::model_shape const m = model_of(model);
   auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
                            vp_rules, bucket_parameters, reserved_bytes, recompute, recompute_layers,
                            cp, recompute_modules, first_stage_layers, last_stage_layers,
-                           account_for_embedding, account_for_loss);
+                           account_for_embedding, account_for_loss, pipeline_layout);
   py::list out;
   for (act::stage_memory const& s : act::estimate_memory(
            m, l.parallel, l.step, {gradient_format_of(gradients), optimizer_format_of(optimizer)},
@@ -533,50 +538,52 @@ void register_planning(py::module_& m) {
         py::arg("seq"), py::arg("storages"),
         "Bytes one layer saves for one micro-batch with {kind: storage} (precise: bf16, the "
         "logsumexp fp32; aliases free).");
-  m.def("make_plan", &make_plan, py::arg("model"), py::arg("micro_batch"), py::arg("seq"),
-        py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
-        py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
-        py::arg("sp") = false, py::arg("micro_batches") = 0, py::arg("gradients") = "int8",
-        py::arg("optimizer") = "fp32", py::arg("statistics") = py::none(), py::arg("vp_group") = 0,
-        py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
-        py::arg("reserved_bytes") = act::default_reserved_bytes,
-        py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(),
-        py::arg("recompute") = "none", py::arg("recompute_layers") = 0, py::arg("cp") = 1,
-        py::arg("recompute_modules") = std::vector<std::string>{},
-        py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
-        py::arg("account_for_embedding") = false, py::arg("account_for_loss") = false,
-        "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], "
-        "'recomputed': [layer], 'recompute_modules': [module], 'recomputed_kinds': [kind], "
-        "'stages': [memory], 'error': float}. The budget holds each "
-        "stage's transient working memory "
-        "too (memory keys 'working', 'gradient_buffers', 'reserved', summed in 'transient'; "
-        "bucket_parameters: the gradient bucket, 0: Megatron-Core's default; reserved_bytes: "
-        "the fixed allowance, 1 GiB by default). `statistics` maps (layer, kind) to a dict from "
-        "measure(), which replaces the Gaussian prior of that tensor's error; `sensitivity` maps "
-        "kinds, or (layer, kind) for one layer's tensor, to the error model's weights and "
-        "`outlier` kinds to its outlier factors (defaults: docs/activations.md section 3; "
-        "measured ones: examples/pytorch/sensitivity.py). With "
-        "vp > 1, "
-        "Megatron's interleaved schedule: Megatron-Core's ('core') in groups of vp_group "
-        "micro-batches (0: pp), or older Megatron-LM's ('legacy'). Raises ValueError with the "
-        "shortfall when nothing fits, and for a schedule Megatron refuses. recompute "
-        "('uniform' or 'block') with recompute_layers is Megatron's full activation "
-        "recomputation (recompute_method, recompute_num_layers per model chunk): the "
-        "recomputed layers are kept in bf16 while their checkpoint's backward runs (memory key "
-        "'recompute', in 'transient') and their checkpoints' inputs in between. "
-        "recompute_modules (names of 'core_attn', 'layernorm', 'mlp') is Megatron's selective "
-        "recomputation, which excludes recompute: in every layer the kinds those modules output "
-        "(listed in 'recomputed_kinds', bf16 in 'layers') are not kept but computed again in the "
-        "backward, in the layer's working memory, with the error of the kept tensors they come "
-        "from; an unknown name raises ValueError. cp > 1 is "
-        "context parallelism: each sequence split over cp ranks (seq a multiple of 2 cp), ZeRO "
-        "and the gradient reduction over dp x cp. first_stage_layers and last_stage_layers "
-        "give the first (last) pipeline stage that many layers and the others an even share of "
-        "the rest (Megatron-Core's num_layers_in_first/last_pipeline_stage; 0: an even split); "
-        "account_for_embedding and account_for_loss count the embedding (the loss) as a layer "
-        "in the even split, one layer fewer in the first stage's first model chunk (the last "
-        "stage's last; Megatron-Core's account_for_embedding/loss_in_pipeline_split); each "
-        "stage's memory says its 'layers'.");
+  m.def(
+      "make_plan", &make_plan, py::arg("model"), py::arg("micro_batch"), py::arg("seq"),
+      py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1,
+      py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0, py::arg("sp") = false,
+      py::arg("micro_batches") = 0, py::arg("gradients") = "int8", py::arg("optimizer") = "fp32",
+      py::arg("statistics") = py::none(), py::arg("vp_group") = 0, py::arg("vp_rules") = "core",
+      py::arg("bucket_parameters") = 0, py::arg("reserved_bytes") = act::default_reserved_bytes,
+      py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(),
+      py::arg("recompute") = "none", py::arg("recompute_layers") = 0, py::arg("cp") = 1,
+      py::arg("recompute_modules") = std::vector<std::string>{}, py::arg("first_stage_layers") = 0,
+      py::arg("last_stage_layers") = 0, py::arg("account_for_embedding") = false,
+      py::arg("account_for_loss") = false, py::arg("pipeline_layout") = "",
+      "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], "
+      "'recomputed': [layer], 'recompute_modules': [module], 'recomputed_kinds': [kind], "
+      "'stages': [memory], 'error': float}. The budget holds each "
+      "stage's transient working memory "
+      "too (memory keys 'working', 'gradient_buffers', 'reserved', summed in 'transient'; "
+      "bucket_parameters: the gradient bucket, 0: Megatron-Core's default; reserved_bytes: "
+      "the fixed allowance, 1 GiB by default). `statistics` maps (layer, kind) to a dict from "
+      "measure(), which replaces the Gaussian prior of that tensor's error; `sensitivity` maps "
+      "kinds, or (layer, kind) for one layer's tensor, to the error model's weights and "
+      "`outlier` kinds to its outlier factors (defaults: docs/activations.md section 3; "
+      "measured ones: examples/pytorch/sensitivity.py). With "
+      "vp > 1, "
+      "Megatron's interleaved schedule: Megatron-Core's ('core') in groups of vp_group "
+      "micro-batches (0: pp), or older Megatron-LM's ('legacy'). Raises ValueError with the "
+      "shortfall when nothing fits, and for a schedule Megatron refuses. recompute "
+      "('uniform' or 'block') with recompute_layers is Megatron's full activation "
+      "recomputation (recompute_method, recompute_num_layers per model chunk): the "
+      "recomputed layers are kept in bf16 while their checkpoint's backward runs (memory key "
+      "'recompute', in 'transient') and their checkpoints' inputs in between. "
+      "recompute_modules (names of 'core_attn', 'layernorm', 'mlp') is Megatron's selective "
+      "recomputation, which excludes recompute: in every layer the kinds those modules output "
+      "(listed in 'recomputed_kinds', bf16 in 'layers') are not kept but computed again in the "
+      "backward, in the layer's working memory, with the error of the kept tensors they come "
+      "from; an unknown name raises ValueError. cp > 1 is "
+      "context parallelism: each sequence split over cp ranks (seq a multiple of 2 cp), ZeRO "
+      "and the gradient reduction over dp x cp. first_stage_layers and last_stage_layers "
+      "give the first (last) pipeline stage that many layers and the others an even share of "
+      "the rest (Megatron-Core's num_layers_in_first/last_pipeline_stage; 0: an even split); "
+      "account_for_embedding and account_for_loss count the embedding (the loss) as a layer "
+      "in the even split, one layer fewer in the first stage's first model chunk (the last "
+      "stage's last; Megatron-Core's account_for_embedding/loss_in_pipeline_split); "
+      "pipeline_layout (Megatron-Core's pipeline_model_parallel_layout string, e.g. "
+      "'Et*3|(tt|)*29,t*3L') gives every model chunk its layers, vp its chunks / pp, and "
+      "excludes the three; each stage's memory says its 'layers'.");
   m.def("least_block_recompute", &least_block_recompute, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
         py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
@@ -585,6 +592,7 @@ void register_planning(py::module_& m) {
         py::arg("bucket_parameters") = 0, py::arg("reserved_bytes") = act::default_reserved_bytes,
         py::arg("cp") = 1, py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
         py::arg("account_for_embedding") = false, py::arg("account_for_loss") = false,
+        py::arg("pipeline_layout") = "",
         "The fewest layers of each model chunk that block recomputation must recompute for "
         "make_plan (same arguments) to fit budget_bytes: 0 when it fits without, None when not "
         "even every layer fits. Full recomputation alone: no selective recomputation "
@@ -599,6 +607,7 @@ void register_planning(py::module_& m) {
         py::arg("recompute_modules") = std::vector<std::string>{},
         py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
         py::arg("account_for_embedding") = false, py::arg("account_for_loss") = false,
+        py::arg("pipeline_layout") = "",
         "Where make_plan (the same arguments, but the error model's) would find no plan: "
         "{'stage': the device short by the most, 'budget_bytes', 'bytes': by how many it falls "
         "short, 'need': that device's memory dict with every planned tensor at its smallest "
@@ -618,7 +627,7 @@ void register_planning(py::module_& m) {
             py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(), py::arg("cp") = 1,
             py::arg("max_overhead") = 1.0, py::arg("first_stage_layers") = 0,
             py::arg("last_stage_layers") = 0, py::arg("account_for_embedding") = false,
-            py::arg("account_for_loss") = false, doc));
+            py::arg("account_for_loss") = false, py::arg("pipeline_layout") = "", doc));
   };
   def_options("selective_options", &planned_options<&act::selective_options>,
               "Every set of Megatron's recompute modules (core_attn, layernorm, mlp) planned as "
@@ -644,12 +653,14 @@ void register_planning(py::module_& m) {
         py::arg("recompute_modules") = std::vector<std::string>{},
         py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
         py::arg("account_for_embedding") = false, py::arg("account_for_loss") = false,
+        py::arg("pipeline_layout") = "",
         "Per-pipeline-device memory of one step with every tensor at its policy default "
         "(vp_group, vp_rules: the interleaved schedule; bucket_parameters, reserved_bytes: the "
         "transient memory's settings; recompute, recompute_layers: full recomputation; cp: "
         "context parallelism; recompute_modules: selective recomputation; first_stage_layers, "
         "last_stage_layers: uneven pipeline stages; account_for_embedding, account_for_loss: "
-        "the embedding and the loss counted in the split; as make_plan).");
+        "the embedding and the loss counted in the split; pipeline_layout: Megatron-Core's "
+        "layout string; as make_plan).");
 }
 
 }  // namespace agoq_torch
