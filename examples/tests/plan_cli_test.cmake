@@ -16,6 +16,14 @@ function(check name status regex)
   endif()
 endfunction()
 
+# check_config(<name> <regex> <config text> <args...>): writes the text to a config file and
+# checks that agoq_plan --config it <args...> succeeds with output matching regex.
+function(check_config name regex text)
+  set(file ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_${name}.conf)
+  file(WRITE ${file} "${text}")
+  check(${name} 0 "${regex}" ${ARGN} --config ${file})
+endfunction()
+
 set(presets "llama3-8b, llama3-70b, llama3-405b, qwen2.5-32b, gpt3-1.3b")
 check(help 0 "usage: agoq_plan \\[--config FILE\\].*published shape[^\n]*\n${presets}.\n" --help)
 
@@ -64,10 +72,8 @@ string(CONCAT uneven_interleaved
   "fewest layers of each model chunk's 2 or 6 to recompute")
 check(uneven_interleaved 0 "${uneven_interleaved}" --pp 4 --vp 2 --first-stage-layers 4
   --last-stage-layers 4 --micro-batches 8 --budget-gib 80 --fit-recompute)
-file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_uneven.conf
+check_config(uneven_config "pp 16 \\(1F1B; layers 6, 15 x 8\\)"
   "preset = llama3-405b\npp = 16\nfirst-stage-layers = 6   # the rest: 8 each\n")
-check(uneven_config 0 "pp 16 \\(1F1B; layers 6, 15 x 8\\)"
-  --config ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_uneven.conf)
 check(uneven_needed 1
   "agoq_plan: .*126 layers do not split into 16 stages x 1 chunks evenly \\(first_stage_layers and "
   ${l405_args})
@@ -93,10 +99,8 @@ check(counted_interleaved 0 "${counted_interleaved}" ${l405_args} --vp 2 --micro
   --account-for-embedding --account-for-loss --budget-gib 70 --fit-recompute)
 check(counted_json 0 "\"account_for_embedding\": true, \"account_for_loss\": false"
   ${l405_args} --layers 125 --pp 2 --account-for-embedding --json)
-file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_counted.conf
+check_config(counted_config "pp 2 \\(1F1B; layers 62, 63, the embedding counted in the split\\)"
   "preset = llama3-405b\nlayers = 125\npp = 2\naccount-for-embedding = 1\n")
-check(counted_config 0 "pp 2 \\(1F1B; layers 62, 63, the embedding counted in the split\\)"
-  --config ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_counted.conf)
 check(counted_refused 1
   "agoq_plan: .*126 layers and the embedding do not split into 16 stages x 2 chunks evenly"
   ${l405_args} --vp 2 --account-for-embedding)
@@ -114,10 +118,9 @@ check(layout_interleaved 0
   ${l405_args} --pipeline-layout "Et*3|(t*4|)*30,t*3L" --micro-batches 64)
 check(layout_json 0 "\"vp\": 2, .*\"pipeline_layout\": \\[1, 2, 1, 0\\]"
   --layers 4 --pp 2 --pipeline-layout "Et|tt|t|L" --json)
-file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_layout.conf
+check_config(layout_config
+  "pp 2 \\(interleaved, v = 2, [^;]*; layers 2 x 2, layout Et\\|tt\\|t\\|L\\)"
   "layers = 4\npp = 2\npipeline-layout = Et|tt|t|L   # chunks 1, 2 / 1, 0\n")
-check(layout_config 0 "pp 2 \\(interleaved, v = 2, [^;]*; layers 2 x 2, layout Et\\|tt\\|t\\|L\\)"
-  --config ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_layout.conf)
 check(layout_mtp 1 "agoq_plan: .*multi-token prediction layers \\('m'\\) are not modelled"
   --pp 2 --pipeline-layout "Et|tt|tm|L")
 check(layout_chunks 1 "agoq_plan: .*the pipeline layout's 4 model chunks are not pp \\(3\\) x "
@@ -177,14 +180,13 @@ check(recompute_modules_verbose 0
   "    layer   9 gate_output       recomputed  +112.00 MiB x 0  error 0\n"
   ${selective_args} --budget-gib 14 --verbose)
 # A config file's key, and a flag after it replacing its modules.
-file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_selective.conf
-  "preset = llama3-8b\nrecompute-modules = core_attn   # the logsumexp\n")
-check(recompute_modules_config 0
+check_config(recompute_modules_config
   "recompute modules: core_attn \\(in every layer, computed again in the backward: softmax_lse\\)"
-  --config ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_selective.conf)
+  "preset = llama3-8b\nrecompute-modules = core_attn   # the logsumexp\n")
 check(recompute_modules_config_then_flag 0
   "recompute modules: mlp \\([^\n]*backward: gate_output up_output swiglu_output\\)"
-  --config ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_selective.conf --recompute-modules mlp)
+  --config ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_recompute_modules_config.conf
+  --recompute-modules mlp)
 # GPT's kinds, and the modules printed in Megatron's order whatever the order given.
 check(recompute_modules_gpt 0
   "recompute modules: layernorm,mlp \\([^\n]*backward: qkv_input fc1_input gelu_input fc2_input\\)"
@@ -352,10 +354,8 @@ string(CONCAT no_swiglu_weight "swiglu_output 0/4\n.*stage 0:[^\n]*\n.*"
   "gate_output       int8_g128_sym_rne_f32\\[0-2\\] int4_g128_sym_rne_f32\\[3-7\\].*"
   "swiglu_output     int4_g128_sym_rne_f32\\[0-7\\]\nstage 1")
 check(sensitivity_flag 0 "${no_swiglu_weight}" ${readme_args} --sensitivity swiglu_output=0)
-file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_sensitivity.conf
-  "# measured sensitivities\nsensitivity = swiglu_output=0\noutlier=qkv_input=4.5\n")
-check(sensitivity_config 0 "qkv_input 1/4.5 .*${no_swiglu_weight}" ${readme_args}
-  --config ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_sensitivity.conf)
+check_config(sensitivity_config "qkv_input 1/4.5 .*${no_swiglu_weight}"
+  "# measured sensitivities\nsensitivity = swiglu_output=0\noutlier=qkv_input=4.5\n" ${readme_args})
 # One layer's weight alone: layers 0 and 7 of stage 0 keep their gate outputs at int8.
 string(CONCAT per_layer "sensitivity per layer, kind@layer: gate_output@0 40 gate_output@7 40\n"
   ".*gate_output       int8_g128_sym_rne_f32\\[0\\] int4_g128_sym_rne_f32\\[1-6\\] "

@@ -16,6 +16,30 @@
 using namespace agoq::activation;
 
 namespace {
+/// What one layer of the by-hand tests' LLaMA shape (hidden 256, ffn 512, 4 heads, 2 KV heads of
+/// 64) saves in bf16 for one micro-batch of 128 tokens: six [128, 256] and three [128, 512]
+/// tensors, two [128, 128] (K and V) and the fp32 logsumexp of 4 heads ("activations of a whole
+/// pipeline, by hand" checks it against layer_activation_bytes).
+constexpr std::int64_t small_layer_bytes =
+    128 * (6 * 256 * 2 + 2 * 128 * 2 + 3 * 512 * 2) + 4 * 128 * 4;
+
+/// Checks that `p` is refused for `m` with a message containing `why`.
+void check_refused(parallel_config const& p, model_shape const& m, char const* why) {
+  CAPTURE(why);
+  CHECK_THROWS_WITH_AS(p.validate(m), doctest::Contains(why), agoq::invalid_argument);
+}
+
+/// Where place_of puts each layer of `m` under `p` (with v = 2 chunks a device), as 2 x stage +
+/// chunk.
+std::vector<std::int64_t> places(model_shape const& m, parallel_config const& p) {
+  std::vector<std::int64_t> where;
+  for (std::int64_t l = 0; l < m.layers; ++l) {
+    layer_place const at = place_of(l, m, p);
+    where.push_back(at.stage * 2 + at.chunk);
+  }
+  return where;
+}
+
 std::int64_t total_parameters(std::vector<stage_memory> const& s) {
   std::int64_t n = 0;
   for (auto const& x : s) n += x.parameters;
@@ -513,7 +537,7 @@ TEST_CASE("activations of a whole pipeline, by hand") {
   p.pp = 2;
   step_config const st{1, 128, 0};
   shard_shape const sh{1, 128, 1, false};
-  std::int64_t const layer = 128 * (6 * 256 * 2 + 2 * 128 * 2 + 3 * 512 * 2) + 4 * 128 * 4;
+  std::int64_t const layer = small_layer_bytes;
   CHECK(layer_activation_bytes(m, sh, [](tensor_kind) { return storage::precise(); }) == layer);
   auto const s = estimate_memory(m, p, st, {}, policy_table::all_precise());
   REQUIRE(s.size() == 2);
@@ -559,7 +583,7 @@ TEST_CASE("uneven pipeline stages, by hand") {
   CHECK(firsts == std::vector<std::int64_t>{0, 1, 4, 7});
 
   step_config st{1, 128, 0};
-  std::int64_t const layer = 128 * (6 * 256 * 2 + 2 * 128 * 2 + 3 * 512 * 2) + 4 * 128 * 4;
+  std::int64_t const layer = small_layer_bytes;
   std::int64_t const per_layer = layer_parameters(m, 1);
   std::int64_t const embedding = 1000 * 256;
   auto const s = estimate_memory(m, p, st, {}, policy_table::all_precise());
@@ -603,12 +627,7 @@ TEST_CASE("uneven pipeline stages, by hand") {
   v.pp = 2;
   v.virtual_stages = 2;
   v.first_stage_layers = 2;
-  std::vector<std::int64_t> where;
-  for (std::int64_t l = 0; l < 8; ++l) {
-    layer_place const at = place_of(l, m, v);
-    where.push_back(at.stage * 2 + at.chunk);
-  }
-  CHECK(where == std::vector<std::int64_t>{0, 2, 2, 2, 1, 3, 3, 3});
+  CHECK(places(m, v) == std::vector<std::int64_t>{0, 2, 2, 2, 1, 3, 3, 3});
   CHECK(first_layer_of(m, v, 1, 1) == 5);
   step_config vs{1, 128, 4};
   auto const iv = estimate_memory(m, v, vs, {}, policy_table::all_precise());
@@ -618,43 +637,40 @@ TEST_CASE("uneven pipeline stages, by hand") {
   CHECK(iv[0].activations == 5 * layer);
 
   // Layouts Megatron-Core refuses.
-  auto const refused = [&](parallel_config q, char const* why) {
-    CAPTURE(why);
-    CHECK_THROWS_WITH_AS(q.validate(m), doctest::Contains(why), agoq::invalid_argument);
-  };
   parallel_config q = p;
   q.pp = 1;
   q.last_stage_layers = 0;
-  refused(q, "uneven pipeline stages (first_stage_layers, last_stage_layers) need at least 2");
+  check_refused(q, m,
+                "uneven pipeline stages (first_stage_layers, last_stage_layers) need at least 2");
   q = p;
   q.first_stage_layers = 3;  // 3 and 1: 2 for each of the other 2 devices
   CHECK_NOTHROW(q.validate(m));
   q.last_stage_layers = 2;  // 3 left for 2 devices
-  refused(q,
-          "the 3 layers left by first_stage_layers (3) and last_stage_layers (2) of 8 do not "
-          "split evenly into the other 2 pipeline stages");
+  check_refused(q, m,
+                "the 3 layers left by first_stage_layers (3) and last_stage_layers (2) of 8 do not "
+                "split evenly into the other 2 pipeline stages");
   q = p;
   q.first_stage_layers = 9;
-  refused(q, "ask for more than the model's 8 layers");
+  check_refused(q, m, "ask for more than the model's 8 layers");
   q = p;
   q.first_stage_layers = -1;
-  refused(q, "must be >= 0");
+  check_refused(q, m, "must be >= 0");
   q.last_stage_layers = 0;  // no device set, but still refused
-  refused(q, "must be >= 0");
+  check_refused(q, m, "must be >= 0");
   q.pp = 2;
   q.first_stage_layers = 3;
   q.last_stage_layers = 4;  // 1 layer for no device
-  refused(q, "the 1 layers left by");
+  check_refused(q, m, "the 1 layers left by");
   q.last_stage_layers = 5;
   CHECK_NOTHROW(q.validate(m));
   q.virtual_stages = 2;
-  refused(q, "pipeline stage 0's 3 layers do not split into 2 chunks");
+  check_refused(q, m, "pipeline stage 0's 3 layers do not split into 2 chunks");
   q.first_stage_layers = 7;
   q.last_stage_layers = 0;
-  refused(q, "pipeline stage 0's 7 layers do not split into 2 chunks");
+  check_refused(q, m, "pipeline stage 0's 7 layers do not split into 2 chunks");
   q.pp = 3;
   q.first_stage_layers = 2;  // 2, then 3 on each of the others
-  refused(q, "pipeline stage 1's 3 layers do not split into 2 chunks");
+  check_refused(q, m, "pipeline stage 1's 3 layers do not split into 2 chunks");
 }
 
 TEST_CASE("the embedding and the loss counted in the pipeline split, by hand") {
@@ -679,12 +695,7 @@ TEST_CASE("the embedding and the loss counted in the pipeline split, by hand") {
   CHECK(p.stage_layers(m, 0) == 3);
   CHECK(p.stage_layers(m, 1) == 3);
   CHECK(p.max_chunk_layers(m) == 2);
-  std::vector<std::int64_t> where;
-  for (std::int64_t l = 0; l < 6; ++l) {
-    layer_place const at = place_of(l, m, p);
-    where.push_back(at.stage * 2 + at.chunk);
-  }
-  CHECK(where == std::vector<std::int64_t>{0, 2, 2, 1, 1, 3});
+  CHECK(places(m, p) == std::vector<std::int64_t>{0, 2, 2, 1, 1, 3});
   CHECK(first_layer_of(m, p, 0, 0) == 0);
   CHECK(first_layer_of(m, p, 1, 0) == 1);
   CHECK(first_layer_of(m, p, 0, 1) == 3);
@@ -693,7 +704,7 @@ TEST_CASE("the embedding and the loss counted in the pipeline split, by hand") {
   // Device 0's peak moments under the interleaved schedule with 4 micro-batches hold chunk units
   // (3, 2) and (4, 1): 3 + 4 and 4 + 2 layers.
   step_config st{1, 128, 4};
-  std::int64_t const layer = 128 * (6 * 256 * 2 + 2 * 128 * 2 + 3 * 512 * 2) + 4 * 128 * 4;
+  std::int64_t const layer = small_layer_bytes;
   auto const s = estimate_memory(m, p, st, {}, policy_table::all_precise());
   REQUIRE(s.size() == 2);
   CHECK(s[0].layers == 3);
@@ -841,41 +852,32 @@ TEST_CASE("Megatron-Core's pipeline layout: read, placed and refused") {
   CHECK(given.stage_layers(m, 0) == 4);
   CHECK(given.stage_layers(m, 1) == 2);
   CHECK(given.max_chunk_layers(m) == 3);
-  std::vector<std::int64_t> where;
-  for (std::int64_t l = 0; l < 6; ++l) {
-    layer_place const at = place_of(l, m, given);
-    where.push_back(at.stage * 2 + at.chunk);
-  }
-  CHECK(where == std::vector<std::int64_t>{0, 2, 2, 1, 1, 1});
+  CHECK(places(m, given) == std::vector<std::int64_t>{0, 2, 2, 1, 1, 1});
   CHECK(first_layer_of(m, given, 1, 1) == 6);  // holds none: the first layer after it
   auto const c = estimate_memory(m, given, st, {}, policy_table::all_precise());
-  std::int64_t const layer = 128 * (6 * 256 * 2 + 2 * 128 * 2 + 3 * 512 * 2) + 4 * 128 * 4;
+  std::int64_t const layer = small_layer_bytes;
   // Device 0's peak moments (3, 2) and (4, 1) of chunks of 1 and 3 layers: 9 and 7.
   CHECK(c[0].activations == 9 * layer);
 
   // Refused: chunks that are not pp x virtual_stages, other split fields beside it, layers that
   // are not the model's.
-  auto const refused = [&](parallel_config q, char const* why) {
-    CAPTURE(why);
-    CHECK_THROWS_WITH_AS(q.validate(m), doctest::Contains(why), agoq::invalid_argument);
-  };
   parallel_config q = given;
   q.virtual_stages = 1;
-  refused(q, "the pipeline layout's 4 model chunks are not pp (2) x virtual_stages (1)");
+  check_refused(q, m, "the pipeline layout's 4 model chunks are not pp (2) x virtual_stages (1)");
   q = given;
   q.pp = 3;
-  refused(q, "the pipeline layout's 4 model chunks are not pp (3) x virtual_stages (2)");
+  check_refused(q, m, "the pipeline layout's 4 model chunks are not pp (3) x virtual_stages (2)");
   q = given;
   q.first_stage_layers = 4;
-  refused(q, "it excludes first_stage_layers, last_stage_layers, account_for_embedding");
+  check_refused(q, m, "it excludes first_stage_layers, last_stage_layers, account_for_embedding");
   q = given;
   q.account_for_loss = true;
-  refused(q, "it excludes first_stage_layers");
+  check_refused(q, m, "it excludes first_stage_layers");
   q = given;
   q.pipeline_layout = parse_pipeline_layout("Et|tt|tt|L");
-  refused(q, "the pipeline layout places 5 transformer layers, not the model's 6");
+  check_refused(q, m, "the pipeline layout places 5 transformer layers, not the model's 6");
   q.pipeline_layout = {6, -1, 1, 0};
-  refused(q, "holds -1 layers");
+  check_refused(q, m, "holds -1 layers");
 }
 
 TEST_CASE("layer placement: every layout's chunks tile the layers in round order") {
@@ -962,7 +964,7 @@ TEST_CASE("activation recomputation, by hand") {
   model_shape const m{block_style::llama, 8, 256, 512, 4, 2, 0, 1000, false};
   parallel_config p;
   p.pp = 2;
-  std::int64_t const layer = 128 * (6 * 256 * 2 + 2 * 128 * 2 + 3 * 512 * 2) + 4 * 128 * 4;
+  std::int64_t const layer = small_layer_bytes;
   std::int64_t const input = 2 * 128 * 256;  // a checkpoint's input: [128, 256] bf16
   CHECK(residual_stream_bytes(m, {1, 128, 1, false}) == input);
   CHECK(residual_stream_bytes(m, {1, 128, 2, true}) == input / 2);  // [T / t, h] under SP
@@ -1234,7 +1236,7 @@ TEST_CASE("activations of an interleaved pipeline, by hand") {
   p.pp = 2;
   p.virtual_stages = 2;
   step_config const st{1, 128, 4};
-  std::int64_t const layer = 128 * (6 * 256 * 2 + 2 * 128 * 2 + 3 * 512 * 2) + 4 * 128 * 4;
+  std::int64_t const layer = small_layer_bytes;
   std::int64_t const head = 2 * 2 * 128 * 256 + 4 * 128 * 1000;
   // Default policy, one layer (as in the 1F1B test above).
   std::int64_t const i8 = 128 * 256 + 128 * 2 * 4;
