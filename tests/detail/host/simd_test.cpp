@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
@@ -124,6 +125,21 @@ TEST_CASE("SIMD packing equals the portable packing") {
       REQUIRE(ua == q);
     }
   }
+}
+
+TEST_CASE("prefetch hints: off on AMD processors, on elsewhere") {
+  // The vendor as Linux reports it, against prefetch_hints' own cpuid.
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  std::string vendor;
+  while (vendor.empty() && std::getline(cpuinfo, line))
+    if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 1);
+  if (vendor.empty()) {
+    MESSAGE("no vendor_id in /proc/cpuinfo: prefetch_hints() is " << h::prefetch_hints());
+    return;
+  }
+  CAPTURE(vendor);
+  CHECK(h::prefetch_hints() == (vendor.find("AuthenticAMD") == std::string::npos));
 }
 
 TEST_CASE("the SIMD loops are compiled where AVX-512 is enabled, the AVX2 ones where AVX2 is") {
