@@ -874,6 +874,9 @@ TEST_CASE("Megatron-Core's pipeline layout: read, placed and refused") {
   q.account_for_loss = true;
   check_refused(q, m, "it excludes first_stage_layers");
   q = given;
+  q.last_stage_layers = -1;  // not an uneven stage, but set
+  check_refused(q, m, "it excludes first_stage_layers");
+  q = given;
   q.pipeline_layout = parse_pipeline_layout("Et|tt|tt|L");
   check_refused(q, m, "the pipeline layout places 5 transformer layers, not the model's 6");
   q.pipeline_layout = {6, -1, 1, 0};

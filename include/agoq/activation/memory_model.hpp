@@ -212,23 +212,21 @@ inline void parallel_config::validate(model_shape const& m) const {
                      std::to_string(pipeline_layout.size()) + " model chunks are not pp (" +
                      std::to_string(pp) + ") x virtual_stages (" + std::to_string(virtual_stages) +
                      ")");
-    AGOQ_EXPECTS(!uneven() && !account_for_embedding && !account_for_loss,
+    AGOQ_EXPECTS(first_stage_layers == 0 && last_stage_layers == 0 && !account_for_embedding &&
+                     !account_for_loss,
                  "parallel_config: a pipeline layout gives every model chunk its layers; it "
                  "excludes first_stage_layers, last_stage_layers, account_for_embedding and "
                  "account_for_loss");
     std::int64_t total = 0;
     for (std::int64_t const n : pipeline_layout) {
-      AGOQ_EXPECTS(n >= 0 && n <= m.layers,
-                   "parallel_config: a model chunk of the pipeline "
-                   "layout holds " +
-                       std::to_string(n) + " layers, not 0 to " + std::to_string(m.layers));
+      AGOQ_EXPECTS(n >= 0 && n <= m.layers, "parallel_config: a pipeline layout's chunk holds " +
+                                                std::to_string(n) + " layers, not 0 to " +
+                                                std::to_string(m.layers));
       total += n;
     }
-    AGOQ_EXPECTS(total == m.layers, "parallel_config: the pipeline layout places " +
-                                        std::to_string(total) +
-                                        " transformer layers, not the "
-                                        "model's " +
-                                        std::to_string(m.layers));
+    AGOQ_EXPECTS(total == m.layers,
+                 "parallel_config: the pipeline layout places " + std::to_string(total) +
+                     " transformer layers, not the model's " + std::to_string(m.layers));
     return;
   }
   AGOQ_EXPECTS(first_stage_layers >= 0 && last_stage_layers >= 0,
