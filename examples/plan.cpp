@@ -245,8 +245,7 @@ void apply(options& o, std::string const& key, std::string const& v) {
   } else if (key == "account-for-loss") {
     o.parallel.account_for_loss = v != "0";
   } else if (key == "pipeline-layout") {
-    act::parse_pipeline_layout(v);  // refused as soon as given; used once pp is known
-    o.pipeline_layout = v;
+    o.pipeline_layout = v;  // read once pp is known (use_pipeline_layout)
   } else if (key == "dp") {
     o.parallel.dp = to_int(key, v);
   } else if (key == "cp") {

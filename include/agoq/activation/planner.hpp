@@ -376,10 +376,6 @@ inline std::vector<stage_memory> reserved_memory(planner_input const& in) {
       });
 }
 
-}  // namespace detail
-
-namespace detail {
-
 /// smallest_memory with its states and transient memory `reserved` (reserved_memory(in)) given.
 inline std::vector<stage_memory> smallest_memory(planner_input const& in,
                                                  std::vector<stage_memory> reserved) {
