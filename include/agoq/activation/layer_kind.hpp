@@ -241,6 +241,8 @@ struct model_shape {
                  "model_shape: too large to count in 64-bit bytes: up to " +
                      detail::approx(parameter_bound()) + " parameters, more than 2^56");
   }
+
+  friend constexpr bool operator==(model_shape const&, model_shape const&) = default;
 };
 
 /// A published model's shape, by name.

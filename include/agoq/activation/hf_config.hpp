@@ -1,0 +1,422 @@
+/// \file
+/// Model shapes from Hugging Face `config.json` files: a strict JSON reader of a config's
+/// top-level keys (parse_hf_config) and the mapping of LLaMA-style (`llama`, `mistral`, `qwen2`)
+/// and GPT-2 configs onto model_shape (model_from_hf_config). Host only, no dependency.
+#pragma once
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include "../error.hpp"
+#include "layer_kind.hpp"
+
+namespace agoq::activation {
+
+/// One top-level value of a config: JSON's null, true or false, a number, a string, or an object
+/// or array (`nested`: checked as JSON, its contents not kept; no field model_from_hf_config
+/// reads is one).
+struct config_value {
+  enum class type : std::uint8_t { null, boolean, number, string, nested };
+  type kind = type::null;
+  bool boolean = false;
+  double number = 0;
+  std::string text;
+
+  static config_value of_bool(bool b) { return {type::boolean, b, 0, {}}; }
+  static config_value of_number(double x) { return {type::number, false, x, {}}; }
+  static config_value of_string(std::string s) { return {type::string, false, 0, std::move(s)}; }
+  static config_value of_nested() { return {type::nested, false, 0, {}}; }
+  friend bool operator==(config_value const&, config_value const&) = default;
+};
+
+/// A config's top-level keys and their values.
+using hf_config = std::map<std::string, config_value, std::less<>>;
+
+namespace hf_detail {
+
+/// Objects and arrays nested deeper than this are refused (the reader recurses).
+inline constexpr int max_depth = 256;
+
+/// A strict RFC 8259 reader of one JSON object (whitespace around it), keeping its top-level
+/// members. Refuses, naming the byte offset: anything but an object at the top, trailing commas,
+/// comments, single quotes, control characters and bad escapes in strings, unpaired surrogates,
+/// leading zeros, `+`, `NaN` and `Infinity`, numbers out of double's range, duplicate top-level
+/// keys, nesting deeper than max_depth, text after the object.
+class reader {
+ public:
+  explicit reader(std::string_view s) noexcept : s_(s) {}
+
+  hf_config document() {
+    hf_config c;
+    space();
+    if (peek() != '{') fail("expected a JSON object");
+    members([&](std::string key) {
+      config_value v = value(1);
+      if (c.contains(key)) fail("duplicate key '" + key + "'");
+      c.emplace(std::move(key), std::move(v));
+    });
+    space();
+    if (i_ != s_.size()) fail("text after the top-level object");
+    return c;
+  }
+
+ private:
+  [[noreturn]] void fail(std::string const& what) const {
+    agoq::detail::throw_invalid(__FILE__, __LINE__,
+                                "hf config: " + what + " at byte " + std::to_string(i_));
+  }
+
+  char peek() const noexcept { return i_ < s_.size() ? s_[i_] : '\0'; }
+  bool at_end() const noexcept { return i_ >= s_.size(); }
+
+  void space() noexcept {
+    while (!at_end() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
+  }
+
+  void expect(char c, char const* what) {
+    if (peek() != c) fail(std::string("expected ") + what);
+    ++i_;
+  }
+
+  /// An object at i_ ('{'): calls member(key) with i_ at each member's value.
+  template <class Member>
+  void members(Member&& member) {
+    expect('{', "'{'");
+    space();
+    if (peek() == '}') {
+      ++i_;
+      return;
+    }
+    for (;;) {
+      space();
+      if (peek() != '"') fail("expected a string key");
+      std::string key = string();
+      space();
+      expect(':', "':'");
+      space();
+      member(std::move(key));
+      space();
+      if (peek() == ',') {
+        ++i_;
+        continue;
+      }
+      expect('}', "',' or '}'");
+      return;
+    }
+  }
+
+  config_value value(int depth) {
+    if (depth > max_depth) fail("nesting deeper than " + std::to_string(max_depth));
+    char const c = peek();
+    if (at_end()) fail("expected a value");
+    if (c == '{') {
+      members([&](std::string) { value(depth + 1); });
+      return config_value::of_nested();
+    }
+    if (c == '[') {
+      ++i_;
+      space();
+      if (peek() == ']') {
+        ++i_;
+        return config_value::of_nested();
+      }
+      for (;;) {
+        space();
+        value(depth + 1);
+        space();
+        if (peek() == ',') {
+          ++i_;
+          continue;
+        }
+        expect(']', "',' or ']'");
+        return config_value::of_nested();
+      }
+    }
+    if (c == '"') return config_value::of_string(string());
+    if (literal("true")) return config_value::of_bool(true);
+    if (literal("false")) return config_value::of_bool(false);
+    if (literal("null")) return {};
+    return config_value::of_number(number());
+  }
+
+  bool literal(std::string_view word) noexcept {
+    if (s_.substr(i_, word.size()) != word) return false;
+    i_ += word.size();
+    return true;
+  }
+
+  unsigned hex4() {
+    unsigned u = 0;
+    for (int k = 0; k < 4; ++k, ++i_) {
+      char const c = peek();
+      if (at_end()) fail("unterminated \\u escape");
+      unsigned const d = c >= '0' && c <= '9'   ? static_cast<unsigned>(c - '0')
+                         : c >= 'a' && c <= 'f' ? static_cast<unsigned>(c - 'a' + 10)
+                         : c >= 'A' && c <= 'F' ? static_cast<unsigned>(c - 'A' + 10)
+                                                : 16u;
+      if (d == 16u) fail("bad \\u escape");
+      u = u * 16 + d;
+    }
+    return u;
+  }
+
+  static void append_utf8(std::string& out, unsigned cp) {
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xc0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3f));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xe0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+      out += static_cast<char>(0x80 | (cp & 0x3f));
+    } else {
+      out += static_cast<char>(0xf0 | (cp >> 18));
+      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+      out += static_cast<char>(0x80 | (cp & 0x3f));
+    }
+  }
+
+  /// A string at i_ ('"'), its escapes decoded (\uXXXX to UTF-8, surrogate pairs joined).
+  std::string string() {
+    ++i_;
+    std::string out;
+    for (;;) {
+      if (at_end()) fail("unterminated string");
+      char const c = s_[i_];
+      if (c == '"') {
+        ++i_;
+        return out;
+      }
+      if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
+      if (c != '\\') {
+        out += c;
+        ++i_;
+        continue;
+      }
+      ++i_;
+      char const e = peek();
+      if (at_end()) fail("unterminated string");
+      ++i_;
+      switch (e) {
+        case '"':
+        case '\\':
+        case '/':
+          out += e;
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'u': {
+          unsigned cp = hex4();
+          if (cp >= 0xdc00 && cp <= 0xdfff) fail("unpaired low surrogate");
+          if (cp >= 0xd800 && cp <= 0xdbff) {
+            if (!literal("\\u")) fail("unpaired high surrogate");
+            unsigned const low = hex4();
+            if (low < 0xdc00 || low > 0xdfff) fail("unpaired high surrogate");
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
+          }
+          append_utf8(out, cp);
+          break;
+        }
+        default:
+          --i_;
+          fail("bad escape in a string");
+      }
+    }
+  }
+
+  /// A number at i_ in JSON's grammar, -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, as the
+  /// nearest double.
+  double number() {
+    std::size_t const begin = i_;
+    auto const digits = [&] {
+      std::size_t const from = i_;
+      while (!at_end() && s_[i_] >= '0' && s_[i_] <= '9') ++i_;
+      return i_ - from;
+    };
+    if (peek() == '-') ++i_;
+    if (peek() == '0') {
+      ++i_;
+    } else if (digits() == 0) {
+      i_ = begin;
+      fail("expected a value");
+    }
+    if (peek() == '.') {
+      ++i_;
+      if (digits() == 0) fail("expected digits after '.'");
+    }
+    if ((peek() == 'e' || peek() == 'E')) {
+      ++i_;
+      if ((peek() == '+' || peek() == '-')) ++i_;
+      if (digits() == 0) fail("expected digits in the exponent");
+    }
+    double x = 0;
+    auto const [end, ec] = std::from_chars(s_.data() + begin, s_.data() + i_, x);
+    if (ec != std::errc() || end != s_.data() + i_) {
+      i_ = begin;
+      fail("number out of range");
+    }
+    return x;
+  }
+
+  std::string_view s_;
+  std::size_t i_ = 0;
+};
+
+/// The model_types model_from_hf_config reads: blocks of LLaMA's style and GPT-2's.
+inline constexpr std::array<std::string_view, 3> llama_types = {"llama", "mistral", "qwen2"};
+
+/// Keys that only mixture-of-experts configs set (Mixtral, Qwen-MoE, DeepSeek, OLMoE, DBRX).
+inline constexpr std::array<std::string_view, 5> expert_keys = {
+    "num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "ffn_config"};
+
+/// Value of `key` of `c` where it is present and not null.
+inline config_value const* find(hf_config const& c, std::string_view key) {
+  auto const it = c.find(key);
+  return it == c.end() || it->second.kind == config_value::type::null ? nullptr : &it->second;
+}
+
+/// The positive integer at `key` (which must be present), or, where absent or null and
+/// `fallback` >= 0, `fallback`.
+inline std::int64_t integer(hf_config const& c, std::string_view key, std::int64_t fallback = -1) {
+  config_value const* v = find(c, key);
+  if (v == nullptr) {
+    AGOQ_EXPECTS(fallback >= 0, "hf config: no '" + std::string(key) + "'");
+    return fallback;
+  }
+  AGOQ_EXPECTS(v->kind == config_value::type::number && v->number >= 1 && v->number <= 0x1p53 &&
+                   std::floor(v->number) == v->number,
+               "hf config: '" + std::string(key) + "' must be a positive integer");
+  return static_cast<std::int64_t>(v->number);
+}
+
+/// The boolean at `key`, or `fallback` where it is absent or null.
+inline bool boolean(hf_config const& c, std::string_view key, bool fallback) {
+  config_value const* v = find(c, key);
+  if (v == nullptr) return fallback;
+  AGOQ_EXPECTS(v->kind == config_value::type::boolean,
+               "hf config: '" + std::string(key) + "' must be true or false");
+  return v->boolean;
+}
+
+/// The string at `key`, or "" where it is absent or null.
+inline std::string text(hf_config const& c, std::string_view key) {
+  config_value const* v = find(c, key);
+  if (v == nullptr) return {};
+  AGOQ_EXPECTS(v->kind == config_value::type::string,
+               "hf config: '" + std::string(key) + "' must be a string");
+  return v->text;
+}
+
+}  // namespace hf_detail
+
+/// The top-level keys of the JSON object `json` (a `config.json`'s text). Strict JSON
+/// (RFC 8259): anything else throws agoq::invalid_argument naming the byte offset
+/// (hf_detail::reader lists what is refused, duplicate keys included).
+inline hf_config parse_hf_config(std::string_view json) {
+  return hf_detail::reader(json).document();
+}
+
+/// The model_shape of a Hugging Face config, as transformers reads it:
+/// - `model_type` `llama`, `mistral` or `qwen2` (RMSNorm, grouped-query attention, SwiGLU MLP):
+///   `num_hidden_layers`, `hidden_size`, `intermediate_size`, `num_attention_heads`,
+///   `vocab_size`; `num_key_value_heads` (absent or null: the heads), `head_dim` (absent or null:
+///   hidden_size / num_attention_heads), `tie_word_embeddings` (default false), `hidden_act`
+///   (where given, `silu`);
+/// - `gpt2`: `n_layer`, `n_embd`, `n_head`, `vocab_size`; `n_inner` (absent or null: 4 n_embd),
+///   `tie_word_embeddings` (default true), `activation_function` (where given, a GeLU: `gelu_new`,
+///   `gelu`, `gelu_fast` or `gelu_pytorch_tanh`).
+/// head_dim is always set. Other keys are ignored: Qwen2's QKV biases and the bias flags
+/// (`attention_bias`, `mlp_bias`: a layer's parameters gain 3-5 widths, under 0.01% of it) are
+/// not counted, as in the qwen2.5-32b preset; a sliding window (Mistral's `sliding_window`)
+/// leaves the saved tensors as they are (flash attention) but recompute_overhead counts full
+/// causal attention.
+/// \throws agoq::invalid_argument for any other model_type (mixture-of-experts models, and the
+/// blocks with norms or gates of their own, e.g. Qwen3's QK-norm or Gemma's GeGLU, are not
+/// modelled), a config setting the expert keys (hf_detail::expert_keys), a missing or malformed
+/// field, another activation, and a shape model_shape::validate refuses.
+inline model_shape model_from_hf_config(hf_config const& c) {
+  namespace h = hf_detail;
+  std::string const type = h::text(c, "model_type");
+  AGOQ_EXPECTS(!type.empty(), "hf config: no 'model_type'");
+  for (std::string_view const key : h::expert_keys) {
+    config_value const* v = h::find(c, key);
+    AGOQ_EXPECTS(v == nullptr || (v->kind == config_value::type::number && v->number == 0),
+                 "hf config: '" + std::string(key) + "' is set: mixture-of-experts models (" +
+                     type + ") are not modelled");
+  }
+  model_shape m;
+  bool llama = false;
+  for (std::string_view const t : h::llama_types) llama = llama || type == t;
+  if (llama) {
+    m.style = block_style::llama;
+    m.layers = h::integer(c, "num_hidden_layers");
+    m.hidden = h::integer(c, "hidden_size");
+    m.ffn = h::integer(c, "intermediate_size");
+    m.heads = h::integer(c, "num_attention_heads");
+    m.kv_heads = h::integer(c, "num_key_value_heads", m.heads);
+    m.vocab = h::integer(c, "vocab_size");
+    m.tied_embeddings = h::boolean(c, "tie_word_embeddings", false);
+    std::string const act = h::text(c, "hidden_act");
+    AGOQ_EXPECTS(act.empty() || act == "silu", "hf config: hidden_act '" + act + "' of a " + type +
+                                                   " config: agoq models its MLP as SwiGLU (silu)");
+  } else if (type == "gpt2") {
+    m.style = block_style::gpt;
+    m.layers = h::integer(c, "n_layer");
+    m.hidden = h::integer(c, "n_embd");
+    m.heads = h::integer(c, "n_head");
+    m.kv_heads = m.heads;
+    m.ffn = h::integer(c, "n_inner", 4 * m.hidden);
+    m.vocab = h::integer(c, "vocab_size");
+    m.tied_embeddings = h::boolean(c, "tie_word_embeddings", true);
+    std::string const act = h::text(c, "activation_function");
+    AGOQ_EXPECTS(act.empty() || act == "gelu_new" || act == "gelu" || act == "gelu_fast" ||
+                     act == "gelu_pytorch_tanh",
+                 "hf config: activation_function '" + act +
+                     "' of a gpt2 config: agoq models its MLP as GeLU");
+  } else {
+    agoq::detail::throw_invalid(__FILE__, __LINE__,
+                                "hf config: model_type '" + type +
+                                    "' is not modelled (agoq reads llama, mistral, qwen2 and "
+                                    "gpt2 configs)");
+  }
+  if (llama && h::find(c, "head_dim") != nullptr) {
+    m.head_dim = h::integer(c, "head_dim");
+  } else {
+    AGOQ_EXPECTS(m.hidden % m.heads == 0,
+                 "hf config: the hidden size (" + std::to_string(m.hidden) +
+                     ") is not a multiple of the heads (" + std::to_string(m.heads) +
+                     ") and no head_dim is given");
+    m.head_dim = m.hidden / m.heads;
+  }
+  m.validate();
+  return m;
+}
+
+/// model_from_hf_config of the JSON text of a `config.json`.
+inline model_shape model_from_hf_config(std::string_view json) {
+  return model_from_hf_config(parse_hf_config(json));
+}
+
+}  // namespace agoq::activation

@@ -1,0 +1,221 @@
+#include <agoq/activation/hf_config.hpp>
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+using namespace agoq::activation;
+
+namespace hf_test {
+
+/// Published config.json files (their text as released, trimmed of token ids and dtype fields
+/// where noted): Llama-3-8B, Llama-3.1-405B (its rope_scaling object kept), Qwen2.5-32B.
+constexpr char const* llama3_8b = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 8192,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+
+constexpr char const* llama31_405b = R"({"architectures": ["LlamaForCausalLM"],
+  "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu", "hidden_size": 16384,
+  "initializer_range": 0.02, "intermediate_size": 53248, "max_position_embeddings": 131072,
+  "mlp_bias": false, "model_type": "llama", "num_attention_heads": 128,
+  "num_hidden_layers": 126, "num_key_value_heads": 8, "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0,
+  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+  "rope_type": "llama3"}, "rope_theta": 500000.0, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.42.3", "use_cache": true,
+  "vocab_size": 128256})";
+
+constexpr char const* qwen25_32b = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu",
+  "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 27648,
+  "max_position_embeddings": 131072, "max_window_layers": 64, "model_type": "qwen2",
+  "num_attention_heads": 40, "num_hidden_layers": 64, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": 131072,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 152064
+})";
+
+/// GPT-3 XL's shape in GPT-2's config keys (n_inner null: 4 n_embd; ties by default).
+constexpr char const* gpt3_xl = R"({"model_type": "gpt2", "activation_function": "gelu_new",
+  "n_layer": 24, "n_embd": 2048, "n_head": 16, "n_inner": null, "n_positions": 2048,
+  "vocab_size": 50257, "layer_norm_epsilon": 1e-05})";
+
+/// What model_from_hf_config refuses, by a piece of its message.
+void refused(std::string const& json, char const* why) {
+  CAPTURE(json);
+  CHECK_THROWS_WITH_AS(model_from_hf_config(json), doctest::Contains(why), agoq::invalid_argument);
+}
+
+/// What parse_hf_config refuses, by a piece of its message.
+void malformed(std::string const& json, char const* why) {
+  CAPTURE(json);
+  CHECK_THROWS_WITH_AS(parse_hf_config(json), doctest::Contains(why), agoq::invalid_argument);
+}
+
+}  // namespace hf_test
+
+TEST_CASE("model_from_hf_config: published configs give the presets' shapes") {
+  CHECK(model_from_hf_config(hf_test::llama3_8b) == preset_model("llama3-8b"));
+  CHECK(model_from_hf_config(hf_test::llama31_405b) == preset_model("llama3-405b"));
+  CHECK(model_from_hf_config(hf_test::qwen25_32b) == preset_model("qwen2.5-32b"));
+  CHECK(model_from_hf_config(hf_test::gpt3_xl) == preset_model("gpt3-1.3b"));
+
+  // The defaults: no num_key_value_heads (multi-head attention), no head_dim, no tie flag.
+  model_shape const m = model_from_hf_config(
+      R"({"model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 96,
+          "intermediate_size": 256, "num_attention_heads": 6, "vocab_size": 1000,
+          "sliding_window": 4096})");
+  CHECK(m.style == block_style::llama);
+  CHECK(m.kv_heads == 6);
+  CHECK(m.head_dim == 16);
+  CHECK(!m.tied_embeddings);
+  // An explicit head_dim other than hidden / heads (as Qwen3 and Mistral-Nemo have), and ties.
+  model_shape const n = model_from_hf_config(
+      R"({"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 96,
+          "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 32, "vocab_size": 1000, "tie_word_embeddings": true})");
+  CHECK(n.head_dim == 32);
+  CHECK(n.kv_heads == 2);
+  CHECK(n.tied_embeddings);
+  model_shape const g = model_from_hf_config(
+      R"({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_inner": 1000,
+          "vocab_size": 50257, "tie_word_embeddings": false})");
+  CHECK(g.style == block_style::gpt);
+  CHECK(g.ffn == 1000);
+  CHECK(g.head_dim == 64);
+  CHECK(!g.tied_embeddings);
+}
+
+TEST_CASE("model_from_hf_config: what it does not model, and malformed fields, are refused") {
+  using hf_test::refused;
+  refused(R"({"model_type": "mixtral", "num_local_experts": 8, "hidden_size": 4096})",
+          "'num_local_experts' is set: mixture-of-experts models (mixtral) are not modelled");
+  refused(R"({"model_type": "qwen2", "num_experts": 60})", "'num_experts' is set");
+  refused(R"({"model_type": "deepseek_v3", "n_routed_experts": 256})", "'n_routed_experts'");
+  refused(R"({"model_type": "dbrx", "ffn_config": {"moe_num_experts": 16}})", "'ffn_config'");
+  refused(R"({"model_type": "qwen3", "hidden_size": 4096})",
+          "model_type 'qwen3' is not modelled (agoq reads llama, mistral, qwen2 and gpt2");
+  refused(R"({"hidden_size": 4096})", "no 'model_type'");
+  refused(R"({"model_type": 3})", "'model_type' must be a string");
+
+  std::string const base =
+      R"("model_type": "llama", "num_hidden_layers": 2, "hidden_size": 96,
+         "intermediate_size": 256, "num_attention_heads": 6, "vocab_size": 1000)";
+  CHECK(model_from_hf_config("{" + base + "}").layers == 2);
+  refused(R"({"model_type": "llama", "hidden_size": 96})", "no 'num_hidden_layers'");
+  refused("{" + base + R"(, "num_key_value_heads": 2.5})",
+          "'num_key_value_heads' must be a positive integer");
+  refused("{" + base + R"(, "head_dim": 0})", "'head_dim' must be a positive integer");
+  refused("{" + base + R"(, "head_dim": -16})", "'head_dim' must be a positive integer");
+  refused("{" + base + R"(, "head_dim": "16"})", "'head_dim' must be a positive integer");
+  refused("{" + base + R"(, "head_dim": 1e20})", "'head_dim' must be a positive integer");
+  refused("{" + base + R"(, "tie_word_embeddings": 0})", "must be true or false");
+  refused("{" + base + R"(, "hidden_act": "gelu"})",
+          "hidden_act 'gelu' of a llama config: agoq models its MLP as SwiGLU");
+  refused("{" + base + R"(, "num_key_value_heads": 4})",  // 6 heads
+          "heads (6) must be a multiple of kv_heads (4)");
+  refused(R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 100,
+              "intermediate_size": 256, "num_attention_heads": 6, "vocab_size": 1000})",
+          "the hidden size (100) is not a multiple of the heads (6) and no head_dim");
+  refused(R"({"model_type": "gpt2", "n_layer": 2, "n_embd": 96, "n_head": 6,
+              "vocab_size": 1000, "activation_function": "relu"})",
+          "activation_function 'relu' of a gpt2 config");
+  refused(R"({"model_type": "gpt2", "n_layer": 2, "n_embd": 96, "vocab_size": 1000})",
+          "no 'n_head'");
+  // A config whose MoE keys are present but 0 or null is a dense model.
+  CHECK(
+      model_from_hf_config("{" + base + R"(, "num_experts": 0, "num_local_experts": null})").ffn ==
+      256);
+}
+
+TEST_CASE("parse_hf_config: strict JSON, top-level members kept, nested values checked") {
+  hf_config const c = parse_hf_config(
+      R"( {"a": 1, "b": -2.5e3, "c": "x\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00", "d": true,
+           "e": false, "f": null, "g": {"h": [1, {"i": []}, "j"]}, "k": [], "l": {},
+           "m": 0, "n": -0.0, "o": 1E+2} )");
+  CHECK(c.size() == 12);
+  CHECK(c.at("a") == config_value::of_number(1));
+  CHECK(c.at("b") == config_value::of_number(-2500));
+  CHECK(c.at("c") == config_value::of_string("x\"\\/\b\f\n\r\t\xc3\xa9\xf0\x9f\x98\x80"));
+  CHECK(c.at("d") == config_value::of_bool(true));
+  CHECK(c.at("e") == config_value::of_bool(false));
+  CHECK(c.at("f") == config_value{});
+  CHECK(c.at("g") == config_value::of_nested());
+  CHECK(c.at("k") == config_value::of_nested());
+  CHECK(c.at("l") == config_value::of_nested());
+  CHECK(c.at("m").number == 0);
+  CHECK(c.at("o").number == 100);
+  CHECK(parse_hf_config("{}").empty());
+  CHECK(parse_hf_config(" \t\r\n{ } \n").empty());
+  CHECK(parse_hf_config(R"({"x": 0.1})").at("x").number == 0.1);
+
+  using hf_test::malformed;
+  malformed("", "expected a JSON object at byte 0");
+  malformed("[1]", "expected a JSON object");
+  malformed(R"({"a": 1,})", "expected a string key");
+  malformed(R"({"a": 1 "b": 2})", "expected ',' or '}' at byte 8");
+  malformed(R"({"a" 1})", "expected ':'");
+  malformed(R"({a: 1})", "expected a string key");
+  malformed(R"({'a': 1})", "expected a string key");
+  malformed(R"({"a": [1, 2,]})", "expected a value");
+  malformed(R"({"a": [1 2]})", "expected ',' or ']'");
+  malformed(R"({"a": 1} x)", "text after the top-level object");
+  malformed(R"({"a": 1}{})", "text after the top-level object");
+  malformed(R"({"a": 1)", "expected ',' or '}'");
+  malformed(R"({"a": "x)", "unterminated string");
+  malformed("{\"a\": \"x\ny\"}", "control character in a string");
+  malformed(R"({"a": "\x"})", "bad escape in a string");
+  malformed(R"({"a": "\u12g4"})", "bad \\u escape");
+  malformed(R"({"a": "\u12)", "unterminated \\u escape");
+  malformed(R"({"a": "\ud83d"})", "unpaired high surrogate");
+  malformed(R"({"a": "\ud83dx"})", "unpaired high surrogate");
+  malformed(R"({"a": "\ud83d\u0041"})", "unpaired high surrogate");
+  malformed(R"({"a": "\ude00"})", "unpaired low surrogate");
+  malformed(R"({"a": 01})", "expected ',' or '}'");
+  malformed(R"({"a": +1})", "expected a value");
+  malformed(R"({"a": .5})", "expected a value");
+  malformed(R"({"a": 1.})", "expected digits after '.'");
+  malformed(R"({"a": 1e})", "expected digits in the exponent");
+  malformed(R"({"a": -})", "expected a value");
+  malformed(R"({"a": NaN})", "expected a value");
+  malformed(R"({"a": Infinity})", "expected a value");
+  malformed(R"({"a": 1e999})", "number out of range");
+  malformed(R"({"a": tru})", "expected a value");
+  malformed(R"({"a": 1, "a": 2})", "duplicate key 'a'");
+  malformed(R"({"a": 1 // comment
+  })",
+            "expected ',' or '}'");
+  malformed(std::string("{\"a\": 1}\0", 9), "text after the top-level object");
+  std::string deep = R"({"a": )";
+  for (int i = 0; i < 300; ++i) deep += "[";
+  malformed(deep, "nesting deeper than 256");
+  std::string ok = R"({"a": )";
+  for (int i = 0; i < 255; ++i) ok += "[";
+  for (int i = 0; i < 255; ++i) ok += "]";
+  CHECK(parse_hf_config(ok + "}").at("a") == config_value::of_nested());
+}
