@@ -6,9 +6,11 @@
 ///
 ///   agoq_plan --preset llama3-8b --tp 2 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 60
 ///   agoq_plan --config model.cfg        (key=value lines, the flag names without "--")
+///   agoq_plan --hf-config config.json --tp 8 --pp 4 --sp --budget-gib 70
 ///
 /// Host only, single-threaded.
 
+#include <agoq/activation/hf_config.hpp>
 #include <agoq/activation/planner.hpp>
 
 #include <cmath>
@@ -68,7 +70,7 @@ struct recompute_choice {
 
 void usage() {
   std::puts(
-      "usage: agoq_plan [--config FILE] [--preset NAME]\n"
+      "usage: agoq_plan [--config FILE] [--preset NAME] [--hf-config FILE]\n"
       "  [--style llama|gpt] [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N]\n"
       "  [--head-dim N] [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N]\n"
       "  [--vp-rules core|legacy] [--first-stage-layers N] [--last-stage-layers N]\n"
@@ -133,6 +135,9 @@ void usage() {
     names += (names.empty() ? "" : ", ") + std::string(p.name);
   std::printf("--preset NAME takes a published shape (the shape flags after it change it):\n%s.\n",
               names.c_str());
+  std::puts(
+      "--hf-config FILE takes the shape of a Hugging Face config.json (model_type llama,\n"
+      "mistral, qwen2 or gpt2; the shape flags after it change it).");
 }
 
 /// The whole of v read by `read` (std::stoll or std::stod), or an error naming the key.
@@ -207,6 +212,11 @@ act::recompute_modules read_recompute_modules(std::string const& v) {
 void apply(options& o, std::string const& key, std::string const& v) {
   if (key == "preset") {
     o.model = act::preset_model(v);
+  } else if (key == "hf-config") {
+    std::ifstream in(v, std::ios::binary);
+    if (!in) throw std::invalid_argument("cannot open hf-config file '" + v + "'");
+    std::string const text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    o.model = act::model_from_hf_config(text);
   } else if (key == "style") {
     if (v != "llama" && v != "gpt") throw std::invalid_argument("style is llama or gpt");
     o.model.style = v == "llama" ? act::block_style::llama : act::block_style::gpt;

@@ -132,6 +132,45 @@ check(layout_excludes 1 "agoq_plan: .*it excludes first_stage_layers"
   --layers 4 --pp 2 --first-stage-layers 2 --pipeline-layout "Et|tt|t|L")
 check(gpt_preset 0 "model: gpt, 24 layers, hidden 2048, ffn 8192, heads 16, kv_heads 16"
   --preset gpt3-1.3b --pp 2)
+
+# Hugging Face config.json files: LLaMA-3-70B's (as released, token ids left out) gives the
+# figures of its preset above; a flag after it changes the shape, a config file names it, GPT-2's keys give
+# the gpt3-1.3b shape; mixture-of-experts and other blocks, a missing file and bad JSON refused.
+# (tests/activation/hf_config_test.cpp checks the reading and the mapping field by field.)
+function(hf_file name text)
+  set(${name} ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_${name}.json PARENT_SCOPE)
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_${name}.json "${text}")
+endfunction()
+hf_file(hf_llama3_70b [=[{"architectures": ["LlamaForCausalLM"], "attention_bias": false,
+  "attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": 8192,
+  "initializer_range": 0.02, "intermediate_size": 28672, "max_position_embeddings": 8192,
+  "model_type": "llama", "num_attention_heads": 64, "num_hidden_layers": 80,
+  "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.0.dev0", "use_cache": true, "vocab_size": 128256}]=])
+check(hf_config 0 "model: llama, 80 layers, hidden 8192, ffn 28672, heads 64, kv_heads 8, head_dim \
+128, vocab 128256.*peak per-GPU memory: 41.37 GiB -> 22.64 GiB, saving 45.3%"
+  --hf-config ${hf_llama3_70b} --tp 8 --pp 4 --dp 4 --zero 1 --sp --seq 8192)
+check(hf_config_then_flag 0 "model: llama, 16 layers, hidden 8192"
+  --hf-config ${hf_llama3_70b} --layers 16)
+check_config(hf_config_key "model: llama, 80 layers, hidden 8192.*tp 2, pp 4"
+  "hf-config = ${hf_llama3_70b}\ntp = 2\npp = 4\n")
+hf_file(hf_gpt2 [=[{"model_type": "gpt2", "activation_function": "gelu_new", "n_layer": 24,
+  "n_embd": 2048, "n_head": 16, "n_inner": null, "vocab_size": 50257}]=])
+check(hf_config_gpt2 0 "model: gpt, 24 layers, hidden 2048, ffn 8192, heads 16, kv_heads 16"
+  --hf-config ${hf_gpt2} --pp 2)
+check(hf_config_help 0 "--hf-config FILE takes the shape of a Hugging Face config.json" --help)
+hf_file(hf_mixtral [=[{"model_type": "mixtral", "num_local_experts": 8, "hidden_size": 4096}]=])
+check(hf_config_moe 1
+  "agoq_plan: .*'num_local_experts' is set: mixture-of-experts models \\(mixtral\\) are not"
+  --hf-config ${hf_mixtral})
+hf_file(hf_qwen3 [=[{"model_type": "qwen3", "hidden_size": 4096}]=])
+check(hf_config_type 1 "agoq_plan: .*model_type 'qwen3' is not modelled" --hf-config ${hf_qwen3})
+hf_file(hf_bad [=[{"model_type": "llama",}]=])
+check(hf_config_json 1 "agoq_plan: .*hf config: expected a string key at byte 23"
+  --hf-config ${hf_bad})
+check(hf_config_missing 1 "agoq_plan: cannot open hf-config file '/nonexistent/config.json'"
+  --hf-config /nonexistent/config.json)
 check(interleaved 0 "pp 4 \\(interleaved, v = 2, megatron-core, groups of 4\\).*micro-batches 8"
   --pp 4 --vp 2 --micro-batches 8)
 check(verbose 0 "transient: working \\(layer or head backward\\) \\+ gradient buffers \\+ reserved"
