@@ -7,6 +7,7 @@
 
 #include "activation/error_model.hpp"
 #include "activation/fused.hpp"
+#include "activation/hf_config.hpp"
 #include "activation/layer_kind.hpp"
 #include "activation/memory_model.hpp"
 #include "activation/planner.hpp"

@@ -2,12 +2,15 @@
 float64 reference, its argument checks, and the 8-bit all-reduce over a real gloo process group
 of several processes. Run: python3 -m unittest discover -s examples/pytorch/tests"""
 
+import json
 import math
 import os
+import pathlib
 import pickle
 import re
 import socket
 import sys
+import tempfile
 import unittest
 
 import torch
@@ -377,6 +380,56 @@ class PlanningTest(unittest.TestCase):
         mem = agoq.estimate_memory(llama, 1, 8192, gradients="int8", pp=4, tp=2, dp=4, zero=1,
                                    sp=True)
         self.assertEqual(round(mem[0]["total"] / 2**30, 2), 14.87)
+
+    def test_model_from_hf_config(self):
+        # Qwen2.5-32B's config.json as released: a dict, its JSON file, the directory holding it
+        # and an object with to_dict() (as transformers' configs) give the preset's shape.
+        qwen = {"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+                "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu",
+                "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 27648,
+                "max_position_embeddings": 131072, "max_window_layers": 64,
+                "model_type": "qwen2", "num_attention_heads": 40, "num_hidden_layers": 64,
+                "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+                "sliding_window": 131072, "tie_word_embeddings": False,
+                "torch_dtype": "bfloat16", "transformers_version": "4.43.1", "use_cache": True,
+                "use_sliding_window": False, "vocab_size": 152064, "rope_scaling": None}
+        preset = agoq.model_presets()["qwen2.5-32b"]
+        self.assertEqual(agoq.model_from_hf_config(qwen), preset)
+
+        class Config:
+            def to_dict(self):
+                return dict(qwen)
+        self.assertEqual(agoq.model_from_hf_config(Config()), preset)
+        with tempfile.TemporaryDirectory() as d:
+            path = pathlib.Path(d) / "config.json"
+            path.write_text(json.dumps(qwen, indent=2))
+            self.assertEqual(agoq.model_from_hf_config(path), preset)
+            self.assertEqual(agoq.model_from_hf_config(str(path)), preset)
+            self.assertEqual(agoq.model_from_hf_config(d), preset)
+            path.write_text('{"model_type": "qwen2", }')
+            with self.assertRaisesRegex(ValueError, "expected a string key at byte 24"):
+                agoq.model_from_hf_config(d)
+            with self.assertRaisesRegex(ValueError, "cannot open"):
+                agoq.model_from_hf_config(pathlib.Path(d) / "missing.json")
+        # The result is a model the planning calls take.
+        gpt = agoq.model_from_hf_config({"model_type": "gpt2", "n_layer": 4, "n_embd": 128,
+                                         "n_head": 4, "vocab_size": 256})
+        self.assertEqual(gpt, dict(style="gpt", layers=4, hidden=128, ffn=512, heads=4,
+                                   kv_heads=4, head_dim=32, vocab=256, tied_embeddings=True))
+        self.assertGreater(agoq.estimate_memory(gpt, 1, 64)[0]["total"], 0)
+        # Refusals: mixture-of-experts, other blocks, bad fields and values.
+        with self.assertRaisesRegex(ValueError, "mixture-of-experts models \\(mixtral\\)"):
+            agoq.model_from_hf_config({"model_type": "mixtral", "num_local_experts": 8})
+        with self.assertRaisesRegex(ValueError, "model_type 'gemma' is not modelled"):
+            agoq.model_from_hf_config({"model_type": "gemma"})
+        with self.assertRaisesRegex(ValueError, "'hidden_size' must be a positive integer"):
+            agoq.model_from_hf_config(dict(qwen, hidden_size=5120.5))
+        with self.assertRaisesRegex(ValueError, "'tie_word_embeddings' must be true or false"):
+            agoq.model_from_hf_config(dict(qwen, tie_word_embeddings=1))
+        with self.assertRaisesRegex(ValueError, "the value of 'torch_dtype' is not a JSON value"):
+            agoq.model_from_hf_config(dict(qwen, torch_dtype=torch.bfloat16))
+        with self.assertRaises(TypeError):
+            agoq.model_from_hf_config(42)
 
     def test_layer_bytes_match_the_shapes(self):
         shapes = agoq.saved_shapes(LLAMA, 8, 128)

@@ -4,7 +4,11 @@
 /// agoq's tensor-kind names.
 #include "common.hpp"
 
+#include <agoq/activation/hf_config.hpp>
+
 #include <array>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -81,6 +85,48 @@ py::dict model_presets() {
   py::dict d;
   for (act::model_preset const& p : act::model_presets) d[py::str(p.name)] = model_dict(p.shape);
   return d;
+}
+
+/// The top-level keys of a Hugging Face config as a dict (transformers' to_dict(), json.load's):
+/// None, bools, numbers and strings as they are, dicts, lists and tuples as nested values.
+act::hf_config hf_config_of(py::dict const& d) {
+  act::hf_config c;
+  for (auto const& [key, value] : d) {
+    auto const k = key.cast<std::string>();
+    act::config_value v;
+    if (py::isinstance<py::bool_>(value)) {
+      v = act::config_value::of_bool(value.cast<bool>());
+    } else if (py::isinstance<py::int_>(value) || py::isinstance<py::float_>(value)) {
+      v = act::config_value::of_number(value.cast<double>());
+    } else if (py::isinstance<py::str>(value)) {
+      v = act::config_value::of_string(value.cast<std::string>());
+    } else if (py::isinstance<py::dict>(value) || py::isinstance<py::list>(value) ||
+               py::isinstance<py::tuple>(value)) {
+      v = act::config_value::of_nested();
+    } else if (!value.is_none()) {
+      throw agoq::invalid_argument("hf config: the value of '" + k +
+                                   "' is not a JSON value (None, bool, number, str, dict, list)");
+    }
+    c.emplace(k, std::move(v));
+  }
+  return c;
+}
+
+/// model_from_hf_config of a config given as a dict, as an object with to_dict() (transformers'
+/// configs) or as the path of a config.json or of a directory holding one (read by agoq's JSON
+/// reader, as agoq_plan --hf-config reads it).
+py::dict model_from_hf_config(py::object const& config) {
+  if (py::isinstance<py::dict>(config))
+    return model_dict(act::model_from_hf_config(hf_config_of(config)));
+  if (py::hasattr(config, "to_dict")) return model_from_hf_config(config.attr("to_dict")());
+  py::module_ const os = py::module_::import("os");
+  auto path = os.attr("fspath")(config).cast<std::string>();
+  if (os.attr("path").attr("isdir")(path).cast<bool>())
+    path = os.attr("path").attr("join")(path, "config.json").cast<std::string>();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw agoq::invalid_argument("hf config: cannot open '" + path + "'");
+  std::string const text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  return model_dict(act::model_from_hf_config(text));
 }
 
 /// A policy from {kind: (default, [candidates])}; kinds not named keep agoq's default policy.
@@ -523,6 +569,11 @@ void register_planning(py::module_& m) {
         "{name: model} of the published shapes agoq knows (llama3-8b, llama3-70b, llama3-405b, "
         "qwen2.5-32b, "
         "gpt3-1.3b), each a dict with every key a model takes.");
+  m.def("model_from_hf_config", &model_from_hf_config, py::arg("config"),
+        "The model dict of a Hugging Face config (model_type llama, mistral, qwen2 or gpt2): a "
+        "dict (json.load's or a transformers config's to_dict()), an object with to_dict(), or "
+        "the path of a config.json or of a directory holding one. Mixture-of-experts and other "
+        "blocks raise ValueError (docs/activations.md, section 6).");
   m.def("tensor_kinds", &tensor_kinds, py::arg("style") = "llama",
         "The tensors a block of the style saves for backward, in forward order (o_proj_input "
         "reads the attention_output buffer).");
