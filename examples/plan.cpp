@@ -71,7 +71,7 @@ struct recompute_choice {
 void usage() {
   std::puts(
       "usage: agoq_plan [--config FILE] [--preset NAME] [--hf-config FILE]\n"
-      "  [--style llama|gpt] [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N]\n"
+      "  [--style llama|gpt|qwen3] [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N]\n"
       "  [--head-dim N] [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N]\n"
       "  [--vp-rules core|legacy] [--first-stage-layers N] [--last-stage-layers N]\n"
       "  [--account-for-embedding] [--account-for-loss] [--pipeline-layout TEXT]\n"
@@ -137,7 +137,8 @@ void usage() {
               names.c_str());
   std::puts(
       "--hf-config FILE takes the shape of a Hugging Face config.json (model_type llama,\n"
-      "mistral, qwen2 or gpt2; the shape flags after it change it).");
+      "mistral, qwen2, qwen3 or gpt2; the shape flags after it change it). --style qwen3 is\n"
+      "LLaMA's block with QK-norm (Qwen3), which keeps Q and K before it for its backward.");
 }
 
 /// The whole of v read by `read` (std::stoll or std::stod), or an error naming the key.
@@ -218,8 +219,7 @@ void apply(options& o, std::string const& key, std::string const& v) {
     std::string const text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
     o.model = act::model_from_hf_config(text);
   } else if (key == "style") {
-    if (v != "llama" && v != "gpt") throw std::invalid_argument("style is llama or gpt");
-    o.model.style = v == "llama" ? act::block_style::llama : act::block_style::gpt;
+    o.model.style = act::block_style_named(v);
   } else if (key == "layers") {
     o.model.layers = to_int(key, v);
   } else if (key == "hidden") {

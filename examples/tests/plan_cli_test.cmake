@@ -24,7 +24,7 @@ function(check_config name regex text)
   check(${name} 0 "${regex}" ${ARGN} --config ${file})
 endfunction()
 
-set(presets "llama3-8b, llama3-70b, llama3-405b, qwen2.5-32b, gpt3-1.3b")
+set(presets "llama3-8b, llama3-70b, llama3-405b, qwen2.5-32b, qwen3-8b, qwen3-32b, gpt3-1.3b")
 check(help 0 "usage: agoq_plan \\[--config FILE\\].*published shape[^\n]*\n${presets}.\n" --help)
 
 # The README's command: LLaMA-3-8B on 32 GPUs under 16 GiB. The peak figures are the memory
@@ -134,8 +134,9 @@ check(gpt_preset 0 "model: gpt, 24 layers, hidden 2048, ffn 8192, heads 16, kv_h
   --preset gpt3-1.3b --pp 2)
 
 # Hugging Face config.json files: LLaMA-3-70B's (as released, token ids left out) gives the
-# figures of its preset above; a flag after it changes the shape, a config file names it, GPT-2's keys give
-# the gpt3-1.3b shape; mixture-of-experts and other blocks, a missing file and bad JSON refused.
+# figures of its preset above; a flag after it changes the shape, a config file names it, GPT-2's
+# keys give the gpt3-1.3b shape; mixture-of-experts and other blocks, a missing file and bad JSON
+# refused.
 # (tests/activation/hf_config_test.cpp checks the reading and the mapping field by field.)
 function(hf_file name text)
   set(${name} ${CMAKE_CURRENT_BINARY_DIR}/plan_cli_${name}.json PARENT_SCOPE)
@@ -160,12 +161,33 @@ hf_file(hf_gpt2 [=[{"model_type": "gpt2", "activation_function": "gelu_new", "n_
 check(hf_config_gpt2 0 "model: gpt, 24 layers, hidden 2048, ffn 8192, heads 16, kv_heads 16"
   --hf-config ${hf_gpt2} --pp 2)
 check(hf_config_help 0 "--hf-config FILE takes the shape of a Hugging Face config.json" --help)
+# Qwen3 (QK-norm): Qwen3-32B's config.json gives its preset's figures on 128 GPUs; the QK-norm's
+# inputs are kept bf16 (attention core) in the plan; --style qwen3 turns a LLaMA shape into it.
+hf_file(hf_qwen3_32b [=[{"architectures": ["Qwen3ForCausalLM"], "attention_bias": false,
+  "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02,
+  "intermediate_size": 25600, "max_position_embeddings": 40960, "max_window_layers": 64,
+  "model_type": "qwen3", "num_attention_heads": 64, "num_hidden_layers": 64,
+  "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 151936}]=])
+string(CONCAT qwen3_32b "model: qwen3, 64 layers, hidden 5120, ffn 25600, heads 64, kv_heads 8, "
+  "head_dim 128, vocab 151936.*peak per-GPU memory: 25.52 GiB -> 14.31 GiB, saving 43.9%.*"
+  "query_norm_input +bf16\\[0-15\\]\n +key_norm_input +bf16\\[0-15\\]")
+set(qwen3_args --tp 8 --pp 4 --dp 4 --zero 1 --sp --seq 8192 --budget-gib 40)
+check(qwen3_preset 0 "${qwen3_32b}" --preset qwen3-32b ${qwen3_args})
+check(qwen3_hf_config 0 "${qwen3_32b}" --hf-config ${hf_qwen3_32b} ${qwen3_args})
+check(qwen3_style 0 "model: qwen3, 64 layers, hidden 5120, ffn 27648, heads 40"
+  --preset qwen2.5-32b --style qwen3)
+check(unknown_style 1 "agoq_plan: .*unknown block style 'mixtral' \\(styles: llama, gpt, qwen3\\)"
+  --style mixtral)
 hf_file(hf_mixtral [=[{"model_type": "mixtral", "num_local_experts": 8, "hidden_size": 4096}]=])
 check(hf_config_moe 1
   "agoq_plan: .*'num_local_experts' is set: mixture-of-experts models \\(mixtral\\) are not"
   --hf-config ${hf_mixtral})
-hf_file(hf_qwen3 [=[{"model_type": "qwen3", "hidden_size": 4096}]=])
-check(hf_config_type 1 "agoq_plan: .*model_type 'qwen3' is not modelled" --hf-config ${hf_qwen3})
+hf_file(hf_gemma [=[{"model_type": "gemma", "hidden_size": 3072}]=])
+check(hf_config_type 1 "agoq_plan: .*model_type 'gemma' is not modelled" --hf-config ${hf_gemma})
 hf_file(hf_bad [=[{"model_type": "llama",}]=])
 check(hf_config_json 1 "agoq_plan: .*hf config: expected a string key at byte 23"
   --hf-config ${hf_bad})

@@ -60,6 +60,17 @@ constexpr char const* qwen25_32b = R"({
   "vocab_size": 152064
 })";
 
+/// Qwen3-8B's config.json as released (QK-norm: block_style::qwen3; head_dim given).
+constexpr char const* qwen3_8b = R"({"architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+  "initializer_range": 0.02, "intermediate_size": 12288, "max_position_embeddings": 40960,
+  "max_window_layers": 36, "model_type": "qwen3", "num_attention_heads": 32,
+  "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+  "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+
 /// GPT-3 XL's shape in GPT-2's config keys (n_inner null: 4 n_embd; ties by default).
 constexpr char const* gpt3_xl = R"({"model_type": "gpt2", "activation_function": "gelu_new",
   "n_layer": 24, "n_embd": 2048, "n_head": 16, "n_inner": null, "n_positions": 2048,
@@ -84,6 +95,7 @@ TEST_CASE("model_from_hf_config: published configs give the presets' shapes") {
   CHECK(model_from_hf_config(hf_test::llama31_405b) == preset_model("llama3-405b"));
   CHECK(model_from_hf_config(hf_test::qwen25_32b) == preset_model("qwen2.5-32b"));
   CHECK(model_from_hf_config(hf_test::gpt3_xl) == preset_model("gpt3-1.3b"));
+  CHECK(model_from_hf_config(hf_test::qwen3_8b) == preset_model("qwen3-8b"));
 
   // The defaults: no num_key_value_heads (multi-head attention), no head_dim, no tie flag.
   model_shape const m = model_from_hf_config(
@@ -118,8 +130,8 @@ TEST_CASE("model_from_hf_config: what it does not model, and malformed fields, a
   refused(R"({"model_type": "qwen2", "num_experts": 60})", "'num_experts' is set");
   refused(R"({"model_type": "deepseek_v3", "n_routed_experts": 256})", "'n_routed_experts'");
   refused(R"({"model_type": "dbrx", "ffn_config": {"moe_num_experts": 16}})", "'ffn_config'");
-  refused(R"({"model_type": "qwen3", "hidden_size": 4096})",
-          "model_type 'qwen3' is not modelled (agoq reads llama, mistral, qwen2 and gpt2");
+  refused(R"({"model_type": "gemma", "hidden_size": 4096})",
+          "model_type 'gemma' is not modelled (agoq reads llama, mistral, qwen2, qwen3 and gpt2");
   refused(R"({"hidden_size": 4096})", "no 'model_type'");
   refused(R"({"model_type": 3})", "'model_type' must be a string");
 

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 
 using namespace agoq::activation;
 
@@ -14,12 +15,28 @@ TEST_CASE("every kind has a name, a category and belongs to a block") {
     CHECK(!name_of(k).empty());
     bool const llama = std::ranges::count(llama_block_tensors, k) == 1;
     bool const gpt = std::ranges::count(gpt_block_tensors, k) == 1;
-    CHECK((llama || gpt));
+    bool const qwen3 = std::ranges::count(qwen3_block_tensors, k) == 1;
+    CHECK((llama || gpt || qwen3));
+    CHECK(qwen3 == (llama || k == tensor_kind::query_norm_input ||
+                    k == tensor_kind::key_norm_input));  // LLaMA's and the QK-norm's inputs
   }
   CHECK(name_of(tensor_kind::swiglu_output) == "swiglu_output");
   CHECK(name_of(tensor_kind::fc2_input) == "fc2_input");
+  CHECK(name_of(tensor_kind::query_norm_input) == "query_norm_input");
   CHECK(name_of(block_style::llama) == "llama");
   CHECK(name_of(block_style::gpt) == "gpt");
+  CHECK(name_of(block_style::qwen3) == "qwen3");
+  for (block_style const s : all_block_styles) {
+    CHECK(block_style_named(name_of(s)) == s);
+    CHECK(llama_like(s) == (s != block_style::gpt));
+  }
+  CHECK_THROWS_WITH_AS(block_style_named("qwen2"),
+                       doctest::Contains("unknown block style 'qwen2' (styles: llama, gpt, qwen3)"),
+                       agoq::invalid_argument);
+  // The QK-norm's inputs sit after the QKV projection's input.
+  CHECK(std::ranges::equal(block_tensors(block_style::qwen3).subspan(0, 4),
+                           std::array{tensor_kind::attn_norm_input, tensor_kind::qkv_input,
+                                      tensor_kind::query_norm_input, tensor_kind::key_norm_input}));
 }
 
 TEST_CASE("tensor_kind_named: each kind by its name, and a clear error for any other name") {
@@ -45,19 +62,25 @@ TEST_CASE("model presets: published shapes by name, and a clear error for any ot
   CHECK((l.style == block_style::llama && l.layers == 80 && l.hidden == 8192 && l.ffn == 28672 &&
          l.heads == 64 && l.kv_heads == 8 && l.head_size() == 128 && l.vocab == 128256 &&
          !l.tied_embeddings));
+  model_shape const w = preset_model("qwen3-32b");
+  CHECK((w.style == block_style::qwen3 && w.layers == 64 && w.hidden == 5120 && w.ffn == 25600 &&
+         w.heads == 64 && w.kv_heads == 8 && w.head_size() == 128 && w.vocab == 151936 &&
+         !w.tied_embeddings));
   model_shape const x = preset_model("llama3-405b");
   CHECK((x.style == block_style::llama && x.layers == 126 && x.hidden == 16384 && x.ffn == 53248 &&
          x.heads == 128 && x.kv_heads == 8 && x.head_size() == 128 && x.vocab == 128256 &&
          !x.tied_embeddings));
   CHECK_THROWS_WITH_AS(preset_model("mixtral-8x7b"),
                        doctest::Contains("unknown preset 'mixtral-8x7b' (presets: llama3-8b, "
-                                         "llama3-70b, llama3-405b, qwen2.5-32b, gpt3-1.3b)"),
+                                         "llama3-70b, llama3-405b, qwen2.5-32b, qwen3-8b, "
+                                         "qwen3-32b, gpt3-1.3b)"),
                        agoq::invalid_argument);
 }
 
 TEST_CASE("categories") {
-  for (tensor_kind k : {tensor_kind::query, tensor_kind::key, tensor_kind::value,
-                        tensor_kind::attention_output, tensor_kind::softmax_lse})
+  for (tensor_kind k :
+       {tensor_kind::query, tensor_kind::key, tensor_kind::value, tensor_kind::attention_output,
+        tensor_kind::softmax_lse, tensor_kind::query_norm_input, tensor_kind::key_norm_input})
     CHECK(category_of(k) == tensor_category::attention_core);
   for (tensor_kind k : {tensor_kind::qkv_input, tensor_kind::o_proj_input, tensor_kind::mlp_input,
                         tensor_kind::swiglu_output, tensor_kind::fc1_input, tensor_kind::fc2_input})
@@ -117,6 +140,22 @@ TEST_CASE("tensor parallelism splits heads and the MLP; sequence parallelism the
                             k == tensor_kind::fc1_input;
     CHECK(split_by_tp(k) == !replicated);
   }
+}
+
+TEST_CASE("Qwen3-style shapes: LLaMA's and the QK-norm's inputs, Q's and K's") {
+  model_shape const m = preset_model("qwen3-32b");  // 64 heads of 128 on hidden 5120
+  shard_shape const sh{1, 4096, 4, true};
+  CHECK(shape_of(tensor_kind::query_norm_input, m, sh) == saved_shape{4096, 2048, 2});
+  CHECK(shape_of(tensor_kind::query, m, sh) == saved_shape{4096, 2048, 2});
+  CHECK(shape_of(tensor_kind::key_norm_input, m, sh) == saved_shape{4096, 256, 2});
+  CHECK(shape_of(tensor_kind::qkv_input, m, sh) == saved_shape{1024, 5120, 2});
+  for (tensor_kind k : llama_block_tensors)
+    CHECK(shape_of(k, m, sh) ==
+          shape_of(k, model_shape{block_style::llama, 64, 5120, 25600, 64, 8, 128, 151936}, sh));
+  CHECK_THROWS_WITH_AS(shape_of(tensor_kind::query_norm_input, preset_model("llama3-8b"), sh),
+                       doctest::Contains("query_norm_input is not saved by a llama-style block"),
+                       agoq::invalid_argument);
+  CHECK(split_by_tp(tensor_kind::key_norm_input));
 }
 
 TEST_CASE("GPT-style shapes") {

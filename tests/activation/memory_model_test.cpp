@@ -176,9 +176,65 @@ TEST_CASE("parameter counts match the published models") {
   // Qwen-2.5-32B has 32,763,876,352 with its QKV biases (64 x 7168), which agoq does not model.
   auto const q = estimate_memory(preset_model("qwen2.5-32b"), {}, st, {}, policy_table{});
   CHECK(total_parameters(q) == 32763876352 - 64 * 7168);
+  // Qwen3-8B and Qwen3-32B (8.19 B and 32.76 B; 6.95 B and 31.21 B without the embeddings), the
+  // QK-norm's weights (2 x 128) in each layer.
+  auto const q8 = estimate_memory(preset_model("qwen3-8b"), {}, st, {}, policy_table{});
+  CHECK(total_parameters(q8) == 8190735360);
+  CHECK(total_parameters(q8) - 2 * 151936 * 4096 == 6946075648);
+  auto const q32 = estimate_memory(preset_model("qwen3-32b"), {}, st, {}, policy_table{});
+  CHECK(total_parameters(q32) == 32762123264);
+  CHECK(layer_parameters(preset_model("qwen3-8b"), 1) == 192946432);
+  CHECK(layer_parameters(preset_model("qwen3-8b"), 8) ==
+        (4096 * 512 * 2 + 4096 * 128 * 2 + 3 * 4096 * 1536 + 2 * 4096 + 2 * 128));
   CHECK(layer_parameters(preset_model("llama3-8b"), 1) == 218112000);
   CHECK(layer_parameters(preset_model("llama3-8b"), 4) ==
         (4096 * 1024 * 2 + 4096 * 256 * 2 + 3 * 4096 * 3584 + 2 * 4096));
+}
+
+TEST_CASE("Qwen3: LLaMA's memory and the QK-norm's, by hand") {
+  // The same shape as a LLaMA-style and as a Qwen3-style block, 4 stages of 9 layers, TP 2 + SP:
+  // each layer also keeps Q and K before the QK-norm, bf16 (attention core) under the default
+  // policy, [T, 4096 / 2] and [T, 1024 / 2], and its weights (replicated over TP) 2 x 128 more.
+  model_shape const q = preset_model("qwen3-8b");
+  model_shape l = q;
+  l.style = block_style::llama;
+  parallel_config p;
+  p.pp = 4;
+  p.tp = 2;
+  p.sp = true;
+  step_config const st{1, 4096, 0};
+  for (bool const baseline : {true, false}) {
+    policy_table const policy = baseline ? policy_table::all_precise() : policy_table{};
+    auto const a = estimate_memory(q, p, st, {}, policy);
+    auto const b = estimate_memory(l, p, st, {}, policy);
+    for (std::size_t s = 0; s < a.size(); ++s) {
+      CAPTURE(s);
+      std::int64_t const in_flight = 4 - static_cast<std::int64_t>(s);  // 1F1B, full pipeline
+      CHECK(a[s].activations - b[s].activations == in_flight * 9 * 2 * 4096 * (2048 + 512));
+      CHECK(a[s].parameters - b[s].parameters == 9 * 2 * 128);
+      // The QK-norm's backward phase, 2 T (q + 2k) + 2 T (q + k) = 2 T (2q + 3k), is below the
+      // flash attention's.
+      CHECK(a[s].working == b[s].working);
+    }
+  }
+  // Quantized (a policy may allow it), they are read dequantized in the QK-norm's backward,
+  // whose phase is then the largest where K is as wide as Q (no grouped-query attention) and the
+  // MLP narrow: T0 = 4096, q = k = h = f = 1024, no SP; R = 2 T0 h; flash attention 2 T0 q +
+  // 2 T0 (q + 2k) + 4 T0 q + L (L = 8 heads x 4096 x 4 bytes); QK-norm 2 T0 (q + 2k) +
+  // 2 T0 (q + k) + 2 T0 q + 2 T0 k.
+  model_shape const mha{block_style::qwen3, 2, 1024, 1024, 8, 8, 128, 1000};
+  shard_shape const sh{1, 4096, 1, false};
+  auto const qk_inputs = [](tensor_kind k) {
+    return k == tensor_kind::query_norm_input || k == tensor_kind::key_norm_input;
+  };
+  std::int64_t const t0 = 4096;
+  std::int64_t const flash = 12 * t0 * 1024 + 8 * 4096 * 4;
+  CHECK(layer_working_bytes(mha, sh, qk_inputs) == 2 * t0 * 1024 + 14 * t0 * 1024);
+  CHECK(layer_working_bytes(mha, sh, [](tensor_kind) { return false; }) == 2 * t0 * 1024 + flash);
+  model_shape mha_llama = mha;
+  mha_llama.style = block_style::llama;
+  CHECK(layer_working_bytes(mha_llama, sh, [](tensor_kind) { return false; }) ==
+        2 * t0 * 1024 + flash);
 }
 
 TEST_CASE("states under ZeRO stages, by hand") {

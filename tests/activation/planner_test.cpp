@@ -472,17 +472,22 @@ TEST_CASE("plan memory equals the memory model, and in-flight counts come from t
   // Context parallelism too: 256 tokens of each sequence a rank; the embedding and the loss
   // counted in the split of 14 layers (chunks of 3 and 4 on the first device, 4 and 3 on the
   // second); and uneven stages, 4 layers on the first device (2 chunks of 2) and 12 on the second
-  // (2 of 6), whose budget the even split below fits in.
+  // (2 of 6), whose budget the even split below fits in; and Qwen3's block (the QK-norm's inputs
+  // kept precise, as attention core, under the default policy).
   struct layout {
     int cp;
     std::int64_t first;
     bool counted;
+    block_style style = block_style::llama;
   };
-  for (auto const& [cp, first, counted] :
-       {layout{1, 0, false}, layout{2, 0, false}, layout{1, 0, true}, layout{1, 4, false}}) {
+  for (auto const& [cp, first, counted, style] :
+       {layout{1, 0, false}, layout{2, 0, false}, layout{1, 0, true}, layout{1, 4, false},
+        layout{1, 0, false, block_style::qwen3}}) {
     CAPTURE(cp);
     CAPTURE(first);
     CAPTURE(counted);
+    CAPTURE(name_of(style));
+    in.model.style = style;
     in.parallel.cp = cp;
     in.parallel.first_stage_layers = first;
     in.parallel.account_for_embedding = in.parallel.account_for_loss = counted;
@@ -509,7 +514,18 @@ TEST_CASE("plan memory equals the memory model, and in-flight counts come from t
             st.memory.layers * static_cast<std::int64_t>(plan.stages()[0].tensors.size()) /
                 plan.stages()[0].memory.layers);
     }
+    CHECK(static_cast<std::int64_t>(plan.stages()[0].tensors.size()) ==
+          plan.stages()[0].memory.layers *
+              std::ranges::count_if(block_tensors(style),
+                                    [](tensor_kind k) { return !is_alias(k); }));
+    if (style == block_style::qwen3) {
+      for (std::int64_t l = 0; l < in.model.layers; ++l) {
+        CHECK(plan.storage_of(l, tensor_kind::query_norm_input) == storage::precise());
+        CHECK(plan.storage_of(l, tensor_kind::key_norm_input) == storage::precise());
+      }
+    }
   }
+  in.model.style = block_style::llama;
   in.parallel.first_stage_layers = 0;
   auto const plan = make_plan(in);
   CHECK(plan.storage_of(5, tensor_kind::o_proj_input) ==

@@ -48,6 +48,15 @@ HF_LLAMA_MODULES = {
     "swiglu_output": ("mlp.down_proj",),
 }
 
+#: The same for a Qwen3-style block (``tensor_kinds("qwen3")``) in transformers'
+#: ``Qwen3DecoderLayer``: LLaMA's names, and the QK-norm's inputs saved by ``q_norm`` and
+#: ``k_norm``.
+HF_QWEN3_MODULES = {
+    **HF_LLAMA_MODULES,
+    "query_norm_input": ("self_attn.q_norm",),
+    "key_norm_input": ("self_attn.k_norm",),
+}
+
 #: The same for a GPT-style block (``tensor_kinds("gpt")``) in transformers' ``GPT2Block``
 #: (prefix ``"transformer.h.{layer}."``).
 HF_GPT2_MODULES = {
@@ -76,7 +85,8 @@ def rules_from_plan(layers, modules=HF_LLAMA_MODULES, prefix="model.layers.{laye
 
     ``layers`` is a plan's per-layer list of ``{kind: storage}`` (``make_plan(...)["layers"]``,
     ``gpt.uniform_plan``); ``modules`` maps each kind to the modules, relative to a layer, whose
-    saves it is (``HF_LLAMA_MODULES``, ``HF_GPT2_MODULES``, or your model's); ``prefix`` names
+    saves it is (``HF_LLAMA_MODULES``, ``HF_QWEN3_MODULES``, ``HF_GPT2_MODULES``, or your
+    model's); ``prefix`` names
     layer ``i``'s module (``str.format`` with ``layer=i``). Returns ``{module name: spec or
     None}`` with ``"bf16"`` and ``"fp32"`` mapped to None (kept as saved). Where several kinds
     share a module (the attention core's), it takes the storage that keeps the most (precise,

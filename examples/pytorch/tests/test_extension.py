@@ -370,7 +370,8 @@ class PlanningTest(unittest.TestCase):
     def test_model_presets_are_whole_models(self):
         presets = agoq.model_presets()
         self.assertEqual(list(presets), ["llama3-8b", "llama3-70b", "llama3-405b", "qwen2.5-32b",
-                                         "gpt3-1.3b"])
+                                         "qwen3-8b", "qwen3-32b", "gpt3-1.3b"])
+        self.assertEqual(presets["qwen3-8b"]["style"], "qwen3")
         llama = presets["llama3-8b"]
         self.assertEqual(llama, dict(style="llama", layers=32, hidden=4096, ffn=14336, heads=32,
                                      kv_heads=8, head_dim=128, vocab=128256,
@@ -430,6 +431,34 @@ class PlanningTest(unittest.TestCase):
             agoq.model_from_hf_config(dict(qwen, torch_dtype=torch.bfloat16))
         with self.assertRaises(TypeError):
             agoq.model_from_hf_config(42)
+
+    def test_qwen3_block(self):
+        # LLaMA's kinds and the QK-norm's inputs after the QKV projection's input, [T, q] and
+        # [T, k]; kept bf16 under the default policy (attention core); Qwen3-8B's config.
+        kinds = agoq.tensor_kinds("qwen3")
+        self.assertEqual(kinds[:4], ["attn_norm_input", "qkv_input", "query_norm_input",
+                                     "key_norm_input"])
+        self.assertEqual(sorted(kinds), sorted(agoq.tensor_kinds("llama") +
+                                               ["query_norm_input", "key_norm_input"]))
+        qwen3 = dict(LLAMA, style="qwen3", kv_heads=2)
+        shapes = agoq.saved_shapes(qwen3, 2, 64)
+        self.assertEqual(shapes["query_norm_input"], (128, 128, 2))
+        self.assertEqual(shapes["key_norm_input"], (128, 64, 2))
+        self.assertEqual(agoq.default_policy()["query_norm_input"][0], "bf16")
+        plan = agoq.make_plan(qwen3, 2, 64, 1 << 40)
+        self.assertEqual({layer["key_norm_input"] for layer in plan["layers"]}, {"bf16"})
+        llama = agoq.estimate_memory(dict(qwen3, style="llama"), 2, 64)[0]
+        self.assertEqual(agoq.estimate_memory(qwen3, 2, 64)[0]["activations"] -
+                         llama["activations"], 4 * 2 * 128 * (128 + 64))
+        self.assertEqual(agoq.model_from_hf_config(
+            {"model_type": "qwen3", "num_hidden_layers": 36, "hidden_size": 4096,
+             "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False}),
+            agoq.model_presets()["qwen3-8b"])
+        with self.assertRaisesRegex(ValueError, "unknown block style 'mixtral'"):
+            agoq.tensor_kinds("mixtral")
+        with self.assertRaisesRegex(ValueError, "unknown block style 'mixtral'"):
+            agoq.make_plan(dict(qwen3, style="mixtral"), 2, 64, 1 << 40)
 
     def test_layer_bytes_match_the_shapes(self):
         shapes = agoq.saved_shapes(LLAMA, 8, 128)
@@ -773,14 +802,16 @@ class PlanningTest(unittest.TestCase):
 
     def test_error_model_defaults(self):
         defaults = agoq.error_model_defaults()
-        # Every kind that owns storage, of both styles; o_proj_input is the attention output's.
-        owned = set(agoq.tensor_kinds("llama") + agoq.tensor_kinds("gpt")) - {"o_proj_input"}
+        # Every kind that owns storage, of every style; o_proj_input is the attention output's.
+        owned = set(agoq.tensor_kinds("llama") + agoq.tensor_kinds("gpt") +
+                    agoq.tensor_kinds("qwen3")) - {"o_proj_input"}
         self.assertEqual(set(defaults), owned)
         self.assertEqual(defaults["qkv_input"], ("linear_input", 1.0, 3.0))
         self.assertEqual(defaults["gate_output"], ("activation_input", 2.0, 2.0))
         self.assertEqual(defaults["attn_norm_input"], ("residual_stream", 4.0, 6.0))
         self.assertEqual(defaults["swiglu_output"], ("linear_input", 1.0, 4.0))
         self.assertEqual(defaults["query"], ("attention_core", 8.0, 2.0))
+        self.assertEqual(defaults["key_norm_input"], ("attention_core", 8.0, 2.0))
         self.assertEqual(defaults["gelu_input"], ("activation_input", 2.0, 2.0))
 
     def test_memory_counts_the_transient_working_memory(self):

@@ -469,6 +469,15 @@ class QuantizedSavesTest(unittest.TestCase):
         self.assertEqual(len(rules), 8)
         with self.assertRaisesRegex(ValueError, r"\['fc1_input'.*layer 0"):
             agoq.rules_from_plan(gpt_plan)
+        # Qwen3: LLaMA's modules and the QK-norm's; LLaMA's mapping does not place its kinds.
+        qwen3_plan = [dict.fromkeys(agoq.tensor_kinds("qwen3"), INT8)]
+        qwen3_plan[0].update(query_norm_input="bf16", key_norm_input=INT4)
+        rules = agoq.rules_from_plan(qwen3_plan, agoq.HF_QWEN3_MODULES)
+        self.assertIsNone(rules["model.layers.0.self_attn.q_norm"])
+        self.assertEqual(rules["model.layers.0.self_attn.k_norm"], INT4)
+        self.assertEqual(len(rules), len(agoq.rules_from_plan([plan[0]])) + 2)
+        with self.assertRaisesRegex(ValueError, r"\['key_norm_input', 'query_norm_input'\]"):
+            agoq.rules_from_plan(qwen3_plan)
         with self.assertRaisesRegex(ValueError, "'mlp_input' in layer 0"):
             agoq.rules_from_plan([dict(plan[0], mlp_input="int4")])
 

@@ -1,7 +1,7 @@
 /// \file
 /// Model shapes from Hugging Face `config.json` files: a strict JSON reader of a config's
-/// top-level keys (parse_hf_config) and the mapping of LLaMA-style (`llama`, `mistral`, `qwen2`)
-/// and GPT-2 configs onto model_shape (model_from_hf_config). Host only, no dependency.
+/// top-level keys (parse_hf_config) and the mapping of LLaMA-style (`llama`, `mistral`, `qwen2`),
+/// Qwen3 and GPT-2 configs onto model_shape (model_from_hf_config). Host only, no dependency.
 #pragma once
 
 #include <array>
@@ -284,7 +284,7 @@ class reader {
   std::size_t i_ = 0;
 };
 
-/// The model_types model_from_hf_config reads: blocks of LLaMA's style and GPT-2's.
+/// The model_types model_from_hf_config reads as LLaMA-style blocks (qwen3 and gpt2 besides).
 inline constexpr std::array<std::string_view, 3> llama_types = {"llama", "mistral", "qwen2"};
 
 /// Keys that only mixture-of-experts configs set (Mixtral, Qwen-MoE, DeepSeek, OLMoE, DBRX).
@@ -339,7 +339,8 @@ inline hf_config parse_hf_config(std::string_view json) {
 }
 
 /// The model_shape of a Hugging Face config, as transformers reads it:
-/// - `model_type` `llama`, `mistral` or `qwen2` (RMSNorm, grouped-query attention, SwiGLU MLP):
+/// - `model_type` `llama`, `mistral` or `qwen2` (RMSNorm, grouped-query attention, SwiGLU MLP),
+///   and `qwen3` (the same with QK-norm: block_style::qwen3):
 ///   `num_hidden_layers`, `hidden_size`, `intermediate_size`, `num_attention_heads`,
 ///   `vocab_size`; `num_key_value_heads` (absent or null: the heads), `head_dim` (absent or null:
 ///   hidden_size / num_attention_heads), `tie_word_embeddings` (default false), `hidden_act`
@@ -353,7 +354,7 @@ inline hf_config parse_hf_config(std::string_view json) {
 /// leaves the saved tensors as they are (flash attention) but recompute_overhead counts full
 /// causal attention.
 /// \throws agoq::invalid_argument for any other model_type (mixture-of-experts models, and the
-/// blocks with norms or gates of their own, e.g. Qwen3's QK-norm or Gemma's GeGLU, are not
+/// blocks with norms or gates of their own, e.g. Gemma's GeGLU and extra norms, are not
 /// modelled), a config setting the expert keys (hf_detail::expert_keys), a missing or malformed
 /// field, another activation, and a shape model_shape::validate refuses.
 inline model_shape model_from_hf_config(hf_config const& c) {
@@ -367,10 +368,10 @@ inline model_shape model_from_hf_config(hf_config const& c) {
                      type + ") are not modelled");
   }
   model_shape m;
-  bool llama = false;
+  bool llama = type == "qwen3";
   for (std::string_view const t : h::llama_types) llama = llama || type == t;
   if (llama) {
-    m.style = block_style::llama;
+    m.style = type == "qwen3" ? block_style::qwen3 : block_style::llama;
     m.layers = h::integer(c, "num_hidden_layers");
     m.hidden = h::integer(c, "hidden_size");
     m.ffn = h::integer(c, "intermediate_size");
@@ -398,8 +399,8 @@ inline model_shape model_from_hf_config(hf_config const& c) {
   } else {
     agoq::detail::throw_invalid(__FILE__, __LINE__,
                                 "hf config: model_type '" + type +
-                                    "' is not modelled (agoq reads llama, mistral, qwen2 and "
-                                    "gpt2 configs)");
+                                    "' is not modelled (agoq reads llama, mistral, qwen2, "
+                                    "qwen3 and gpt2 configs)");
   }
   if (llama && h::find(c, "head_dim") != nullptr) {
     m.head_dim = h::integer(c, "head_dim");

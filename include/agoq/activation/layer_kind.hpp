@@ -1,7 +1,7 @@
 /// \file
-/// The tensors a transformer block saves for its backward pass (LLaMA-style and GPT-style), their
-/// categories, and their per-rank shapes as functions of the model shape and the tensor- and
-/// sequence-parallel configuration. Host only.
+/// The tensors a transformer block saves for its backward pass (LLaMA-style, Qwen3-style and
+/// GPT-style), their categories, and their per-rank shapes as functions of the model shape and the
+/// tensor- and sequence-parallel configuration. Host only.
 #pragma once
 
 #include <array>
@@ -31,7 +31,13 @@ inline std::string approx(long double x) {
 enum class block_style : std::uint8_t {
   llama,  ///< pre-RMSNorm, grouped-query attention, SwiGLU MLP (gate, up, down), no dropout
   gpt,    ///< pre-LayerNorm, multi-head attention, GeLU MLP (fc1, fc2)
+  /// LLaMA's block with QK-norm (Qwen3): a per-head RMSNorm of the projected Q and K before the
+  /// rotary embedding, which saves its inputs
+  qwen3,
 };
+
+/// True for the styles with RMSNorm and a SwiGLU MLP without biases (llama, qwen3).
+inline constexpr bool llama_like(block_style s) noexcept { return s != block_style::gpt; }
 
 /// One tensor a block saves in the forward pass for the backward pass. Attention is assumed to
 /// be a fused (flash) kernel: it saves Q, K, V, its output and the per-row logsumexp, never the
@@ -57,16 +63,19 @@ enum class tensor_kind : std::uint8_t {
   fc1_input,   ///< MLP LayerNorm output, input of FC1 [tokens, hidden]
   gelu_input,  ///< FC1 output, the GeLU input [tokens, ffn]
   fc2_input,   ///< GeLU output, input of FC2 [tokens, ffn]
+  // Qwen3-style block (the LLaMA-style block's kinds and these two).
+  query_norm_input,  ///< Q projection output, the input of the QK-norm [tokens, heads * head_dim]
+  key_norm_input,  ///< K projection output, the input of the QK-norm [tokens, kv_heads * head_dim]
 };
 
 /// Number of tensor kinds.
-inline constexpr int tensor_kind_count = 18;
-static_assert(static_cast<int>(tensor_kind::fc2_input) == tensor_kind_count - 1,
+inline constexpr int tensor_kind_count = 20;
+static_assert(static_cast<int>(tensor_kind::key_norm_input) == tensor_kind_count - 1,
               "tensor_kind_count counts the enumerators of tensor_kind");
 
 /// What a saved tensor is, which decides its default precision and its sensitivity.
 enum class tensor_category : std::uint8_t {
-  attention_core,    ///< Q, K, V, attention output, softmax statistics: kept precise
+  attention_core,    ///< Q, K, V (and before QK-norm), attention output, softmax stats: precise
   linear_input,      ///< the input X of a linear layer, read only for its weight gradient
   activation_input,  ///< the input of an elementwise nonlinearity (SiLU / SwiGLU, GeLU)
   residual_stream,   ///< the residual stream entering a normalization
@@ -91,6 +100,24 @@ inline constexpr std::array<tensor_kind, 13> llama_block_tensors = {
     tensor_kind::gate_output,     tensor_kind::up_output,
     tensor_kind::swiglu_output};
 
+/// The tensors a Qwen3-style block saves, in forward order: the LLaMA-style block's, with the
+/// QK-norm's inputs after the QKV projection's input.
+inline constexpr std::array<tensor_kind, 15> qwen3_block_tensors = {tensor_kind::attn_norm_input,
+                                                                    tensor_kind::qkv_input,
+                                                                    tensor_kind::query_norm_input,
+                                                                    tensor_kind::key_norm_input,
+                                                                    tensor_kind::query,
+                                                                    tensor_kind::key,
+                                                                    tensor_kind::value,
+                                                                    tensor_kind::attention_output,
+                                                                    tensor_kind::softmax_lse,
+                                                                    tensor_kind::o_proj_input,
+                                                                    tensor_kind::mlp_norm_input,
+                                                                    tensor_kind::mlp_input,
+                                                                    tensor_kind::gate_output,
+                                                                    tensor_kind::up_output,
+                                                                    tensor_kind::swiglu_output};
+
 /// The tensors a GPT-style block saves, in forward order.
 inline constexpr std::array<tensor_kind, 12> gpt_block_tensors = {
     tensor_kind::ln1_input,   tensor_kind::qkv_input,    tensor_kind::query,
@@ -100,26 +127,67 @@ inline constexpr std::array<tensor_kind, 12> gpt_block_tensors = {
 
 /// The tensors a block of the given style saves, in forward order.
 inline constexpr std::span<tensor_kind const> block_tensors(block_style s) noexcept {
-  if (s == block_style::llama) return llama_block_tensors;
-  return gpt_block_tensors;
+  switch (s) {
+    case block_style::llama:
+      return llama_block_tensors;
+    case block_style::qwen3:
+      return qwen3_block_tensors;
+    default:
+      return gpt_block_tensors;
+  }
 }
 
 /// The index of a kind in all_tensor_kinds (its enumerator value).
 inline constexpr int index_of(tensor_kind k) noexcept { return static_cast<int>(k); }
 
-/// The style's name: "llama" or "gpt".
+/// The style's name: "llama", "gpt" or "qwen3".
 inline constexpr std::string_view name_of(block_style s) noexcept {
-  return s == block_style::llama ? "llama" : "gpt";
+  switch (s) {
+    case block_style::llama:
+      return "llama";
+    case block_style::qwen3:
+      return "qwen3";
+    default:
+      return "gpt";
+  }
+}
+
+/// Every block style, in declaration order.
+inline constexpr std::array<block_style, 3> all_block_styles = {
+    block_style::llama, block_style::gpt, block_style::qwen3};
+
+/// The style whose name_of is `name`; throws agoq::invalid_argument naming the styles for any
+/// other name.
+inline block_style block_style_named(std::string_view name) {
+  for (block_style const s : all_block_styles)
+    if (name_of(s) == name) return s;
+  agoq::detail::throw_invalid(
+      __FILE__, __LINE__,
+      "unknown block style '" + std::string(name) + "' (styles: llama, gpt, qwen3)");
 }
 
 /// The short name of a kind (its enumerator name).
 inline constexpr std::string_view name_of(tensor_kind k) noexcept {
-  constexpr std::array<std::string_view, tensor_kind_count> names = {
-      "attn_norm_input", "qkv_input",        "query",       "key",
-      "value",           "attention_output", "softmax_lse", "o_proj_input",
-      "mlp_norm_input",  "mlp_input",        "gate_output", "up_output",
-      "swiglu_output",   "ln1_input",        "ln2_input",   "fc1_input",
-      "gelu_input",      "fc2_input"};
+  constexpr std::array<std::string_view, tensor_kind_count> names = {"attn_norm_input",
+                                                                     "qkv_input",
+                                                                     "query",
+                                                                     "key",
+                                                                     "value",
+                                                                     "attention_output",
+                                                                     "softmax_lse",
+                                                                     "o_proj_input",
+                                                                     "mlp_norm_input",
+                                                                     "mlp_input",
+                                                                     "gate_output",
+                                                                     "up_output",
+                                                                     "swiglu_output",
+                                                                     "ln1_input",
+                                                                     "ln2_input",
+                                                                     "fc1_input",
+                                                                     "gelu_input",
+                                                                     "fc2_input",
+                                                                     "query_norm_input",
+                                                                     "key_norm_input"};
   return names[static_cast<std::size_t>(index_of(k))];
 }
 
@@ -146,7 +214,8 @@ inline constexpr std::string_view name_of(tensor_category c) noexcept {
 }
 
 /// The category of a kind. The gate and up outputs are both inputs of the SwiGLU nonlinearity;
-/// the SwiGLU and GeLU outputs are the inputs of the down projection and FC2.
+/// the SwiGLU and GeLU outputs are the inputs of the down projection and FC2; the QK-norm's
+/// inputs are Q and K before it (attention core, kept precise as Q and K are).
 inline constexpr tensor_category category_of(tensor_kind k) noexcept {
   switch (k) {
     case tensor_kind::query:
@@ -154,6 +223,8 @@ inline constexpr tensor_category category_of(tensor_kind k) noexcept {
     case tensor_kind::value:
     case tensor_kind::attention_output:
     case tensor_kind::softmax_lse:
+    case tensor_kind::query_norm_input:
+    case tensor_kind::key_norm_input:
       return tensor_category::attention_core;
     case tensor_kind::qkv_input:
     case tensor_kind::o_proj_input:
@@ -252,13 +323,16 @@ struct model_preset {
 };
 
 /// The shapes of published models: LLaMA-3-8B, LLaMA-3-70B, LLaMA-3.1-405B (126 layers, which
-/// split over 16 pipeline stages only unevenly: parallel_config::first_stage_layers), Qwen-2.5-32B
-/// and GPT-3 XL (1.3B parameters, input embedding and output head tied).
-inline constexpr std::array<model_preset, 5> model_presets{{
+/// split over 16 pipeline stages only unevenly: parallel_config::first_stage_layers), Qwen-2.5-32B,
+/// Qwen3-8B and Qwen3-32B (QK-norm; 64 heads of 128 on a hidden width of 5120) and GPT-3 XL (1.3B
+/// parameters, input embedding and output head tied).
+inline constexpr std::array<model_preset, 7> model_presets{{
     {"llama3-8b", {block_style::llama, 32, 4096, 14336, 32, 8, 128, 128256, false}},
     {"llama3-70b", {block_style::llama, 80, 8192, 28672, 64, 8, 128, 128256, false}},
     {"llama3-405b", {block_style::llama, 126, 16384, 53248, 128, 8, 128, 128256, false}},
     {"qwen2.5-32b", {block_style::llama, 64, 5120, 27648, 40, 8, 128, 152064, false}},
+    {"qwen3-8b", {block_style::qwen3, 36, 4096, 12288, 32, 8, 128, 151936, false}},
+    {"qwen3-32b", {block_style::qwen3, 64, 5120, 25600, 64, 8, 128, 151936, false}},
     {"gpt3-1.3b", {block_style::gpt, 24, 2048, 8192, 16, 16, 128, 50257, true}},
 }};
 
@@ -377,8 +451,8 @@ inline std::int64_t kv_heads_per_rank(model_shape const& m, std::int64_t tp) {
 /// - residual stream and norm outputs: [T, h] (split along the tokens only under SP; without
 ///   SP the QKV and FC1 inputs are the gathered sequence, and with SP the framework saves its
 ///   own shard and all-gathers it again in the backward, as Megatron does);
-/// - Q, O: [tokens, a d / t]; K, V: [tokens, g d / t] (or one head); logsumexp fp32:
-///   [b a / t, s];
+/// - Q, O and the QK-norm's Q input: [tokens, a d / t]; K, V and its K input: [tokens, g d / t]
+///   (or one head); logsumexp fp32: [b a / t, s];
 /// - gate, up, SwiGLU output, GeLU input and output: [tokens, f / t].
 inline saved_shape shape_of(tensor_kind k, model_shape const& m, shard_shape const& p) {
   p.validate(m);
@@ -388,7 +462,7 @@ inline saved_shape shape_of(tensor_kind k, model_shape const& m, shard_shape con
     return false;
   }();
   AGOQ_EXPECTS(in_block, "shapes: " + std::string(name_of(k)) + " is not saved by a " +
-                             (m.style == block_style::llama ? "LLaMA" : "GPT") + "-style block");
+                             std::string(name_of(m.style)) + "-style block");
   std::int64_t const tokens = p.tokens();
   std::int64_t const t = p.tp;
   std::int64_t const d = m.head_size();
@@ -396,10 +470,12 @@ inline saved_shape shape_of(tensor_kind k, model_shape const& m, shard_shape con
   int const pb = precise_bytes_of(k);
   switch (k) {
     case tensor_kind::query:
+    case tensor_kind::query_norm_input:
     case tensor_kind::attention_output:
     case tensor_kind::o_proj_input:
       return {tokens, m.heads / t * d, pb};
     case tensor_kind::key:
+    case tensor_kind::key_norm_input:
     case tensor_kind::value:
       return {tokens, kv_heads_per_rank(m, t) * d, pb};
     case tensor_kind::softmax_lse:

@@ -502,7 +502,7 @@ struct recompute_sources {
 /// recompute_sources of kind `k` of a block of style `s` under `r`.
 inline constexpr recompute_sources sources_of(tensor_kind k, block_style s,
                                               recompute_modules const& r) noexcept {
-  bool const llama = s == block_style::llama;
+  bool const llama = llama_like(s);
   if (!recomputes(r, k)) return {};
   switch (k) {
     case tensor_kind::softmax_lse:
@@ -588,13 +588,15 @@ inline rank_widths widths_of(model_shape const& m, std::int64_t tp) {
 }
 
 /// Parameters of one transformer layer held by one tensor-parallel rank (norm weights are
-/// replicated): LLaMA-style Q, K, V, O without biases, gate, up, down and two RMSNorm weights;
-/// GPT-style QKV and O with biases, FC1 and FC2 with biases and two LayerNorms.
+/// replicated): LLaMA-style Q, K, V, O without biases, gate, up, down and two RMSNorm weights
+/// (Qwen3-style also the QK-norm's two of head_dim); GPT-style QKV and O with biases, FC1 and FC2
+/// with biases and two LayerNorms.
 inline std::int64_t layer_parameters(model_shape const& m, std::int64_t tp) {
   m.validate();
   std::int64_t const h = m.hidden;
   auto const [qd, kvd, f] = widths_of(m, tp);
-  if (m.style == block_style::llama) return h * qd + 2 * h * kvd + qd * h + 3 * h * f + 2 * h;
+  std::int64_t const qk_norm = m.style == block_style::qwen3 ? 2 * m.head_size() : 0;
+  if (llama_like(m.style)) return h * qd + 2 * h * kvd + qd * h + 3 * h * f + 2 * h + qk_norm;
   return (h * 3 * qd + 3 * qd) + (qd * h + h) + (h * f + f) + (f * h + h) + 4 * h;
 }
 
@@ -1099,7 +1101,7 @@ inline std::int64_t largest_layer_matrix(model_shape const& m, std::int64_t tp) 
   m.validate();
   std::int64_t const h = m.hidden;
   auto const [q, k, f] = widths_of(m, tp);
-  std::int64_t const fc1 = m.style == block_style::llama ? 2 * f * h : f * h;
+  std::int64_t const fc1 = llama_like(m.style) ? 2 * f * h : f * h;
   return std::max({(q + 2 * k) * h, h * q, fc1, h * f});
 }
 
@@ -1120,7 +1122,9 @@ inline std::int64_t largest_layer_matrix(model_shape const& m, std::int64_t tp) 
 ///   + L (the fp32 softmax_d) + 4 T0 q where k < q (grouped-query attention: dK and dV at the
 ///   query width before they are summed) + D(query) + D(key) + D(value) + D(attention_output) +
 ///   D(softmax_lse);
-/// - QKV projection: 2 T0 (q + 2k) + 2 T0 h + G + D(qkv_input).
+/// - QKV projection: 2 T0 (q + 2k) + 2 T0 h + G + D(qkv_input);
+/// - QK-norm (Qwen3): 2 T0 (q + 2k) (the gradients of Q, K and V after it) + 2 T0 (q + k) (of
+///   its inputs) + D(query_norm_input) + D(key_norm_input).
 /// Each forward phase holds no more than one of these (its bf16 outputs are the backward's
 /// gradients), but for the ring attention of context parallelism (cp > 1; T0 is then this rank's
 /// tokens, seq / cp of each sequence), as Transformer Engine's AttnFuncWithCPAndKVP2P runs it:
@@ -1153,7 +1157,7 @@ requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_byte
   auto const bf16 = [&](tensor_kind k) {
     return recomputes(selective, k) || quantized(k) ? shape_of(k, m, sh).bytes() : 0;
   };
-  bool const llama = m.style == block_style::llama;
+  bool const llama = llama_like(m.style);
   std::int64_t const t0 = sh.tokens();
   std::int64_t const rows = sh.sp ? t0 / sh.tp : t0;
   std::int64_t const h = m.hidden;
@@ -1176,7 +1180,11 @@ requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_byte
           (sh.cp > 1 ? 16 * t0 * k : 0) + bf16(tensor_kind::query) + bf16(tensor_kind::key) +
           bf16(tensor_kind::value) + bf16(tensor_kind::attention_output) +
           bf16(tensor_kind::softmax_lse) + (selective.core_attn ? 2 * t0 * q : 0) + early_attn,
-      2 * t0 * (q + 2 * k) + 2 * t0 * h + g + bf16(tensor_kind::qkv_input)};
+      2 * t0 * (q + 2 * k) + 2 * t0 * h + g + bf16(tensor_kind::qkv_input),
+      m.style == block_style::qwen3
+          ? 2 * t0 * (q + 2 * k) + 2 * t0 * (q + k) + bf16(tensor_kind::query_norm_input) +
+                bf16(tensor_kind::key_norm_input)
+          : 0};
   std::int64_t const ring_forward = sh.cp > 1 ? sh.cp * (4 * t0 * k + 2 * t0 * q + lse) : 0;
   return std::max(2 * rows * h + std::ranges::max(phases), ring_forward);
 }
@@ -1346,7 +1354,7 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
   detail::check_step_size(m, p, st, sh);
   std::int64_t const per_layer = layer_parameters(m, p.tp);
   std::int64_t const embedding = vocab_per_rank(m, p.tp) * m.hidden;
-  std::int64_t const final_norm = m.style == block_style::llama ? m.hidden : 2 * m.hidden;
+  std::int64_t const final_norm = llama_like(m.style) ? m.hidden : 2 * m.hidden;
   std::vector<stage_memory> out;
   for (std::int64_t r = 0; r < p.pp; ++r) {
     stage_memory s;

@@ -760,7 +760,7 @@ inline layer_flops layer_forward_flops(model_shape const& m, parallel_config con
   long double const s = static_cast<long double>(st.seq);
   long double const t = b * s / static_cast<long double>(p.cp);
   long double const tp = static_cast<long double>(p.tp);
-  long double const mlp_products = m.style == block_style::llama ? 3 : 2;
+  long double const mlp_products = llama_like(m.style) ? 3 : 2;
   layer_flops out;
   out.projections = static_cast<double>(2 * t * h * (q + 2 * k) / tp + 2 * t * q * h / tp);
   out.core_attention = static_cast<double>(2 * q * b * s * (s + 1) / (p.cp * tp));

@@ -19,12 +19,6 @@ namespace {
 namespace py = pybind11;
 namespace act = agoq::activation;
 
-act::block_style style_of(std::string const& s) {
-  if (s == "llama") return act::block_style::llama;
-  if (s == "gpt") return act::block_style::gpt;
-  throw agoq::invalid_argument("model style is 'llama' or 'gpt', got '" + s + "'");
-}
-
 /// A storage name: "bf16", "fp32" or "precise" (kept as produced), else an agoq spec name.
 act::storage storage_of(std::string const& name) {
   if (name == "fp32") return act::storage::precise();
@@ -40,7 +34,7 @@ act::model_shape model_of(py::dict const& d) {
   for (auto const& [key, value] : d) {
     auto const k = key.cast<std::string>();
     if (k == "style") {
-      m.style = style_of(value.cast<std::string>());
+      m.style = act::block_style_named(value.cast<std::string>());
     } else if (k == "layers") {
       m.layers = value.cast<std::int64_t>();
     } else if (k == "hidden") {
@@ -240,7 +234,7 @@ layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t m
 
 py::list tensor_kinds(std::string const& style) {
   py::list out;
-  for (act::tensor_kind const k : act::block_tensors(style_of(style)))
+  for (act::tensor_kind const k : act::block_tensors(act::block_style_named(style)))
     out.append(std::string(act::name_of(k)));
   return out;
 }
@@ -567,11 +561,12 @@ py::list estimate_memory(
 void register_planning(py::module_& m) {
   m.def("model_presets", &model_presets,
         "{name: model} of the published shapes agoq knows (llama3-8b, llama3-70b, llama3-405b, "
-        "qwen2.5-32b, "
-        "gpt3-1.3b), each a dict with every key a model takes.");
+        "qwen2.5-32b, qwen3-8b, qwen3-32b, gpt3-1.3b), each a dict with every key a model takes "
+        "(style 'llama', 'gpt' or 'qwen3').");
   m.def("model_from_hf_config", &model_from_hf_config, py::arg("config"),
-        "The model dict of a Hugging Face config (model_type llama, mistral, qwen2 or gpt2): a "
-        "dict (json.load's or a transformers config's to_dict()), an object with to_dict(), or "
+        "The model dict of a Hugging Face config (model_type llama, mistral, qwen2, qwen3 or "
+        "gpt2): a dict (json.load's or a transformers config's to_dict()), an object with "
+        "to_dict(), or "
         "the path of a config.json or of a directory holding one. Mixture-of-experts and other "
         "blocks raise ValueError (docs/activations.md, section 6).");
   m.def("tensor_kinds", &tensor_kinds, py::arg("style") = "llama",
