@@ -168,26 +168,28 @@ inline block_style block_style_named(std::string_view name) {
 
 /// The short name of a kind (its enumerator name).
 inline constexpr std::string_view name_of(tensor_kind k) noexcept {
-  constexpr std::array<std::string_view, tensor_kind_count> names = {"attn_norm_input",
-                                                                     "qkv_input",
-                                                                     "query",
-                                                                     "key",
-                                                                     "value",
-                                                                     "attention_output",
-                                                                     "softmax_lse",
-                                                                     "o_proj_input",
-                                                                     "mlp_norm_input",
-                                                                     "mlp_input",
-                                                                     "gate_output",
-                                                                     "up_output",
-                                                                     "swiglu_output",
-                                                                     "ln1_input",
-                                                                     "ln2_input",
-                                                                     "fc1_input",
-                                                                     "gelu_input",
-                                                                     "fc2_input",
-                                                                     "query_norm_input",
-                                                                     "key_norm_input"};
+  constexpr std::array<std::string_view, tensor_kind_count> names = {
+      "attn_norm_input",
+      "qkv_input",
+      "query",
+      "key",
+      "value",
+      "attention_output",
+      "softmax_lse",
+      "o_proj_input",
+      "mlp_norm_input",
+      "mlp_input",
+      "gate_output",
+      "up_output",
+      "swiglu_output",
+      "ln1_input",
+      "ln2_input",
+      "fc1_input",
+      "gelu_input",
+      "fc2_input",
+      "query_norm_input",
+      "key_norm_input",
+  };
   return names[static_cast<std::size_t>(index_of(k))];
 }
 
