@@ -102,21 +102,23 @@ inline constexpr std::array<tensor_kind, 13> llama_block_tensors = {
 
 /// The tensors a Qwen3-style block saves, in forward order: the LLaMA-style block's, with the
 /// QK-norm's inputs after the QKV projection's input.
-inline constexpr std::array<tensor_kind, 15> qwen3_block_tensors = {tensor_kind::attn_norm_input,
-                                                                    tensor_kind::qkv_input,
-                                                                    tensor_kind::query_norm_input,
-                                                                    tensor_kind::key_norm_input,
-                                                                    tensor_kind::query,
-                                                                    tensor_kind::key,
-                                                                    tensor_kind::value,
-                                                                    tensor_kind::attention_output,
-                                                                    tensor_kind::softmax_lse,
-                                                                    tensor_kind::o_proj_input,
-                                                                    tensor_kind::mlp_norm_input,
-                                                                    tensor_kind::mlp_input,
-                                                                    tensor_kind::gate_output,
-                                                                    tensor_kind::up_output,
-                                                                    tensor_kind::swiglu_output};
+inline constexpr std::array<tensor_kind, 15> qwen3_block_tensors = {
+    tensor_kind::attn_norm_input,
+    tensor_kind::qkv_input,
+    tensor_kind::query_norm_input,
+    tensor_kind::key_norm_input,
+    tensor_kind::query,
+    tensor_kind::key,
+    tensor_kind::value,
+    tensor_kind::attention_output,
+    tensor_kind::softmax_lse,
+    tensor_kind::o_proj_input,
+    tensor_kind::mlp_norm_input,
+    tensor_kind::mlp_input,
+    tensor_kind::gate_output,
+    tensor_kind::up_output,
+    tensor_kind::swiglu_output,
+};
 
 /// The tensors a GPT-style block saves, in forward order.
 inline constexpr std::array<tensor_kind, 12> gpt_block_tensors = {
