@@ -4,6 +4,7 @@
 /// Qwen3 and GPT-2 configs onto model_shape (model_from_hf_config). Host only, no dependency.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -266,9 +267,9 @@ class reader {
       ++i_;
       if (digits() == 0) fail("expected digits after '.'");
     }
-    if ((peek() == 'e' || peek() == 'E')) {
+    if (peek() == 'e' || peek() == 'E') {
       ++i_;
-      if ((peek() == '+' || peek() == '-')) ++i_;
+      if (peek() == '+' || peek() == '-') ++i_;
       if (digits() == 0) fail("expected digits in the exponent");
     }
     double x = 0;
@@ -284,8 +285,10 @@ class reader {
   std::size_t i_ = 0;
 };
 
-/// The model_types model_from_hf_config reads as LLaMA-style blocks (qwen3 and gpt2 besides).
-inline constexpr std::array<std::string_view, 3> llama_types = {"llama", "mistral", "qwen2"};
+/// The model_types model_from_hf_config reads as llama_like blocks (gpt2 besides): qwen3 as
+/// block_style::qwen3, the others as block_style::llama.
+inline constexpr std::array<std::string_view, 4> llama_like_types = {"llama", "mistral", "qwen2",
+                                                                     "qwen3"};
 
 /// Keys that only mixture-of-experts configs set (Mixtral, Qwen-MoE, DeepSeek, OLMoE, DBRX).
 inline constexpr std::array<std::string_view, 5> expert_keys = {
@@ -368,8 +371,7 @@ inline model_shape model_from_hf_config(hf_config const& c) {
                      type + ") are not modelled");
   }
   model_shape m;
-  bool llama = type == "qwen3";
-  for (std::string_view const t : h::llama_types) llama = llama || type == t;
+  bool const llama = std::ranges::find(h::llama_like_types, type) != h::llama_like_types.end();
   if (llama) {
     m.style = type == "qwen3" ? block_style::qwen3 : block_style::llama;
     m.layers = h::integer(c, "num_hidden_layers");

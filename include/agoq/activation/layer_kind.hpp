@@ -161,11 +161,14 @@ inline constexpr std::array<block_style, 3> all_block_styles = {
 /// The style whose name_of is `name`; throws agoq::invalid_argument naming the styles for any
 /// other name.
 inline block_style block_style_named(std::string_view name) {
-  for (block_style const s : all_block_styles)
+  std::string names;
+  for (block_style const s : all_block_styles) {
     if (name_of(s) == name) return s;
+    names += (names.empty() ? "" : ", ") + std::string(name_of(s));
+  }
   agoq::detail::throw_invalid(
       __FILE__, __LINE__,
-      "unknown block style '" + std::string(name) + "' (styles: llama, gpt, qwen3)");
+      "unknown block style '" + std::string(name) + "' (styles: " + names + ")");
 }
 
 /// The short name of a kind (its enumerator name).

@@ -566,9 +566,8 @@ void register_planning(py::module_& m) {
   m.def("model_from_hf_config", &model_from_hf_config, py::arg("config"),
         "The model dict of a Hugging Face config (model_type llama, mistral, qwen2, qwen3 or "
         "gpt2): a dict (json.load's or a transformers config's to_dict()), an object with "
-        "to_dict(), or "
-        "the path of a config.json or of a directory holding one. Mixture-of-experts and other "
-        "blocks raise ValueError (docs/activations.md, section 6).");
+        "to_dict(), or the path of a config.json or of a directory holding one. "
+        "Mixture-of-experts and other blocks raise ValueError (docs/activations.md, section 6).");
   m.def("tensor_kinds", &tensor_kinds, py::arg("style") = "llama",
         "The tensors a block of the style saves for backward, in forward order (o_proj_input "
         "reads the attention_output buffer).");
