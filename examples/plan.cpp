@@ -473,7 +473,7 @@ void print_recompute_options(options const& o, recompute_choice const& choice) {
 void print_plan(options const& o, act::activation_plan const& plan) {
   std::printf("\nplan for a budget of %.2f GiB per GPU\n", g(plan.budget_bytes()));
   std::printf("error model, kind sensitivity/outlier:");
-  for (act::tensor_kind const k : act::block_tensors(o.model.style)) {
+  for (act::tensor_kind const k : act::o.model.saved_tensors()) {
     if (!act::is_alias(k))
       std::printf(" %s %g/%g", std::string(act::name_of(k)).c_str(), o.errors.sensitivity(k),
                   o.errors.outlier(k));
@@ -493,7 +493,7 @@ void print_plan(options const& o, act::activation_plan const& plan) {
         static_cast<long long>(s.memory.stage), g(s.memory.total()), g(s.memory.activations),
         g(s.memory.transient()), g(s.unused_bytes), s.error, s.error_lower_bound);
     // Per kind: the layers holding each choice, as runs.
-    for (act::tensor_kind const k : act::block_tensors(o.model.style)) {
+    for (act::tensor_kind const k : act::o.model.saved_tensors()) {
       if (act::is_alias(k)) continue;
       std::string line;
       std::string run_name;
@@ -628,7 +628,7 @@ std::string json_plan(act::activation_plan const& plan) {
 /// "per_layer": [{"layer", "kind", "sensitivity"}] of the weights set per layer.
 std::string json_error_model(options const& o) {
   std::vector<std::pair<std::string_view, std::string>> kinds;
-  for (act::tensor_kind const k : act::block_tensors(o.model.style)) {
+  for (act::tensor_kind const k : act::o.model.saved_tensors()) {
     if (act::is_alias(k)) continue;
     kinds.emplace_back(act::name_of(k),
                        json_object({{"sensitivity", json_number(o.errors.sensitivity(k))},
@@ -779,7 +779,7 @@ void print_text(options const& o, std::vector<act::stage_memory> const& baseline
         chunk_sizes(o).c_str());
   if (o.step.selective.any()) {
     std::string kinds;
-    for (act::tensor_kind const k : act::block_tensors(m.style))
+    for (act::tensor_kind const k : act::m.saved_tensors())
       if (act::recomputes(o.step.selective, k)) {
         kinds += ' ';
         kinds += act::name_of(k);

@@ -71,6 +71,32 @@ constexpr char const* qwen3_8b = R"({"architectures": ["Qwen3ForCausalLM"],
   "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
   "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
 
+/// Mixtral-8x7B-v0.1's config.json as released (8 experts of 14336, 2 a token).
+constexpr char const* mixtral_8x7b = R"({
+  "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+  "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.36.0.dev0", "use_cache": true, "vocab_size": 32000})";
+
+/// Qwen3-30B-A3B's config.json as released (intermediate_size is the dense MLP's, which no layer
+/// has: mlp_only_layers is empty).
+constexpr char const* qwen3_30b_a3b = R"({"architectures": ["Qwen3MoeForCausalLM"],
+  "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643,
+  "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+  "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+  "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": true,
+  "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+  "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.001, "sliding_window": null, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936})";
+
 /// GPT-3 XL's shape in GPT-2's config keys (n_inner null: 4 n_embd; ties by default).
 constexpr char const* gpt3_xl = R"({"model_type": "gpt2", "activation_function": "gelu_new",
   "n_layer": 24, "n_embd": 2048, "n_head": 16, "n_inner": null, "n_positions": 2048,
@@ -96,6 +122,21 @@ TEST_CASE("model_from_hf_config: published configs give the presets' shapes") {
   CHECK(model_from_hf_config(hf_test::qwen25_32b) == preset_model("qwen2.5-32b"));
   CHECK(model_from_hf_config(hf_test::gpt3_xl) == preset_model("gpt3-1.3b"));
   CHECK(model_from_hf_config(hf_test::qwen3_8b) == preset_model("qwen3-8b"));
+  CHECK(model_from_hf_config(hf_test::mixtral_8x7b) == preset_model("mixtral-8x7b"));
+  CHECK(model_from_hf_config(hf_test::qwen3_30b_a3b) == preset_model("qwen3-30b-a3b"));
+  // transformers' defaults of the expert fields: Mixtral 8 experts, 2 a token; Qwen3-MoE 128 of
+  // 768, 8 a token.
+  model_shape const mx = model_from_hf_config(
+      R"({"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 96,
+          "intermediate_size": 256, "num_attention_heads": 6, "vocab_size": 1000})");
+  CHECK((mx.experts == 8 && mx.experts_per_token == 2 && mx.expert_ffn == 256 && mx.ffn == 0 &&
+         mx.style == block_style::llama));
+  model_shape const qm = model_from_hf_config(
+      R"({"model_type": "qwen3_moe", "num_hidden_layers": 2, "hidden_size": 96,
+          "intermediate_size": 256, "num_attention_heads": 6, "vocab_size": 1000,
+          "mlp_only_layers": null, "decoder_sparse_step": null})");
+  CHECK((qm.experts == 128 && qm.experts_per_token == 8 && qm.expert_ffn == 768 && qm.ffn == 0 &&
+         qm.style == block_style::qwen3));
 
   // The defaults: no num_key_value_heads (multi-head attention), no head_dim, no tie flag.
   model_shape const m = model_from_hf_config(
@@ -125,13 +166,39 @@ TEST_CASE("model_from_hf_config: published configs give the presets' shapes") {
 
 TEST_CASE("model_from_hf_config: what it does not model, and malformed fields, are refused") {
   using hf_test::refused;
-  refused(R"({"model_type": "mixtral", "num_local_experts": 8, "hidden_size": 4096})",
-          "'num_local_experts' is set: mixture-of-experts models (mixtral) are not modelled");
+  refused(R"({"model_type": "llama", "num_local_experts": 8, "hidden_size": 4096})",
+          "'num_local_experts' is set: mixture-of-experts models (llama) are not modelled but "
+          "mixtral and qwen3_moe");
   refused(R"({"model_type": "qwen2", "num_experts": 60})", "'num_experts' is set");
   refused(R"({"model_type": "deepseek_v3", "n_routed_experts": 256})", "'n_routed_experts'");
   refused(R"({"model_type": "dbrx", "ffn_config": {"moe_num_experts": 16}})", "'ffn_config'");
+  refused(R"({"model_type": "qwen2_moe", "num_experts": 60})", "'num_experts' is set");
   refused(R"({"model_type": "gemma", "hidden_size": 4096})",
-          "model_type 'gemma' is not modelled (agoq reads llama, mistral, qwen2, qwen3 and gpt2");
+          "model_type 'gemma' is not modelled (agoq reads llama, mistral, qwen2, qwen3, mixtral, "
+          "qwen3_moe and gpt2");
+  // The mixture-of-experts configs: dense layers, and malformed expert fields.
+  std::string const moe =
+      R"("model_type": "qwen3_moe", "num_hidden_layers": 2, "hidden_size": 96,
+         "intermediate_size": 256, "num_attention_heads": 6, "vocab_size": 1000)";
+  CHECK(model_from_hf_config("{" + moe + R"(, "mlp_only_layers": [], "decoder_sparse_step": 1})")
+            .experts == 128);
+  refused("{" + moe + R"(, "mlp_only_layers": [0]})",
+          "mlp_only_layers is not an empty list: a qwen3_moe model with dense MLPs");
+  refused("{" + moe + R"(, "mlp_only_layers": 0})", "mlp_only_layers is not an empty list");
+  refused("{" + moe + R"(, "decoder_sparse_step": 2})",
+          "decoder_sparse_step is not 1: a qwen3_moe model with dense MLPs");
+  refused("{" + moe + R"(, "num_experts": 0})", "'num_experts' must be a positive integer");
+  refused("{" + moe + R"(, "num_experts": 4, "num_experts_per_tok": 8})",
+          "experts_per_token must be in [1, experts (4)], got 8");
+  refused("{" + moe + R"(, "moe_intermediate_size": 1.5})",
+          "'moe_intermediate_size' must be a positive integer");
+  refused(R"({"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 96,
+              "num_attention_heads": 6, "vocab_size": 1000})",
+          "no 'intermediate_size'");
+  refused(R"({"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 96,
+              "intermediate_size": 256, "num_attention_heads": 6, "vocab_size": 1000,
+              "hidden_act": "gelu"})",
+          "hidden_act 'gelu' of a mixtral config");
   refused(R"({"hidden_size": 4096})", "no 'model_type'");
   refused(R"({"model_type": 3})", "'model_type' must be a string");
 
@@ -177,9 +244,12 @@ TEST_CASE("parse_hf_config: strict JSON, top-level members kept, nested values c
   CHECK(c.at("d") == config_value::of_bool(true));
   CHECK(c.at("e") == config_value::of_bool(false));
   CHECK(c.at("f") == config_value{});
-  CHECK(c.at("g") == config_value::of_nested());
+  // Nested values keep their member or element count.
+  CHECK(c.at("g") == config_value::of_nested(1));
   CHECK(c.at("k") == config_value::of_nested());
   CHECK(c.at("l") == config_value::of_nested());
+  CHECK(parse_hf_config(R"({"a": [1, [2, 3], {}], "b": {"x": 1, "y": [], "z": null}})") ==
+        hf_config{{"a", config_value::of_nested(3)}, {"b", config_value::of_nested(3)}});
   CHECK(c.at("m").number == 0);
   CHECK(c.at("o").number == 100);
   CHECK(parse_hf_config("{}").empty());
@@ -229,5 +299,5 @@ TEST_CASE("parse_hf_config: strict JSON, top-level members kept, nested values c
   std::string ok = R"({"a": )";
   for (int i = 0; i < 255; ++i) ok += "[";
   for (int i = 0; i < 255; ++i) ok += "]";
-  CHECK(parse_hf_config(ok + "}").at("a") == config_value::of_nested());
+  CHECK(parse_hf_config(ok + "}").at("a") == config_value::of_nested(1));
 }

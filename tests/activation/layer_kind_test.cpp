@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <ranges>
 
 using namespace agoq::activation;
 
@@ -16,10 +17,35 @@ TEST_CASE("every kind has a name, a category and belongs to a block") {
     bool const llama = std::ranges::count(llama_block_tensors, k) == 1;
     bool const gpt = std::ranges::count(gpt_block_tensors, k) == 1;
     bool const qwen3 = std::ranges::count(qwen3_block_tensors, k) == 1;
-    CHECK((llama || gpt || qwen3));
+    bool const llama_moe = std::ranges::count(llama_moe_block_tensors, k) == 1;
+    bool const qwen3_moe = std::ranges::count(qwen3_moe_block_tensors, k) == 1;
+    CHECK((llama || gpt || qwen3 || llama_moe));
     CHECK(qwen3 == (llama || k == tensor_kind::query_norm_input ||
                     k == tensor_kind::key_norm_input));  // LLaMA's and the QK-norm's inputs
+    // The MoE blocks: the dense ones' but the dense MLP's three inner tensors, and the router's
+    // and the experts' four.
+    bool const expert = k == tensor_kind::router_probs || k == tensor_kind::expert_input ||
+                        k == tensor_kind::expert_gate_output ||
+                        k == tensor_kind::expert_up_output ||
+                        k == tensor_kind::expert_swiglu_output;
+    bool const dense_mlp = k == tensor_kind::gate_output || k == tensor_kind::up_output ||
+                           k == tensor_kind::swiglu_output;
+    CHECK(llama_moe == ((llama && !dense_mlp) || expert));
+    CHECK(qwen3_moe == ((qwen3 && !dense_mlp) || expert));
   }
+  CHECK(tensor_kind_count == 25);
+  CHECK(name_of(tensor_kind::expert_swiglu_output) == "expert_swiglu_output");
+  CHECK(name_of(tensor_kind::router_probs) == "router_probs");
+  // The MoE lists keep the dense lists' order, the experts' in the MLP's place.
+  CHECK(std::ranges::equal(block_tensors(block_style::llama, true).subspan(0, 10),
+                           llama_block_tensors | std::views::take(10)));
+  CHECK(std::ranges::equal(block_tensors(block_style::qwen3, true).subspan(0, 12),
+                           qwen3_block_tensors | std::views::take(12)));
+  CHECK(block_tensors(block_style::llama, true)[10] == tensor_kind::router_probs);
+  CHECK(block_tensors(block_style::gpt, true).size() == gpt_block_tensors.size());
+  CHECK(preset_model("mixtral-8x7b").saved_tensors().size() == 15);
+  CHECK(preset_model("qwen3-30b-a3b").saved_tensors().size() == 17);
+  CHECK(preset_model("qwen3-8b").saved_tensors().size() == 15);
   CHECK(name_of(tensor_kind::swiglu_output) == "swiglu_output");
   CHECK(name_of(tensor_kind::fc2_input) == "fc2_input");
   CHECK(name_of(tensor_kind::query_norm_input) == "query_norm_input");
@@ -70,11 +96,67 @@ TEST_CASE("model presets: published shapes by name, and a clear error for any ot
   CHECK((x.style == block_style::llama && x.layers == 126 && x.hidden == 16384 && x.ffn == 53248 &&
          x.heads == 128 && x.kv_heads == 8 && x.head_size() == 128 && x.vocab == 128256 &&
          !x.tied_embeddings));
-  CHECK_THROWS_WITH_AS(preset_model("mixtral-8x7b"),
-                       doctest::Contains("unknown preset 'mixtral-8x7b' (presets: llama3-8b, "
+  // The mixture-of-experts presets (their config.json files: hf_config_test).
+  model_shape const mx = preset_model("mixtral-8x7b");
+  CHECK((mx.style == block_style::llama && mx.layers == 32 && mx.hidden == 4096 && mx.ffn == 0 &&
+         mx.heads == 32 && mx.kv_heads == 8 && mx.head_size() == 128 && mx.vocab == 32000 &&
+         !mx.tied_embeddings && mx.experts == 8 && mx.experts_per_token == 2 &&
+         mx.expert_ffn == 14336 && mx.moe()));
+  model_shape const qm = preset_model("qwen3-30b-a3b");
+  CHECK((qm.style == block_style::qwen3 && qm.layers == 48 && qm.hidden == 2048 && qm.ffn == 0 &&
+         qm.heads == 32 && qm.kv_heads == 4 && qm.head_size() == 128 && qm.vocab == 151936 &&
+         qm.experts == 128 && qm.experts_per_token == 8 && qm.expert_ffn == 768));
+  model_shape const qb = preset_model("qwen3-235b-a22b");
+  CHECK((qb.style == block_style::qwen3 && qb.layers == 94 && qb.hidden == 4096 && qb.heads == 64 &&
+         qb.kv_heads == 4 && qb.experts == 128 && qb.experts_per_token == 8 &&
+         qb.expert_ffn == 1536));
+  CHECK(!preset_model("llama3-8b").moe());
+  CHECK_THROWS_WITH_AS(preset_model("deepseek-v3"),
+                       doctest::Contains("unknown preset 'deepseek-v3' (presets: llama3-8b, "
                                          "llama3-70b, llama3-405b, qwen2.5-32b, qwen3-8b, "
-                                         "qwen3-32b, gpt3-1.3b)"),
+                                         "qwen3-32b, gpt3-1.3b, mixtral-8x7b, qwen3-30b-a3b, "
+                                         "qwen3-235b-a22b)"),
                        agoq::invalid_argument);
+}
+
+TEST_CASE("model_shape::validate: a dense MLP or experts, not both") {
+  model_shape m = preset_model("mixtral-8x7b");
+  auto refused = [](model_shape const& x, char const* what) {
+    CHECK_THROWS_WITH_AS(x.validate(), doctest::Contains(what), agoq::invalid_argument);
+  };
+  model_shape x = m;
+  x.ffn = 14336;  // a dense MLP beside the experts
+  refused(x,
+          "a mixture-of-experts model has ffn 0 (no dense MLP) and expert_ffn >= 1, got ffn "
+          "14336 and expert_ffn 14336");
+  x = m;
+  x.expert_ffn = 0;
+  refused(x, "has ffn 0 (no dense MLP) and expert_ffn >= 1, got ffn 0 and expert_ffn 0");
+  x = m;
+  x.experts_per_token = 9;
+  refused(x, "experts_per_token must be in [1, experts (8)], got 9");
+  x.experts_per_token = 0;
+  refused(x, "experts_per_token must be in [1, experts (8)], got 0");
+  x = m;
+  x.experts = -1;
+  refused(x, "experts, experts_per_token and expert_ffn must be >= 0");
+  x = preset_model("gpt3-1.3b");
+  x.ffn = 0;
+  x.experts = 8;
+  x.experts_per_token = 2;
+  x.expert_ffn = 8192;
+  refused(x, "a mixture-of-experts MLP needs a LLaMA- or Qwen3-style block, not gpt");
+  x = preset_model("llama3-8b");
+  x.ffn = 0;
+  refused(x, "ffn must be positive (a dense MLP), got 0");
+  x = preset_model("llama3-8b");
+  x.experts_per_token = 2;
+  refused(x, "experts_per_token and expert_ffn need experts > 0");
+  // Too large to count: 2^40 experts of 2^20 on hidden 4096 (2^66 expert parameters a layer).
+  x = m;
+  x.experts = std::int64_t{1} << 40;
+  x.expert_ffn = std::int64_t{1} << 20;
+  refused(x, "too large to count in 64-bit bytes");
 }
 
 TEST_CASE("categories") {
@@ -90,6 +172,13 @@ TEST_CASE("categories") {
   for (tensor_kind k : {tensor_kind::attn_norm_input, tensor_kind::mlp_norm_input,
                         tensor_kind::ln1_input, tensor_kind::ln2_input})
     CHECK(category_of(k) == tensor_category::residual_stream);
+  for (tensor_kind k : {tensor_kind::expert_input, tensor_kind::expert_swiglu_output})
+    CHECK(category_of(k) == tensor_category::linear_input);
+  for (tensor_kind k : {tensor_kind::expert_gate_output, tensor_kind::expert_up_output})
+    CHECK(category_of(k) == tensor_category::activation_input);
+  CHECK(category_of(tensor_kind::router_probs) == tensor_category::routing);
+  CHECK(name_of(tensor_category::routing) == "routing");
+  CHECK(precise_bytes_of(tensor_kind::router_probs) == 4);  // fp32
   CHECK(is_alias(tensor_kind::o_proj_input));
   CHECK(storage_kind(tensor_kind::o_proj_input) == tensor_kind::attention_output);
   CHECK(storage_kind(tensor_kind::query) == tensor_kind::query);
@@ -135,11 +224,79 @@ TEST_CASE("tensor parallelism splits heads and the MLP; sequence parallelism the
   shard_shape const tp16{1, 8192, 16, false};
   CHECK(shape_of(tensor_kind::value, m, tp16) == saved_shape{8192, 128, 2});
   for (tensor_kind k : all_tensor_kinds) {
-    bool const replicated = category_of(k) == tensor_category::residual_stream ||
-                            k == tensor_kind::qkv_input || k == tensor_kind::mlp_input ||
-                            k == tensor_kind::fc1_input;
+    // The experts' tensors are split by the expert-parallel layout, not by tp (expert_rows).
+    bool const replicated =
+        category_of(k) == tensor_category::residual_stream || k == tensor_kind::qkv_input ||
+        k == tensor_kind::mlp_input || k == tensor_kind::fc1_input ||
+        k == tensor_kind::router_probs || k == tensor_kind::expert_input ||
+        k == tensor_kind::expert_gate_output || k == tensor_kind::expert_up_output ||
+        k == tensor_kind::expert_swiglu_output;
     CHECK(split_by_tp(k) == !replicated);
   }
+}
+
+TEST_CASE("mixture-of-experts shapes: the router's over the tokens, the experts' over R pairs") {
+  model_shape const m = preset_model("mixtral-8x7b");  // 8 experts, 2 a token, f_e 14336
+  // tp 1: every token of the micro-batch, R = 2 x 8192 pairs (routing balanced).
+  shard_shape const one{2, 4096, 1, false};
+  CHECK(one.expert_tp() == 1);
+  CHECK(one.expert_rows(m) == 16384);
+  CHECK(shape_of(tensor_kind::mlp_input, m, one) == saved_shape{8192, 4096, 2});
+  CHECK(shape_of(tensor_kind::router_probs, m, one) == saved_shape{8192, 8, 4});
+  CHECK(shape_of(tensor_kind::expert_input, m, one) == saved_shape{16384, 4096, 2});
+  CHECK(shape_of(tensor_kind::expert_gate_output, m, one) == saved_shape{16384, 14336, 2});
+  CHECK(shape_of(tensor_kind::expert_swiglu_output, m, one) == saved_shape{16384, 14336, 2});
+  // tp 4 with SP, etp = tp (the default): 2048 tokens a rank routed, 4096 pairs, gathered over
+  // the 4 expert-TP ranks: 16384 rows of 14336 / 4.
+  shard_shape const sp4{2, 4096, 4, true};
+  CHECK(sp4.expert_tp() == 4);
+  CHECK(shape_of(tensor_kind::router_probs, m, sp4) == saved_shape{2048, 8, 4});
+  CHECK(shape_of(tensor_kind::expert_input, m, sp4) == saved_shape{16384, 4096, 2});
+  CHECK(shape_of(tensor_kind::expert_up_output, m, sp4) == saved_shape{16384, 3584, 2});
+  // etp 1: each rank's own 4096 pairs at the full expert width.
+  shard_shape sp4e1 = sp4;
+  sp4e1.etp = 1;
+  CHECK(shape_of(tensor_kind::expert_input, m, sp4e1) == saved_shape{4096, 4096, 2});
+  CHECK(shape_of(tensor_kind::expert_gate_output, m, sp4e1) == saved_shape{4096, 14336, 2});
+  // The experts' inner tensors take the same bytes whatever etp: R f_e / etp = tokens k f_e / tp.
+  CHECK(shape_of(tensor_kind::expert_gate_output, m, sp4e1).bytes() ==
+        shape_of(tensor_kind::expert_gate_output, m, sp4).bytes());
+  // The attention's tensors are the dense model's.
+  model_shape dense = m;
+  dense.experts = dense.experts_per_token = dense.expert_ffn = 0;
+  dense.ffn = 14336;
+  for (tensor_kind k : llama_block_tensors)
+    if (std::ranges::count(llama_moe_block_tensors, k) == 1)
+      CHECK(shape_of(k, m, sp4) == shape_of(k, dense, sp4));
+  CHECK(sp4.expert_rows(dense) == 0);
+  CHECK_THROWS_WITH_AS(
+      shape_of(tensor_kind::gate_output, m, sp4),
+      doctest::Contains(
+          "gate_output is not saved by a llama-style block with a mixture-of-experts MLP"),
+      agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(shape_of(tensor_kind::expert_input, dense, sp4),
+                       doctest::Contains("expert_input is not saved by a llama-style block"),
+                       agoq::invalid_argument);
+  // Megatron-Core refuses MoE under tp > 1 without SP; etp must divide the experts' width.
+  CHECK_THROWS_WITH_AS(shape_of(tensor_kind::expert_input, m, shard_shape{2, 4096, 4, false}),
+                       doctest::Contains("with tp > 1 needs sequence parallelism"),
+                       agoq::invalid_argument);
+  shard_shape odd = sp4;
+  odd.etp = 3;
+  CHECK_THROWS_WITH_AS(shape_of(tensor_kind::expert_input, m, odd),
+                       doctest::Contains("expert tensor-parallel degree (3) must divide "
+                                         "expert_ffn (14336)"),
+                       agoq::invalid_argument);
+  odd.etp = -1;
+  CHECK_THROWS_WITH_AS(shape_of(tensor_kind::expert_input, m, odd), doctest::Contains("etp >= 0"),
+                       agoq::invalid_argument);
+  // Qwen3-MoE: Qwen3's attention tensors, 128 experts with 8 a token.
+  model_shape const q = preset_model("qwen3-30b-a3b");
+  shard_shape const qs{1, 4096, 2, true};
+  CHECK(shape_of(tensor_kind::query_norm_input, q, qs) == saved_shape{4096, 2048, 2});
+  CHECK(shape_of(tensor_kind::router_probs, q, qs) == saved_shape{2048, 128, 4});
+  CHECK(shape_of(tensor_kind::expert_input, q, qs) == saved_shape{32768, 2048, 2});
+  CHECK(shape_of(tensor_kind::expert_swiglu_output, q, qs) == saved_shape{32768, 384, 2});
 }
 
 TEST_CASE("Qwen3-style shapes: LLaMA's and the QK-norm's inputs, Q's and K's") {

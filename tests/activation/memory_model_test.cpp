@@ -237,6 +237,201 @@ TEST_CASE("Qwen3: LLaMA's memory and the QK-norm's, by hand") {
         2 * t0 * 1024 + flash);
 }
 
+TEST_CASE("mixture-of-experts models: parameters, states, activations and working memory") {
+  step_config const st{1, 4096, 0};
+  // Total parameters as published (46.7 B, 30.5 B, 235 B), and the active ones: the dense part
+  // and k / e of the experts (12.9 B, 3.3 B, 22 B).
+  struct published {
+    char const* name;
+    std::int64_t total;
+    std::int64_t active;
+  };
+  for (published const& x : {published{"mixtral-8x7b", 46702792704, 12879925248},
+                             published{"qwen3-30b-a3b", 30532122624, 3353032704},
+                             published{"qwen3-235b-a22b", 235093634560, 22190763520}}) {
+    CAPTURE(x.name);
+    model_shape const m = preset_model(x.name);
+    auto const s = estimate_memory(m, {}, st, {}, policy_table{})[0];
+    CHECK(s.parameters == x.total);
+    CHECK(s.parameters - s.expert_parameters +
+              s.expert_parameters / m.experts * m.experts_per_token ==
+          x.active);
+  }
+  // Mixtral's layer: attention 2 x 4096^2 + 2 x 4096 x 1024, two norms, the router 4096 x 8, and
+  // 8 experts of 3 x 4096 x 14336.
+  model_shape const m = preset_model("mixtral-8x7b");
+  std::int64_t const attention = 2 * 4096 * 4096 + 2 * 4096 * 1024;
+  CHECK(layer_parameters(m, 1) == attention + 2 * 4096 + 4096 * 8);
+  CHECK(expert_layer_parameters(m, {}) == 8 * 3 * std::int64_t{4096} * 14336);
+
+  // TP 2 + SP, EP 4, ETP 1, DP 4, PP 4, ZeRO-1: 8 ranks a stage, expert data parallelism 2. A rank
+  // holds half the attention, the router and both norms whole, and 2 whole experts.
+  parallel_config p;
+  p.tp = 2;
+  p.sp = true;
+  p.pp = 4;
+  p.dp = 4;
+  p.ep = 4;
+  p.etp = 1;
+  p.zero_stage = 1;
+  CHECK(p.expert_gradient_ranks() == 2);
+  std::int64_t const dense_layer = attention / 2 + 2 * 4096 + 4096 * 8;
+  std::int64_t const expert_layer = 2 * 3 * std::int64_t{4096} * 14336;
+  CHECK(layer_parameters(m, 2) == dense_layer);
+  CHECK(expert_layer_parameters(m, p) == expert_layer);
+  auto const stages = estimate_memory(m, p, st, {}, policy_table{});
+  std::int64_t const embedding = 16000 * 4096;  // 32000 rows over TP 2
+  auto const ceil_div = [](std::int64_t a, std::int64_t b) { return (a + b - 1) / b; };
+  for (std::size_t r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    stage_memory const& s = stages[r];
+    std::int64_t const dense =
+        8 * dense_layer + (r == 0 ? embedding : 0) + (r == 3 ? embedding + 4096 : 0);
+    CHECK(s.expert_parameters == 8 * expert_layer);
+    CHECK(s.parameters == dense + 8 * expert_layer);
+    // ZeRO-1: master weights and moments over dp x cp = 4 (dense), over 2 (experts).
+    std::int64_t const shard = ceil_div(dense, 4) + 8 * expert_layer / 2;
+    CHECK(s.weights == 2 * s.parameters);
+    CHECK(s.master_weights == 4 * shard);
+    CHECK(s.optimizer == 8 * shard);
+    CHECK(s.gradients == 4 * s.parameters);
+  }
+  // ZeRO-3 gathers a whole layer, its experts included, on a middle stage.
+  p.zero_stage = 3;
+  CHECK(estimate_memory(m, p, st, {}, policy_table{})[1].gathered_weights ==
+        2 * 2 * (dense_layer + expert_layer));
+  p.zero_stage = 1;
+
+  // 8-bit gradients: each group stages a bucket and runs its own collective. The experts' largest
+  // weight is an expert's gate and up, 2 x 14336 x 4096, larger than the default bucket.
+  CHECK(largest_expert_matrix(m, p) == 2 * 14336 * 4096);
+  state_formats const agoq{gradient_format::int8_g128, optimizer_format::int8_g128};
+  step_config big = st;
+  big.bucket_parameters = 200'000'000;
+  auto const eight = estimate_memory(m, p, big, agoq, policy_table{});
+  std::int64_t const dense1 = eight[1].parameters - eight[1].expert_parameters;
+  CHECK(eight[1].gradient_buffers == gradient_buffer_bytes(m, p, big, agoq.gradients, dense1) +
+                                         gradient_buffer_bytes(m, p, big, agoq.gradients,
+                                                               eight[1].expert_parameters,
+                                                               parameter_group::experts));
+  // The experts' bucket is reduced over the 2 ranks of their data-parallel group, the dense one's
+  // over dp = 4 (reduce-scatters under ZeRO-1).
+  std::int64_t const n = 200'000'000;
+  CHECK(
+      gradient_buffer_bytes(m, p, big, agoq.gradients, 400'000'000, parameter_group::experts) ==
+      2 * n +
+          agoq::gradient::collective_workspace(agoq::gradient::chunk_plan(n, 128, 2), false).total);
+  CHECK(
+      gradient_buffer_bytes(m, p, big, agoq.gradients, 400'000'000) ==
+      2 * n +
+          agoq::gradient::collective_workspace(agoq::gradient::chunk_plan(n, 128, 4), false).total);
+  CHECK(bucket_parameters(m, p, st, 400'000'000, parameter_group::experts) == 2 * 14336 * 4096);
+
+  // Saved tensors per token of one layer in bf16, TP 1: the attention's as LLaMA-3-8B's (2
+  // residual, 2 norm outputs, Q, O of 4096 and K, V of 1024, bf16, and 32 heads' fp32
+  // logsumexp), the router's 8 fp32 probabilities, and for each of the 2 experts of the token its
+  // input (4096) and gate, up and SwiGLU outputs (3 x 14336).
+  shard_shape const one{1, 4096, 1, false};
+  auto const precise = [](tensor_kind) { return storage::precise(); };
+  std::int64_t const per_token =
+      6 * 4096 * 2 + 2 * 1024 * 2 + 32 * 4 + 8 * 4 + 2 * (4096 + 3 * 14336) * 2;
+  CHECK(per_token == 241824);
+  CHECK(layer_activation_bytes(m, one, precise) == 4096 * per_token);
+  // Under TP 2 + SP with etp = tp: each rank's 2048 tokens' pairs (4096) gathered over 2 ranks
+  // (8192) at half the width; the experts' inner tensors weigh tokens k f_e / tp either way.
+  shard_shape const sp2{1, 4096, 2, true};
+  CHECK(layer_activation_bytes(m, sp2, precise) == 2048 * (4 * 4096 * 2 + 8 * 4) +
+                                                       4096 * (2 * 4096 + 2 * 512 * 2 + 16 * 4) +
+                                                       8192 * (4096 + 3 * 7168) * 2);
+
+  // The working set, TP 1, every tensor precise: R = 8192 pairs of 14336; the experts' SwiGLU
+  // backward, 6 R f_e, outweighs flash attention's 12 T q + 4 T q + L, the experts' gate and up
+  // (4 R f_e + 2 R h), their down projection (2 R h + 2 R f_e) and the router's
+  // (2 R h + 2 T h + 4 T e); plus the residual gradient 2 T h.
+  std::int64_t const t = 4096;
+  std::int64_t const r = 2 * t;
+  auto const none = [](tensor_kind) { return false; };
+  CHECK(layer_working_bytes(m, one, none) == 2 * t * 4096 + 6 * r * 14336);
+  // Where the experts are narrow (Qwen3-30B-A3B, f_e 768 for 2048 hidden), the experts' gate and
+  // up phase is the largest once their input is quantized: 4 R f_e + 2 R h + 2 R h (dequantized)
+  // against the router's 2 R h + 2 T h + 4 T e + 2 T h (its input dequantized too); R = 8 T.
+  model_shape const q = preset_model("qwen3-30b-a3b");
+  auto const quantized = [](tensor_kind k) {
+    return k == tensor_kind::expert_input || k == tensor_kind::mlp_input;
+  };
+  std::int64_t const rq = 8 * t;
+  CHECK(layer_working_bytes(q, one, quantized) ==
+        2 * t * 2048 + 4 * rq * 768 + 2 * rq * 2048 + 2 * rq * 2048);
+  // The router's phase, largest with narrow heads and experts (h 256, q = k = 32, 64 experts of
+  // 8, 8 a token; R = 8 T): 2 R h + 2 T h + 4 T e = 4864 T against the experts' gate and up,
+  // 4 R f_e + 2 R h = 4352 T, and flash attention's 12 T q + L = 392 T; with its probabilities
+  // (4 T e) and input (2 T h) dequantized (a policy may allow it), 5632 T.
+  model_shape const narrow{block_style::llama, 2, 256, 0, 2, 2, 16, 1000, false, 64, 8, 8};
+  CHECK(layer_working_bytes(narrow, one, none) == 512 * t + 4864 * t);
+  auto const router = [](tensor_kind k) {
+    return k == tensor_kind::router_probs || k == tensor_kind::mlp_input;
+  };
+  CHECK(layer_working_bytes(narrow, one, router) == 512 * t + 5632 * t);
+}
+
+TEST_CASE("mixture-of-experts layouts Megatron-Core refuses, and what is not modelled") {
+  model_shape const m = preset_model("mixtral-8x7b");
+  parallel_config p;
+  p.tp = 2;
+  p.sp = true;
+  p.dp = 4;
+  p.ep = 3;
+  check_refused(p, m, "ep (3) must divide the experts (8)");
+  p.ep = 8;
+  p.etp = 2;  // 16 ranks of experts on the 8 of a stage
+  check_refused(p, m,
+                "ep x etp (8 x 2) must divide the ranks of a pipeline stage, tp x cp x dp "
+                "(2 x 1 x 4)");
+  p.etp = 0;  // etp = tp = 2
+  check_refused(p, m, "ep x etp (8 x 2) must divide");
+  p.etp = -1;
+  check_refused(p, m, "ep must be positive and etp >= 0");
+  p.ep = 4;
+  p.etp = 0;
+  CHECK_NOTHROW(p.validate(m));
+  CHECK(p.expert_tp() == 2);
+  CHECK(p.expert_gradient_ranks() == 1);
+  // A dense model has no experts to place.
+  parallel_config d;
+  d.ep = 2;
+  check_refused(d, preset_model("llama3-8b"), "ep and etp are a mixture-of-experts model's");
+  d.ep = 1;
+  d.etp = 1;
+  check_refused(d, preset_model("llama3-8b"), "ep and etp are a mixture-of-experts model's");
+  // MoE under TP needs SP (Megatron-Core's rule).
+  p.sp = false;
+  CHECK_THROWS_WITH_AS(estimate_memory(m, p, {1, 4096, 0}, {}, policy_table{}),
+                       doctest::Contains("with tp > 1 needs sequence parallelism"),
+                       agoq::invalid_argument);
+  p.sp = true;
+  // Selective recomputation of `mlp` is a dense MLP's; the MoE modules are not modelled.
+  step_config st{1, 4096, 0};
+  st.selective.mlp = true;
+  CHECK_THROWS_WITH_AS(estimate_memory(m, p, st, {}, policy_table{}),
+                       doctest::Contains("mlp recomputes a dense MLP; a mixture-of-experts "
+                                         "layer's modules (Megatron-Core's moe, moe_act) are not "
+                                         "modelled"),
+                       agoq::invalid_argument);
+  // `layernorm` is: the MLP norm's output (the router's and the experts' input) computed again.
+  st.selective = {};
+  st.selective.layernorm = true;
+  auto const a = estimate_memory(m, p, st, {}, policy_table{});
+  auto const b = estimate_memory(m, p, {1, 4096, 0}, {}, policy_table{});
+  shard_shape const sh{1, 4096, 2, true};
+  CHECK(b[0].activations - a[0].activations ==
+        32 * (policy_table{}
+                  .default_storage(tensor_kind::qkv_input)
+                  .bytes(shape_of(tensor_kind::qkv_input, m, sh)) +
+              policy_table{}
+                  .default_storage(tensor_kind::mlp_input)
+                  .bytes(shape_of(tensor_kind::mlp_input, m, sh))));
+}
+
 TEST_CASE("states under ZeRO stages, by hand") {
   model_shape const m = preset_model("llama3-8b");
   std::int64_t const n = 8030261248;

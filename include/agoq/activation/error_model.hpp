@@ -197,7 +197,9 @@ inline double relative_error_gaussian(spec const& s, std::int64_t rows, std::int
 /// - residual_stream 4: the norm backward divides by the row RMS and feeds the residual
 ///   gradient of every earlier layer; its outlier channels set the group scales;
 /// - attention_core 8: softmax exponentiates errors in Q K^T; logsumexp errors rescale whole
-///   rows.
+///   rows;
+/// - routing 8: a router probability's error scales an expert's whole output for that token (and
+///   the router's gradient).
 inline constexpr double default_sensitivity(tensor_category c) noexcept {
   switch (c) {
     case tensor_category::linear_input:
@@ -213,8 +215,9 @@ inline constexpr double default_sensitivity(tensor_category c) noexcept {
 
 /// The documented default outlier factor of a kind (ratio of a group's absmax to the Gaussian
 /// estimate): residual stream 6 (massive activations in a few channels), norm outputs 3 (the norm
-/// weight re-scales channels), SwiGLU / GeLU outputs 4 (products of two projections are
-/// heavy-tailed), gate / up / GeLU inputs 2, attention core 2.
+/// weight re-scales channels; the experts' input is the MLP norm's output routed), SwiGLU / GeLU
+/// outputs 4 (products of two projections are heavy-tailed; the experts' too), gate / up / GeLU
+/// inputs 2 (the experts' too), attention core and routing 2.
 inline constexpr double default_outlier(tensor_kind k) noexcept {
   switch (storage_kind(k)) {
     case tensor_kind::attn_norm_input:
@@ -225,9 +228,11 @@ inline constexpr double default_outlier(tensor_kind k) noexcept {
     case tensor_kind::qkv_input:
     case tensor_kind::mlp_input:
     case tensor_kind::fc1_input:
+    case tensor_kind::expert_input:
       return 3.0;
     case tensor_kind::swiglu_output:
     case tensor_kind::fc2_input:
+    case tensor_kind::expert_swiglu_output:
       return 4.0;
     default:
       return 2.0;

@@ -1,7 +1,8 @@
 /// \file
 /// Model shapes from Hugging Face `config.json` files: a strict JSON reader of a config's
 /// top-level keys (parse_hf_config) and the mapping of LLaMA-style (`llama`, `mistral`, `qwen2`),
-/// Qwen3 and GPT-2 configs onto model_shape (model_from_hf_config). Host only, no dependency.
+/// Qwen3, mixture-of-experts (`mixtral`, `qwen3_moe`) and GPT-2 configs onto model_shape
+/// (model_from_hf_config). Host only, no dependency.
 #pragma once
 
 #include <algorithm>
@@ -21,8 +22,8 @@
 namespace agoq::activation {
 
 /// One top-level value of a config: JSON's null, true or false, a number, a string, or an object
-/// or array (`nested`: checked as JSON, its contents not kept; no field model_from_hf_config
-/// reads is one).
+/// or array (`nested`: checked as JSON, its contents not kept but their count, its members or
+/// elements, in `number`; model_from_hf_config reads only that of Qwen3-MoE's `mlp_only_layers`).
 struct config_value {
   enum class type : std::uint8_t { null, boolean, number, string, nested };
   type kind = type::null;
@@ -33,7 +34,9 @@ struct config_value {
   static config_value of_bool(bool b) { return {type::boolean, b, 0, {}}; }
   static config_value of_number(double x) { return {type::number, false, x, {}}; }
   static config_value of_string(std::string s) { return {type::string, false, 0, std::move(s)}; }
-  static config_value of_nested() { return {type::nested, false, 0, {}}; }
+  static config_value of_nested(std::size_t size = 0) {
+    return {type::nested, false, static_cast<double>(size), {}};
+  }
   friend bool operator==(config_value const&, config_value const&) = default;
 };
 
@@ -118,8 +121,12 @@ class reader {
     char const c = peek();
     if (at_end()) fail("expected a value");
     if (c == '{') {
-      members([&](std::string) { value(depth + 1); });
-      return config_value::of_nested();
+      std::size_t size = 0;
+      members([&](std::string) {
+        value(depth + 1);
+        ++size;
+      });
+      return config_value::of_nested(size);
     }
     if (c == '[') {
       ++i_;
@@ -128,7 +135,7 @@ class reader {
         ++i_;
         return config_value::of_nested();
       }
-      for (;;) {
+      for (std::size_t size = 1;; ++size) {
         space();
         value(depth + 1);
         space();
@@ -137,7 +144,7 @@ class reader {
           continue;
         }
         expect(']', "',' or ']'");
-        return config_value::of_nested();
+        return config_value::of_nested(size);
       }
     }
     if (c == '"') return config_value::of_string(string());
@@ -290,7 +297,11 @@ class reader {
 inline constexpr std::array<std::string_view, 4> llama_like_types = {"llama", "mistral", "qwen2",
                                                                      "qwen3"};
 
-/// Keys that only mixture-of-experts configs set (Mixtral, Qwen-MoE, DeepSeek, OLMoE, DBRX).
+/// The mixture-of-experts model_types read (LLaMA-like blocks with routed SwiGLU experts).
+inline constexpr std::array<std::string_view, 2> moe_types = {"mixtral", "qwen3_moe"};
+
+/// Keys that only mixture-of-experts configs set (Mixtral, Qwen-MoE, DeepSeek, OLMoE, DBRX),
+/// refused in the configs of the dense model_types.
 inline constexpr std::array<std::string_view, 5> expert_keys = {
     "num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "ffn_config"};
 
@@ -348,6 +359,12 @@ inline hf_config parse_hf_config(std::string_view json) {
 ///   `vocab_size`; `num_key_value_heads` (absent or null: the heads), `head_dim` (absent or null:
 ///   hidden_size / num_attention_heads), `tie_word_embeddings` (default false), `hidden_act`
 ///   (where given, `silu`);
+/// - the mixture-of-experts `mixtral` (LLaMA's block) and `qwen3_moe` (Qwen3's), read as
+///   `llama` and `qwen3` but for the MLP: `num_experts_per_tok` (default 2 / 8) of
+///   `num_local_experts` (Mixtral, default 8) or `num_experts` (Qwen3-MoE, default 128) experts of
+///   inner width `intermediate_size` (Mixtral) or `moe_intermediate_size` (Qwen3-MoE, default
+///   768) in every layer: Qwen3-MoE's `decoder_sparse_step` must be 1 (where given) and its
+///   `mlp_only_layers` empty (a dense MLP in some layers is not modelled);
 /// - `gpt2`: `n_layer`, `n_embd`, `n_head`, `vocab_size`; `n_inner` (absent or null: 4 n_embd),
 ///   `tie_word_embeddings` (default true), `activation_function` (where given, a GeLU: `gelu_new`,
 ///   `gelu`, `gelu_fast` or `gelu_pytorch_tanh`).
@@ -356,27 +373,50 @@ inline hf_config parse_hf_config(std::string_view json) {
 /// not counted, as in the qwen2.5-32b preset; a sliding window (Mistral's `sliding_window`)
 /// leaves the saved tensors as they are (flash attention) but recompute_overhead counts full
 /// causal attention.
-/// \throws agoq::invalid_argument for any other model_type (mixture-of-experts models, and the
-/// blocks with norms or gates of their own, e.g. Gemma's GeGLU and extra norms, are not
-/// modelled), a config setting the expert keys (hf_detail::expert_keys), a missing or malformed
-/// field, another activation, and a shape model_shape::validate refuses.
+/// \throws agoq::invalid_argument for any other model_type (other mixture-of-experts models,
+/// with shared experts or dense layers, and the blocks with norms or gates of their own, e.g.
+/// Gemma's GeGLU and extra norms, are not modelled), a dense model_type's config setting the
+/// expert keys (hf_detail::expert_keys), a missing or malformed field, another activation, and a
+/// shape model_shape::validate refuses.
 inline model_shape model_from_hf_config(hf_config const& c) {
   namespace h = hf_detail;
   std::string const type = h::text(c, "model_type");
   AGOQ_EXPECTS(!type.empty(), "hf config: no 'model_type'");
+  bool const moe = std::ranges::find(h::moe_types, type) != h::moe_types.end();
   for (std::string_view const key : h::expert_keys) {
     config_value const* v = h::find(c, key);
-    AGOQ_EXPECTS(v == nullptr || (v->kind == config_value::type::number && v->number == 0),
+    AGOQ_EXPECTS(moe || v == nullptr || (v->kind == config_value::type::number && v->number == 0),
                  "hf config: '" + std::string(key) + "' is set: mixture-of-experts models (" +
-                     type + ") are not modelled");
+                     type + ") are not modelled but mixtral and qwen3_moe");
   }
   model_shape m;
-  bool const llama = std::ranges::find(h::llama_like_types, type) != h::llama_like_types.end();
+  bool const llama =
+      moe || std::ranges::find(h::llama_like_types, type) != h::llama_like_types.end();
   if (llama) {
-    m.style = type == "qwen3" ? block_style::qwen3 : block_style::llama;
+    m.style = type == "qwen3" || type == "qwen3_moe" ? block_style::qwen3 : block_style::llama;
     m.layers = h::integer(c, "num_hidden_layers");
     m.hidden = h::integer(c, "hidden_size");
-    m.ffn = h::integer(c, "intermediate_size");
+    if (type == "mixtral") {
+      m.ffn = 0;
+      m.experts = h::integer(c, "num_local_experts", 8);
+      m.experts_per_token = h::integer(c, "num_experts_per_tok", 2);
+      m.expert_ffn = h::integer(c, "intermediate_size");
+    } else if (type == "qwen3_moe") {
+      m.ffn = 0;
+      m.experts = h::integer(c, "num_experts", 128);
+      m.experts_per_token = h::integer(c, "num_experts_per_tok", 8);
+      m.expert_ffn = h::integer(c, "moe_intermediate_size", 768);
+      AGOQ_EXPECTS(h::integer(c, "decoder_sparse_step", 1) == 1,
+                   "hf config: decoder_sparse_step is not 1: a qwen3_moe model with dense MLPs in "
+                   "some layers is not modelled");
+      config_value const* dense = h::find(c, "mlp_only_layers");
+      AGOQ_EXPECTS(
+          dense == nullptr || (dense->kind == config_value::type::nested && dense->number == 0),
+          "hf config: mlp_only_layers is not an empty list: a qwen3_moe model with dense "
+          "MLPs in some layers is not modelled");
+    } else {
+      m.ffn = h::integer(c, "intermediate_size");
+    }
     m.heads = h::integer(c, "num_attention_heads");
     m.kv_heads = h::integer(c, "num_key_value_heads", m.heads);
     m.vocab = h::integer(c, "vocab_size");
@@ -402,7 +442,7 @@ inline model_shape model_from_hf_config(hf_config const& c) {
     agoq::detail::throw_invalid(__FILE__, __LINE__,
                                 "hf config: model_type '" + type +
                                     "' is not modelled (agoq reads llama, mistral, qwen2, "
-                                    "qwen3 and gpt2 configs)");
+                                    "qwen3, mixtral, qwen3_moe and gpt2 configs)");
   }
   if (llama && h::find(c, "head_dim") != nullptr) {
     m.head_dim = h::integer(c, "head_dim");

@@ -1,7 +1,8 @@
 /// \file
 /// The tensors a transformer block saves for its backward pass (LLaMA-style, Qwen3-style and
-/// GPT-style), their categories, and their per-rank shapes as functions of the model shape and the
-/// tensor- and sequence-parallel configuration. Host only.
+/// GPT-style, the first two also with a mixture-of-experts MLP), their categories, and their
+/// per-rank shapes as functions of the model shape and the tensor- and sequence-parallel
+/// configuration. Host only.
 #pragma once
 
 #include <array>
@@ -66,11 +67,18 @@ enum class tensor_kind : std::uint8_t {
   // Qwen3-style block (the LLaMA-style block's kinds and these two).
   query_norm_input,  ///< Q projection output, the input of the QK-norm [tokens, heads * head_dim]
   key_norm_input,  ///< K projection output, the input of the QK-norm [tokens, kv_heads * head_dim]
+  // Mixture-of-experts MLP (in place of gate_output .. swiglu_output; mlp_input is the router's
+  // and the dispatcher's input). R = the (token, expert) pairs one rank's experts process.
+  router_probs,          ///< the router's softmax over the experts, fp32 [tokens, experts]
+  expert_input,          ///< the routed tokens in expert order, input of gate and up [R, hidden]
+  expert_gate_output,    ///< the experts' gate projection outputs, SwiGLU's SiLU input [R, f_e]
+  expert_up_output,      ///< the experts' up projection outputs, SwiGLU's linear input [R, f_e]
+  expert_swiglu_output,  ///< the experts' silu(gate) * up, input of their down projection [R, f_e]
 };
 
 /// Number of tensor kinds.
-inline constexpr int tensor_kind_count = 20;
-static_assert(static_cast<int>(tensor_kind::key_norm_input) == tensor_kind_count - 1,
+inline constexpr int tensor_kind_count = 25;
+static_assert(static_cast<int>(tensor_kind::expert_swiglu_output) == tensor_kind_count - 1,
               "tensor_kind_count counts the enumerators of tensor_kind");
 
 /// What a saved tensor is, which decides its default precision and its sensitivity.
@@ -79,6 +87,7 @@ enum class tensor_category : std::uint8_t {
   linear_input,      ///< the input X of a linear layer, read only for its weight gradient
   activation_input,  ///< the input of an elementwise nonlinearity (SiLU / SwiGLU, GeLU)
   residual_stream,   ///< the residual stream entering a normalization
+  routing,           ///< the router's probabilities, which scale and select the experts: precise
 };
 
 /// Every tensor kind, in declaration order (enumerator values 0, 1, ..., tensor_kind_count - 1).
@@ -120,6 +129,47 @@ inline constexpr std::array<tensor_kind, 15> qwen3_block_tensors = {
     tensor_kind::swiglu_output,
 };
 
+/// The tensors a LLaMA-style block with a mixture-of-experts MLP saves (Mixtral), in forward order:
+/// the LLaMA-style block's up to the MLP's input, then the router's and the experts'.
+inline constexpr std::array<tensor_kind, 15> llama_moe_block_tensors = {
+    tensor_kind::attn_norm_input,
+    tensor_kind::qkv_input,
+    tensor_kind::query,
+    tensor_kind::key,
+    tensor_kind::value,
+    tensor_kind::attention_output,
+    tensor_kind::softmax_lse,
+    tensor_kind::o_proj_input,
+    tensor_kind::mlp_norm_input,
+    tensor_kind::mlp_input,
+    tensor_kind::router_probs,
+    tensor_kind::expert_input,
+    tensor_kind::expert_gate_output,
+    tensor_kind::expert_up_output,
+    tensor_kind::expert_swiglu_output};
+
+/// The tensors a Qwen3-style block with a mixture-of-experts MLP saves (Qwen3-MoE), in forward
+/// order: llama_moe_block_tensors with the QK-norm's inputs after the QKV projection's input.
+inline constexpr std::array<tensor_kind, 17> qwen3_moe_block_tensors = {
+    tensor_kind::attn_norm_input,
+    tensor_kind::qkv_input,
+    tensor_kind::query_norm_input,
+    tensor_kind::key_norm_input,
+    tensor_kind::query,
+    tensor_kind::key,
+    tensor_kind::value,
+    tensor_kind::attention_output,
+    tensor_kind::softmax_lse,
+    tensor_kind::o_proj_input,
+    tensor_kind::mlp_norm_input,
+    tensor_kind::mlp_input,
+    tensor_kind::router_probs,
+    tensor_kind::expert_input,
+    tensor_kind::expert_gate_output,
+    tensor_kind::expert_up_output,
+    tensor_kind::expert_swiglu_output,
+};
+
 /// The tensors a GPT-style block saves, in forward order.
 inline constexpr std::array<tensor_kind, 12> gpt_block_tensors = {
     tensor_kind::ln1_input,   tensor_kind::qkv_input,    tensor_kind::query,
@@ -127,8 +177,12 @@ inline constexpr std::array<tensor_kind, 12> gpt_block_tensors = {
     tensor_kind::softmax_lse, tensor_kind::o_proj_input, tensor_kind::ln2_input,
     tensor_kind::fc1_input,   tensor_kind::gelu_input,   tensor_kind::fc2_input};
 
-/// The tensors a block of the given style saves, in forward order.
-inline constexpr std::span<tensor_kind const> block_tensors(block_style s) noexcept {
+/// The tensors a block of the given style saves, in forward order; with `moe`, those of its
+/// mixture-of-experts form (llama and qwen3 only; a GPT-style block has none: its dense list).
+inline constexpr std::span<tensor_kind const> block_tensors(block_style s,
+                                                            bool moe = false) noexcept {
+  if (moe && s == block_style::llama) return llama_moe_block_tensors;
+  if (moe && s == block_style::qwen3) return qwen3_moe_block_tensors;
   switch (s) {
     case block_style::llama:
       return llama_block_tensors;
@@ -194,6 +248,11 @@ inline constexpr std::string_view name_of(tensor_kind k) noexcept {
       "fc2_input",
       "query_norm_input",
       "key_norm_input",
+      "router_probs",
+      "expert_input",
+      "expert_gate_output",
+      "expert_up_output",
+      "expert_swiglu_output",
   };
   return names[static_cast<std::size_t>(index_of(k))];
 }
@@ -215,6 +274,8 @@ inline constexpr std::string_view name_of(tensor_category c) noexcept {
       return "linear_input";
     case tensor_category::activation_input:
       return "activation_input";
+    case tensor_category::routing:
+      return "routing";
     default:
       return "residual_stream";
   }
@@ -222,7 +283,8 @@ inline constexpr std::string_view name_of(tensor_category c) noexcept {
 
 /// The category of a kind. The gate and up outputs are both inputs of the SwiGLU nonlinearity;
 /// the SwiGLU and GeLU outputs are the inputs of the down projection and FC2; the QK-norm's
-/// inputs are Q and K before it (attention core, kept precise as Q and K are).
+/// inputs are Q and K before it (attention core, kept precise as Q and K are); the experts'
+/// tensors are those of the dense SwiGLU MLP's counterparts.
 inline constexpr tensor_category category_of(tensor_kind k) noexcept {
   switch (k) {
     case tensor_kind::query:
@@ -239,11 +301,17 @@ inline constexpr tensor_category category_of(tensor_kind k) noexcept {
     case tensor_kind::swiglu_output:
     case tensor_kind::fc1_input:
     case tensor_kind::fc2_input:
+    case tensor_kind::expert_input:
+    case tensor_kind::expert_swiglu_output:
       return tensor_category::linear_input;
     case tensor_kind::gate_output:
     case tensor_kind::up_output:
     case tensor_kind::gelu_input:
+    case tensor_kind::expert_gate_output:
+    case tensor_kind::expert_up_output:
       return tensor_category::activation_input;
+    case tensor_kind::router_probs:
+      return tensor_category::routing;
     default:
       return tensor_category::residual_stream;
   }
@@ -255,10 +323,10 @@ inline constexpr tensor_category category_of(tensor_kind k) noexcept {
 /// counts it once). It is listed so every consumer of a saved tensor has a name.
 inline constexpr bool is_alias(tensor_kind k) noexcept { return k == tensor_kind::o_proj_input; }
 
-/// Bytes of one element of kind `k` kept precise: 4 for the fp32 logsumexp, 2 (bf16) for every
-/// other kind.
+/// Bytes of one element of kind `k` kept precise: 4 for the fp32 logsumexp and router
+/// probabilities, 2 (bf16) for every other kind.
 inline constexpr int precise_bytes_of(tensor_kind k) noexcept {
-  return k == tensor_kind::softmax_lse ? 4 : 2;
+  return k == tensor_kind::softmax_lse || k == tensor_kind::router_probs ? 4 : 2;
 }
 
 /// The kind whose buffer an alias reads (the kind itself when it is not an alias).
@@ -266,30 +334,47 @@ inline constexpr tensor_kind storage_kind(tensor_kind k) noexcept {
   return is_alias(k) ? tensor_kind::attention_output : k;
 }
 
-/// The shape of a model, independent of how it is parallelized.
+/// The shape of a model, independent of how it is parallelized. A mixture-of-experts model
+/// (experts > 0; LLaMA- or Qwen3-style) has in every layer, in place of the dense MLP (ffn 0), a
+/// router (a [hidden, experts] linear layer without bias, then a softmax) sending each token to
+/// experts_per_token of `experts` SwiGLU MLPs of inner width expert_ffn (Mixtral, Qwen3-MoE).
 struct model_shape {
   block_style style = block_style::llama;
   std::int64_t layers = 32;
   std::int64_t hidden = 4096;
-  std::int64_t ffn = 14336;   ///< MLP inner width (SwiGLU: of gate and up each)
+  std::int64_t ffn = 14336;   ///< dense MLP inner width (SwiGLU: of gate and up each); MoE: 0
   std::int64_t heads = 32;    ///< query heads
   std::int64_t kv_heads = 8;  ///< key/value heads (= heads without grouped-query attention)
   std::int64_t head_dim = 0;  ///< 0: hidden / heads
   std::int64_t vocab = 128256;
-  bool tied_embeddings = false;  ///< input embedding and output head share one matrix
+  bool tied_embeddings = false;        ///< input embedding and output head share one matrix
+  std::int64_t experts = 0;            ///< routed experts per layer; 0: a dense MLP
+  std::int64_t experts_per_token = 0;  ///< experts each token is routed to (top-k); dense: 0
+  std::int64_t expert_ffn = 0;         ///< an expert's inner width (of gate and up); dense: 0
+
+  /// True for a mixture-of-experts model (experts > 0).
+  constexpr bool moe() const noexcept { return experts > 0; }
+
+  /// The tensors one block saves, in forward order (block_tensors of the style and moe()).
+  constexpr std::span<tensor_kind const> saved_tensors() const noexcept {
+    return block_tensors(style, moe());
+  }
 
   /// head_dim, or hidden / heads when it is 0.
   constexpr std::int64_t head_size() const noexcept {
     return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0);
   }
 
-  /// An upper bound of the parameters of the whole model: layers * 4 h (q + k + f) + ... + 2
-  /// vocab * h, with q = heads * head_size(), k = kv_heads * head_size(), f = ffn; at least the
-  /// parameters any tensor-parallel rank holds of a layer, an embedding and a head (of either
-  /// style), in long double so that no field's size overflows it.
+  /// An upper bound of the parameters of the whole model: layers * (4 h (q + k + f) + ... +
+  /// e (3 h f_e + h)) + 2 vocab * h, with q = heads * head_size(), k = kv_heads * head_size(),
+  /// f = ffn, e = experts, f_e = expert_ffn; at least the parameters any rank holds of a layer (its
+  /// experts included), an embedding and a head (of any style), in long double so that no
+  /// field's size overflows it.
   long double parameter_bound() const noexcept {
     auto const [h, q, k, f] = width_bounds();
-    long double const layer = 4 * h * (q + k + f) + 4 * (q + f) + 8 * h;
+    long double const e = static_cast<long double>(experts);
+    long double const layer = 4 * h * (q + k + f) + 4 * (q + f) + 8 * h +
+                              e * (3 * h * static_cast<long double>(expert_ffn) + h);
     return static_cast<long double>(layers) * layer + 2 * static_cast<long double>(vocab) * h;
   }
 
@@ -303,12 +388,34 @@ struct model_shape {
 
   /// Throws agoq::invalid_argument naming the first field out of range, or when the model is too
   /// large for 64-bit byte counts: parameter_bound() above 2^56 (its states take at most 64
-  /// bytes a parameter, max_size_count).
+  /// bytes a parameter, max_size_count). A dense model has ffn >= 1 and experts,
+  /// experts_per_token and expert_ffn 0; a mixture-of-experts model ffn 0, expert_ffn >= 1,
+  /// 1 <= experts_per_token <= experts, and a LLaMA- or Qwen3-style block.
   void validate() const {
     AGOQ_EXPECTS(layers >= 1,
                  "model_shape: layers must be at least 1, got " + std::to_string(layers));
-    AGOQ_EXPECTS(hidden >= 1 && ffn >= 1 && heads >= 1 && kv_heads >= 1 && vocab >= 1,
-                 "model_shape: hidden, ffn, heads, kv_heads and vocab must be positive");
+    AGOQ_EXPECTS(hidden >= 1 && heads >= 1 && kv_heads >= 1 && vocab >= 1,
+                 "model_shape: hidden, heads, kv_heads and vocab must be positive");
+    AGOQ_EXPECTS(experts >= 0 && experts_per_token >= 0 && expert_ffn >= 0,
+                 "model_shape: experts, experts_per_token and expert_ffn must be >= 0");
+    if (moe()) {
+      AGOQ_EXPECTS(llama_like(style),
+                   "model_shape: a mixture-of-experts MLP needs a LLaMA- or "
+                   "Qwen3-style block, not " +
+                       std::string(name_of(style)));
+      AGOQ_EXPECTS(ffn == 0 && expert_ffn >= 1,
+                   "model_shape: a mixture-of-experts model has ffn 0 (no dense MLP) and "
+                   "expert_ffn >= 1, got ffn " +
+                       std::to_string(ffn) + " and expert_ffn " + std::to_string(expert_ffn));
+      AGOQ_EXPECTS(experts_per_token >= 1 && experts_per_token <= experts,
+                   "model_shape: experts_per_token must be in [1, experts (" +
+                       std::to_string(experts) + ")], got " + std::to_string(experts_per_token));
+    } else {
+      AGOQ_EXPECTS(ffn >= 1,
+                   "model_shape: ffn must be positive (a dense MLP), got " + std::to_string(ffn));
+      AGOQ_EXPECTS(experts_per_token == 0 && expert_ffn == 0,
+                   "model_shape: experts_per_token and expert_ffn need experts > 0");
+    }
     AGOQ_EXPECTS(heads % kv_heads == 0, "model_shape: heads (" + std::to_string(heads) +
                                             ") must be a multiple of kv_heads (" +
                                             std::to_string(kv_heads) + ")");
@@ -331,9 +438,10 @@ struct model_preset {
 
 /// The shapes of published models: LLaMA-3-8B, LLaMA-3-70B, LLaMA-3.1-405B (126 layers, which
 /// split over 16 pipeline stages only unevenly: parallel_config::first_stage_layers), Qwen-2.5-32B,
-/// Qwen3-8B and Qwen3-32B (QK-norm; 64 heads of 128 on a hidden width of 5120) and GPT-3 XL (1.3B
-/// parameters, input embedding and output head tied).
-inline constexpr std::array<model_preset, 7> model_presets{{
+/// Qwen3-8B and Qwen3-32B (QK-norm; 64 heads of 128 on a hidden width of 5120), GPT-3 XL (1.3B
+/// parameters, input embedding and output head tied), and the mixture-of-experts Mixtral-8x7B
+/// (8 experts, 2 a token), Qwen3-30B-A3B and Qwen3-235B-A22B (128 experts, 8 a token).
+inline constexpr std::array<model_preset, 10> model_presets{{
     {"llama3-8b", {block_style::llama, 32, 4096, 14336, 32, 8, 128, 128256, false}},
     {"llama3-70b", {block_style::llama, 80, 8192, 28672, 64, 8, 128, 128256, false}},
     {"llama3-405b", {block_style::llama, 126, 16384, 53248, 128, 8, 128, 128256, false}},
@@ -341,6 +449,9 @@ inline constexpr std::array<model_preset, 7> model_presets{{
     {"qwen3-8b", {block_style::qwen3, 36, 4096, 12288, 32, 8, 128, 151936, false}},
     {"qwen3-32b", {block_style::qwen3, 64, 5120, 25600, 64, 8, 128, 151936, false}},
     {"gpt3-1.3b", {block_style::gpt, 24, 2048, 8192, 16, 16, 128, 50257, true}},
+    {"mixtral-8x7b", {block_style::llama, 32, 4096, 0, 32, 8, 128, 32000, false, 8, 2, 14336}},
+    {"qwen3-30b-a3b", {block_style::qwen3, 48, 2048, 0, 32, 4, 128, 151936, false, 128, 8, 768}},
+    {"qwen3-235b-a22b", {block_style::qwen3, 94, 4096, 0, 64, 4, 128, 151936, false, 128, 8, 1536}},
 }};
 
 /// The shape of the preset named `name` (model_presets); throws agoq::invalid_argument naming the
@@ -365,34 +476,54 @@ struct shard_shape {
   /// Context-parallel degree: the ranks a sequence is split over (seq is one rank's part); it
   /// sizes the ring attention's transient buffers (layer_working_bytes).
   std::int64_t cp = 1;
+  /// Expert tensor parallelism (Megatron-Core's expert_tensor_parallel_size) of a
+  /// mixture-of-experts model: the ranks each expert's inner width is split over; 0: tp (Megatron's
+  /// default). Unused by a dense model.
+  std::int64_t etp = 0;
 
   /// Tokens of one micro-batch, b * s.
   constexpr std::int64_t tokens() const noexcept { return micro_batch * seq; }
 
-  /// 64 tokens cp W, W = 4 h + 2 q + 2 k + 4 f + heads + 2 vocab (the widths of
-  /// model_shape::parameter_bound), in long double: an upper bound of the bytes of one
-  /// micro-batch's saved tensors of one layer (at most 6 bytes an element, plus 8 KiB of section
-  /// alignment), of those of the output head, and of the working set of either's backward pass
-  /// (and of the ring attention's forward, whose buffers grow with cp).
+  /// etp, or tp when it is 0.
+  constexpr std::int64_t expert_tp() const noexcept { return etp > 0 ? etp : tp; }
+
+  /// The (token, expert) pairs one rank's experts process for one micro-batch of model `m`, R =
+  /// tokens k etp / tp (k = experts_per_token): each rank routes its tokens / tp tokens
+  /// (mixture-of-experts layers run under sequence parallelism) to k experts each, the all-to-all
+  /// of the expert-parallel group brings as many to each rank (routing balanced, no token dropped),
+  /// and the expert-tensor-parallel group gathers its etp ranks' (Megatron-Core's
+  /// MoEAlltoAllTokenDispatcher). 0 for a dense model.
+  constexpr std::int64_t expert_rows(model_shape const& m) const noexcept {
+    return m.moe() ? tokens() / tp * m.experts_per_token * expert_tp() : 0;
+  }
+
+  /// 64 tokens cp W, W = 4 h + 2 q + 2 k + 4 f + heads + 2 vocab + experts + 4 k (etp h + f_e)
+  /// (the widths of model_shape::parameter_bound; k = experts_per_token, f_e = expert_ffn), in
+  /// long double: an upper bound of the bytes of one micro-batch's saved tensors of one layer (at
+  /// most 6 bytes an element, plus 8 KiB of section alignment), of those of the output head, and of
+  /// the working set of either's backward pass (and of the ring attention's forward, whose buffers
+  /// grow with cp).
   long double byte_bound(model_shape const& m) const noexcept {
     auto const [h, q, k, f] = m.width_bounds();
-    long double const width = 4 * h + 2 * q + 2 * k + 4 * f + static_cast<long double>(m.heads) +
-                              2 * static_cast<long double>(m.vocab);
-    return 64 * static_cast<long double>(micro_batch) * static_cast<long double>(seq) *
-           static_cast<long double>(cp) * width;
+    auto const ld = [](std::int64_t x) { return static_cast<long double>(x); };
+    long double const width =
+        4 * h + 2 * q + 2 * k + 4 * f + ld(m.heads) + 2 * ld(m.vocab) + ld(m.experts) +
+        4 * ld(m.experts_per_token) * (ld(expert_tp()) * h + ld(m.expert_ffn));
+    return 64 * ld(micro_batch) * ld(seq) * ld(cp) * width;
   }
 
   /// Throws agoq::invalid_argument unless the shard suits model `m` (which it validates):
-  /// micro_batch, seq, tp and cp positive; tp dividing heads and ffn, and micro_batch * seq under
-  /// sequence parallelism; and few enough tokens for 64-bit byte counts: byte_bound(m) <=
-  /// max_size_count.
+  /// micro_batch, seq, tp and cp positive, etp >= 0; tp dividing heads and ffn, and
+  /// micro_batch * seq under sequence parallelism; for a mixture-of-experts model, sequence
+  /// parallelism where tp > 1 (as Megatron requires) and expert_tp() dividing expert_ffn; and few
+  /// enough tokens for 64-bit byte counts: byte_bound(m) <= max_size_count.
   void validate(model_shape const& m) const;
 };
 
 inline void shard_shape::validate(model_shape const& m) const {
   m.validate();
-  AGOQ_EXPECTS(micro_batch >= 1 && seq >= 1 && tp >= 1 && cp >= 1,
-               "shapes: micro_batch, seq, tp and cp must be positive");
+  AGOQ_EXPECTS(micro_batch >= 1 && seq >= 1 && tp >= 1 && cp >= 1 && etp >= 0,
+               "shapes: micro_batch, seq, tp and cp must be positive, etp >= 0");
   AGOQ_EXPECTS(
       byte_bound(m) <= static_cast<long double>(max_size_count),
       "shapes: micro_batch x seq = " + detail::approx(static_cast<long double>(micro_batch) * seq) +
@@ -404,6 +535,13 @@ inline void shard_shape::validate(model_shape const& m) const {
                    std::to_string(m.heads) + ") and ffn (" + std::to_string(m.ffn) + ")");
   AGOQ_EXPECTS(!sp || tokens() % tp == 0,
                "shapes: with sequence parallelism tp must divide micro_batch * seq");
+  if (!m.moe()) return;
+  AGOQ_EXPECTS(sp || tp == 1,
+               "shapes: a mixture-of-experts model with tp > 1 needs sequence "
+               "parallelism (as Megatron-Core requires)");
+  AGOQ_EXPECTS(m.expert_ffn % expert_tp() == 0,
+               "shapes: the expert tensor-parallel degree (" + std::to_string(expert_tp()) +
+                   ") must divide expert_ffn (" + std::to_string(m.expert_ffn) + ")");
 }
 
 /// The per-rank shape of one saved tensor of one layer and one micro-batch: a row-major
@@ -422,8 +560,9 @@ struct saved_shape {
 };
 
 /// True when tensor parallelism splits the kind: the heads (Q, K, V, O, logsumexp) and the MLP
-/// inner width. The others (residual stream and norm outputs) are replicated across the
-/// tensor-parallel group unless sequence parallelism splits them along the tokens.
+/// inner width. The others (residual stream and norm outputs, the router's probabilities) are
+/// replicated across the tensor-parallel group unless sequence parallelism splits them along the
+/// tokens. The experts' tensors are split by the expert-parallel layout instead (expert_rows).
 inline constexpr bool split_by_tp(tensor_kind k) noexcept {
   switch (k) {
     case tensor_kind::attn_norm_input:
@@ -433,6 +572,11 @@ inline constexpr bool split_by_tp(tensor_kind k) noexcept {
     case tensor_kind::ln1_input:
     case tensor_kind::ln2_input:
     case tensor_kind::fc1_input:
+    case tensor_kind::router_probs:
+    case tensor_kind::expert_input:
+    case tensor_kind::expert_gate_output:
+    case tensor_kind::expert_up_output:
+    case tensor_kind::expert_swiglu_output:
       return false;
     default:
       return true;
@@ -460,16 +604,20 @@ inline std::int64_t kv_heads_per_rank(model_shape const& m, std::int64_t tp) {
 ///   own shard and all-gathers it again in the backward, as Megatron does);
 /// - Q, O and the QK-norm's Q input: [tokens, a d / t]; K, V and its K input: [tokens, g d / t]
 ///   (or one head); logsumexp fp32: [b a / t, s];
-/// - gate, up, SwiGLU output, GeLU input and output: [tokens, f / t].
+/// - gate, up, SwiGLU output, GeLU input and output: [tokens, f / t];
+/// - the router's probabilities, fp32: [T, experts];
+/// - the experts' input: [R, h], their gate, up and SwiGLU outputs: [R, f_e / etp], with
+///   R = shard_shape::expert_rows and f_e = expert_ffn.
 inline saved_shape shape_of(tensor_kind k, model_shape const& m, shard_shape const& p) {
   p.validate(m);
   bool const in_block = [&] {
-    for (tensor_kind const b : block_tensors(m.style))
+    for (tensor_kind const b : m.saved_tensors())
       if (b == k) return true;
     return false;
   }();
   AGOQ_EXPECTS(in_block, "shapes: " + std::string(name_of(k)) + " is not saved by a " +
-                             std::string(name_of(m.style)) + "-style block");
+                             std::string(name_of(m.style)) + "-style block" +
+                             (m.moe() ? " with a mixture-of-experts MLP" : ""));
   std::int64_t const tokens = p.tokens();
   std::int64_t const t = p.tp;
   std::int64_t const d = m.head_size();
@@ -493,6 +641,14 @@ inline saved_shape shape_of(tensor_kind k, model_shape const& m, shard_shape con
     case tensor_kind::gelu_input:
     case tensor_kind::fc2_input:
       return {tokens, m.ffn / t, pb};
+    case tensor_kind::router_probs:
+      return {seq_rows, m.experts, pb};
+    case tensor_kind::expert_input:
+      return {p.expert_rows(m), m.hidden, pb};
+    case tensor_kind::expert_gate_output:
+    case tensor_kind::expert_up_output:
+    case tensor_kind::expert_swiglu_output:
+      return {p.expert_rows(m), m.expert_ffn / p.expert_tp(), pb};
     default:
       return {seq_rows, m.hidden, pb};
   }

@@ -90,10 +90,25 @@ struct parallel_config {
   /// string). A chunk may hold none. Empty: the layers are split as the fields above say, which
   /// it excludes.
   std::vector<std::int64_t> pipeline_layout{};
+  /// Expert parallelism of a mixture-of-experts model (Megatron-Core's
+  /// expert_model_parallel_size): the ranks its experts are spread over, experts / ep on each.
+  /// 1 for a dense model.
+  std::int64_t ep = 1;
+  /// Expert tensor parallelism (Megatron-Core's expert_tensor_parallel_size): the ranks each
+  /// expert's inner width is split over; 0: tp, Megatron's default. 0 for a dense model.
+  std::int64_t etp = 0;
 
   /// The ranks that hold the same weights and reduce their gradients together, which ZeRO shards
   /// over: dp x cp (Megatron-Core's data-parallel group with context parallelism).
   std::int64_t gradient_ranks() const noexcept { return dp * cp; }
+
+  /// etp, or tp when it is 0.
+  std::int64_t expert_tp() const noexcept { return etp > 0 ? etp : tp; }
+
+  /// The ranks that hold the same experts and reduce their gradients together, which ZeRO shards
+  /// the experts' states over: tp cp dp / (ep etp) (Megatron-Core's expert data-parallel group:
+  /// the ranks of a pipeline stage, tp cp dp, laid out as ep x etp x this).
+  std::int64_t expert_gradient_ranks() const noexcept { return tp * cp * dp / (ep * expert_tp()); }
 
   /// True when first_stage_layers or last_stage_layers sets a device's layers.
   bool uneven() const noexcept { return first_stage_layers > 0 || last_stage_layers > 0; }
@@ -204,6 +219,22 @@ inline void parallel_config::validate(model_shape const& m) const {
                "parallel_config: zero_stage is 0, 1, 2 or 3, got " + std::to_string(zero_stage));
   AGOQ_EXPECTS(virtual_stages == 1 || pp >= 2,
                "parallel_config: an interleaved schedule needs at least 2 pipeline stages");
+  if (!m.moe()) {
+    AGOQ_EXPECTS(ep == 1 && etp == 0,
+                 "parallel_config: ep and etp are a mixture-of-experts model's (dense: 1 and 0)");
+  } else {
+    AGOQ_EXPECTS(ep >= 1 && etp >= 0, "parallel_config: ep must be positive and etp >= 0");
+    AGOQ_EXPECTS(m.experts % ep == 0, "parallel_config: ep (" + std::to_string(ep) +
+                                          ") must divide the experts (" +
+                                          std::to_string(m.experts) + ")");
+    AGOQ_EXPECTS(tp <= max_size_count / (dp * cp),
+                 "parallel_config: tp x dp x cp ranks are too many");
+    AGOQ_EXPECTS(
+        expert_tp() <= tp * cp * dp / ep && (tp * cp * dp) % (ep * expert_tp()) == 0,
+        "parallel_config: ep x etp (" + std::to_string(ep) + " x " + std::to_string(expert_tp()) +
+            ") must divide the ranks of a pipeline stage, tp x cp x dp (" + std::to_string(tp) +
+            " x " + std::to_string(cp) + " x " + std::to_string(dp) + ")");
+  }
   detail::check_group(pp, virtual_stages, vp_group, vp_rules);
   if (!pipeline_layout.empty()) {
     AGOQ_EXPECTS(static_cast<std::int64_t>(pipeline_layout.size()) / pp == virtual_stages &&
@@ -587,17 +618,29 @@ inline rank_widths widths_of(model_shape const& m, std::int64_t tp) {
   return {m.heads / tp * m.head_size(), kv_heads_per_rank(m, tp) * m.head_size(), m.ffn / tp};
 }
 
-/// Parameters of one transformer layer held by one tensor-parallel rank (norm weights are
-/// replicated): LLaMA-style Q, K, V, O without biases, gate, up, down and two RMSNorm weights
-/// (Qwen3-style also the QK-norm's two of head_dim); GPT-style QKV and O with biases, FC1 and FC2
-/// with biases and two LayerNorms.
+/// Parameters of one transformer layer held by one tensor-parallel rank but its experts (norm
+/// weights are replicated): LLaMA-style Q, K, V, O without biases, gate, up, down and two RMSNorm
+/// weights (Qwen3-style also the QK-norm's two of head_dim); GPT-style QKV and O with biases, FC1
+/// and FC2 with biases and two LayerNorms. A mixture-of-experts layer has no dense MLP but the
+/// router's [hidden, experts] weight, replicated on every rank as Megatron-Core keeps it; its
+/// experts are expert_layer_parameters.
 inline std::int64_t layer_parameters(model_shape const& m, std::int64_t tp) {
   m.validate();
   std::int64_t const h = m.hidden;
   auto const [qd, kvd, f] = widths_of(m, tp);
   std::int64_t const qk_norm = m.style == block_style::qwen3 ? 2 * m.head_size() : 0;
-  if (llama_like(m.style)) return h * qd + 2 * h * kvd + qd * h + 3 * h * f + 2 * h + qk_norm;
+  if (llama_like(m.style))
+    return h * qd + 2 * h * kvd + qd * h + 3 * h * f + 2 * h + qk_norm + h * m.experts;
   return (h * 3 * qd + 3 * qd) + (qd * h + h) + (h * f + f) + (f * h + h) + 4 * h;
+}
+
+/// Parameters of the experts of one mixture-of-experts layer held by one rank of `p`:
+/// experts / ep experts, each SwiGLU's gate, up and down without biases split over expert_tp(),
+/// 3 h f_e / etp (f_e = expert_ffn); 0 for a dense model. Throws agoq::invalid_argument as
+/// parallel_config::validate.
+inline std::int64_t expert_layer_parameters(model_shape const& m, parallel_config const& p) {
+  p.validate(m);
+  return m.experts / p.ep * 3 * m.hidden * (m.expert_ffn / p.expert_tp());
 }
 
 /// Rows of the vocabulary one tensor-parallel rank holds (the vocabulary is split, padded).
@@ -945,6 +988,7 @@ struct stage_memory {
   std::int64_t stage = 0;
   std::int64_t layers = 0;              ///< transformer layers it holds (stage_layers)
   std::int64_t parameters = 0;          ///< parameters of its chunks on one TP rank (unsharded)
+  std::int64_t expert_parameters = 0;   ///< of which experts' (expert_layer_parameters)
   std::int64_t weights = 0;             ///< bf16 weights (sharded over dp x cp under ZeRO-3)
   std::int64_t master_weights = 0;      ///< fp32 master copy (sharded under ZeRO >= 1)
   std::int64_t gradients = 0;           ///< gradient buffer (sharded under ZeRO >= 2)
@@ -994,17 +1038,32 @@ inline shard_shape shard_of(parallel_config const& p, step_config const& st) {
   AGOQ_EXPECTS(p.cp == 1 || (st.seq >= 1 && st.seq % (2 * p.cp) == 0),
                "context parallelism: seq (" + std::to_string(st.seq) +
                    ") must split into 2 cp = " + std::to_string(2 * p.cp) + " equal chunks");
-  return {st.micro_batch, st.seq / p.cp, p.tp, p.sp, p.cp};
+  return {st.micro_batch, st.seq / p.cp, p.tp, p.sp, p.cp, p.etp};
 }
+
+namespace detail {
+
+/// Throws agoq::invalid_argument for selective recomputation of `mlp` in a mixture-of-experts
+/// model: Megatron-Core's `mlp` module is a dense MLP's (an MoE layer's are `moe` and `moe_act`,
+/// which agoq does not model).
+inline void check_selective(model_shape const& m, recompute_modules const& selective) {
+  AGOQ_EXPECTS(!m.moe() || !selective.mlp,
+               "recompute_modules: mlp recomputes a dense MLP; a mixture-of-experts layer's "
+               "modules (Megatron-Core's moe, moe_act) are not modelled");
+}
+
+}  // namespace detail
 
 /// Bytes of one micro-batch's saved activations of one layer with the storage `choose(kind)`
 /// gives each kind (aliases cost nothing: they read their kind's buffer, and neither do the kinds
-/// `selective` recomputes: `choose` is not asked for them).
+/// `selective` recomputes: `choose` is not asked for them). Throws agoq::invalid_argument as
+/// shape_of, and for `mlp` recomputed in a mixture-of-experts model.
 template <class Choose>
 std::int64_t layer_activation_bytes(model_shape const& m, shard_shape const& sh, Choose&& choose,
                                     recompute_modules const& selective = {}) {
+  detail::check_selective(m, selective);
   std::int64_t bytes = 0;
-  for (tensor_kind const k : block_tensors(m.style)) {
+  for (tensor_kind const k : m.saved_tensors()) {
     if (is_alias(k) || recomputes(selective, k)) continue;
     bytes += storage(choose(k)).bytes(shape_of(k, m, sh));
   }
@@ -1125,6 +1184,16 @@ inline std::int64_t largest_layer_matrix(model_shape const& m, std::int64_t tp) 
 /// - QKV projection: 2 T0 (q + 2k) + 2 T0 h + G + D(qkv_input);
 /// - QK-norm (Qwen3): 2 T0 (q + 2k) (the gradients of Q, K and V after it) + 2 T0 (q + k) (of
 ///   its inputs) + D(query_norm_input) + D(key_norm_input).
+/// A mixture-of-experts layer has, in place of the MLP's four, these (R = expert_rows, the
+/// (token, expert) pairs of this rank's experts, f_e = expert_ffn / etp, e = experts; the tokens
+/// reach the experts by all-to-all, not gathered, so no G):
+/// - experts' down projection: 2 R h (its output gradient, as the all-to-all brings it) + 2 R f_e
+///   + D(expert_swiglu_output);
+/// - experts' SwiGLU: 6 R f_e;
+/// - experts' gate and up: 4 R f_e + 2 R h (their input gradient) + D(expert_input);
+/// - router and combine: 2 R h (the routed input gradients, back from the all-to-all) + 2 T h
+///   (their sum per token) + 4 T e (the fp32 gradient of the router's probabilities) +
+///   D(router_probs) + D(mlp_input).
 /// Each forward phase holds no more than one of these (its bf16 outputs are the backward's
 /// gradients), but for the ring attention of context parallelism (cp > 1; T0 is then this rank's
 /// tokens, seq / cp of each sequence), as Transformer Engine's AttnFuncWithCPAndKVP2P runs it:
@@ -1140,7 +1209,7 @@ inline std::int64_t largest_layer_matrix(model_shape const& m, std::int64_t tp) 
 ///   forward again, from its input dequantized where that is quantized, holds at most
 ///   2 T h + D(norm output), less than its GEMM's phase);
 /// - `layernorm` or `mlp`: D(mlp_input / fc1_input) in the down-projection and SwiGLU / GeLU
-///   phases;
+///   phases (a mixture-of-experts layer: `layernorm`, in its experts' three);
 /// - `mlp`: the MLP's inner tensors in bf16, M = 6 T0 f (gate, up, SwiGLU output; GPT 4 T0 f),
 ///   replace D(swiglu_output / fc2_input) in the down-projection phase; the SwiGLU phase holds
 ///   the gate and up outputs (4 T0 f; GeLU its input, 2 T0 f) beside its gradients; and the MLP's
@@ -1157,6 +1226,7 @@ requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_byte
   auto const bf16 = [&](tensor_kind k) {
     return recomputes(selective, k) || quantized(k) ? shape_of(k, m, sh).bytes() : 0;
   };
+  detail::check_selective(m, selective);
   bool const llama = llama_like(m.style);
   std::int64_t const t0 = sh.tokens();
   std::int64_t const rows = sh.sp ? t0 / sh.tp : t0;
@@ -1168,13 +1238,30 @@ requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_byte
   // Recomputed at the start of the attention's / the MLP's backward, alive until consumed.
   std::int64_t const early_attn = selective.layernorm ? bf16(tensor_kind::qkv_input) : 0;
   std::int64_t const early_mlp = selective.layernorm || selective.mlp ? bf16(mlp_in) : 0;
+  std::int64_t const r = sh.expert_rows(m);
+  std::int64_t const fe = m.moe() ? m.expert_ffn / sh.expert_tp() : 0;
+  std::array<std::int64_t, 4> const mlp =
+      m.moe() ? std::array<std::int64_t, 4>{2 * r * h + 2 * r * fe + early_mlp +
+                                                bf16(tensor_kind::expert_swiglu_output),
+                                            6 * r * fe + early_mlp,
+                                            4 * r * fe + 2 * r * h + early_mlp +
+                                                bf16(tensor_kind::expert_input),
+                                            2 * r * h + 2 * rows * h + 4 * rows * m.experts +
+                                                bf16(tensor_kind::router_probs) + bf16(mlp_in)}
+              : std::array<std::int64_t, 4>{
+                    g + 2 * t0 * f + early_mlp +
+                        (selective.mlp
+                             ? inner
+                             : bf16(llama ? tensor_kind::swiglu_output : tensor_kind::fc2_input)),
+                    (llama ? 6 : 4) * t0 * f + early_mlp +
+                        (selective.mlp ? (llama ? 4 : 2) * t0 * f : 0),
+                    (llama ? 4 : 2) * t0 * f + 2 * t0 * h + g + bf16(mlp_in),
+                    selective.mlp ? early_mlp + g + inner + 2 * t0 * h : 0};
   std::int64_t const phases[] = {
-      g + 2 * t0 * f + early_mlp +
-          (selective.mlp ? inner
-                         : bf16(llama ? tensor_kind::swiglu_output : tensor_kind::fc2_input)),
-      (llama ? 6 : 4) * t0 * f + early_mlp + (selective.mlp ? (llama ? 4 : 2) * t0 * f : 0),
-      (llama ? 4 : 2) * t0 * f + 2 * t0 * h + g + bf16(mlp_in),
-      selective.mlp ? early_mlp + g + inner + 2 * t0 * h : 0,
+      mlp[0],
+      mlp[1],
+      mlp[2],
+      mlp[3],
       g + 2 * t0 * q + bf16(tensor_kind::attention_output) + early_attn,
       2 * t0 * q + 2 * t0 * (q + 2 * k) + 4 * t0 * q + lse + (k < q ? 4 * t0 * q : 0) +
           (sh.cp > 1 ? 16 * t0 * k : 0) + bf16(tensor_kind::query) + bf16(tensor_kind::key) +
@@ -1189,11 +1276,24 @@ requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_byte
   return std::max(2 * rows * h + std::ranges::max(phases), ring_forward);
 }
 
+/// The two gradient buffers of a device, reduced over different groups: the dense parameters'
+/// (every parameter of a dense model) over dp x cp, a mixture-of-experts model's experts' over
+/// the expert data-parallel group (parallel_config::expert_gradient_ranks), as Megatron-Core
+/// keeps them.
+enum class parameter_group : std::uint8_t { dense, experts };
+
+/// The ranks group `g`'s gradients are reduced, and ZeRO shards its states, over.
+inline std::int64_t ranks_of(parallel_config const& p, parameter_group g) noexcept {
+  return g == parameter_group::dense ? p.gradient_ranks() : p.expert_gradient_ranks();
+}
+
 /// True when the backward's weight gradients cannot go straight into the kept gradient (as
 /// Megatron's gradient accumulation fusion adds them into a dense fp32 or bf16 buffer) and are
-/// written in bf16 first: agoq's 8-bit buffer, or a buffer sharded over dp x cp > 1 (ZeRO-2, -3).
-inline bool stages_gradients(parallel_config const& p, gradient_format g) noexcept {
-  return g == gradient_format::int8_g128 || (p.zero_stage >= 2 && p.gradient_ranks() > 1);
+/// written in bf16 first: agoq's 8-bit buffer, or a buffer sharded over more than one rank of
+/// group `group` (ranks_of; ZeRO-2, -3).
+inline bool stages_gradients(parallel_config const& p, gradient_format g,
+                             parameter_group group = parameter_group::dense) noexcept {
+  return g == gradient_format::int8_g128 || (p.zero_stage >= 2 && ranks_of(p, group) > 1);
 }
 
 /// Bytes of the output head's transient working set on the last pipeline device, for one
@@ -1209,11 +1309,22 @@ inline std::int64_t head_working_bytes(model_shape const& m, shard_shape const& 
   return 2 * t0 * v + 2 * t0 * h + (sh.sp ? 2 * t0 * h : 0) + (staged ? 2 * v * h : 0);
 }
 
-/// Parameters per gradient bucket on a device holding `parameters`: step_config::bucket_parameters,
-/// or Megatron-Core's default max(40,000,000, 1,000,000 dp cp) when it is 0; never less than
-/// largest_layer_matrix, never more than the device holds.
+/// Parameters of the largest weight of one mixture-of-experts layer's experts on one rank: an
+/// expert's gate and up together, [2 f_e / etp, h] (Transformer Engine's grouped linear layers keep
+/// one weight per expert); 0 for a dense model.
+inline std::int64_t largest_expert_matrix(model_shape const& m, parallel_config const& p) {
+  p.validate(m);
+  return 2 * (m.expert_ffn / p.expert_tp()) * m.hidden;
+}
+
+/// Parameters per gradient bucket of group `group` on a device holding `parameters` of it:
+/// step_config::bucket_parameters, or Megatron-Core's default max(40,000,000, 1,000,000 dp cp)
+/// when it is 0 (one size for both groups, as its DistributedDataParallel sets it); never less
+/// than the group's largest weight (largest_layer_matrix, largest_expert_matrix), never more than
+/// the device holds.
 inline std::int64_t bucket_parameters(model_shape const& m, parallel_config const& p,
-                                      step_config const& st, std::int64_t parameters) {
+                                      step_config const& st, std::int64_t parameters,
+                                      parameter_group group = parameter_group::dense) {
   // Past parameters / 10^6 ranks the default exceeds the device's parameters (without overflow).
   std::int64_t const per_rank = 1'000'000;
   std::int64_t const bucket =
@@ -1221,24 +1332,27 @@ inline std::int64_t bucket_parameters(model_shape const& m, parallel_config cons
       : p.gradient_ranks() > parameters / per_rank
           ? parameters
           : std::max<std::int64_t>(40'000'000, per_rank * p.gradient_ranks());
-  return std::min(std::max(bucket, largest_layer_matrix(m, p.tp)), parameters);
+  std::int64_t const largest =
+      group == parameter_group::dense ? largest_layer_matrix(m, p.tp) : largest_expert_matrix(m, p);
+  return std::min(std::max(bucket, largest), parameters);
 }
 
-/// Bytes of the gradient buffers counted at the peak of a device holding `parameters`, for a
-/// bucket of n = bucket_parameters: when
-/// stages_gradients, the bucket's bf16 gradient (2 n); for agoq's 8-bit buffer over dp cp > 1, also
-/// the device workspace of the 8-bit collective over it (gradient::collective_workspace, groups of
-/// 128 on dp cp ranks: the reduce-scatter under ZeRO >= 1, else the all-reduce). fp32 and bf16
-/// buffers are reduced in place (NCCL's own buffers are in the reserved allowance): 0. The
-/// collective runs after the backward or, overlapped, during the last micro-batch's; counting it
-/// at the peak is an upper bound.
+/// Bytes of the gradient buffers of group `group` counted at the peak of a device holding
+/// `parameters` of it, for a bucket of n = bucket_parameters: when stages_gradients, the bucket's
+/// bf16 gradient (2 n); for agoq's 8-bit buffer over more than one rank (ranks_of), also the
+/// device workspace of the 8-bit collective over them (gradient::collective_workspace, groups of
+/// 128: the reduce-scatter under ZeRO >= 1, else the all-reduce). fp32 and bf16 buffers are
+/// reduced in place (NCCL's own buffers are in the reserved allowance): 0. The collective runs
+/// after the backward or, overlapped, during the last micro-batch's; counting it at the peak is an
+/// upper bound (and so is counting both groups' of a mixture-of-experts model).
 inline std::int64_t gradient_buffer_bytes(model_shape const& m, parallel_config const& p,
                                           step_config const& st, gradient_format g,
-                                          std::int64_t parameters) {
-  if (!stages_gradients(p, g)) return 0;
-  std::int64_t const n = bucket_parameters(m, p, st, parameters);
+                                          std::int64_t parameters,
+                                          parameter_group group = parameter_group::dense) {
+  if (!stages_gradients(p, g, group)) return 0;
+  std::int64_t const n = bucket_parameters(m, p, st, parameters, group);
   std::int64_t bytes = 2 * n;
-  std::int64_t const ranks = p.gradient_ranks();
+  std::int64_t const ranks = ranks_of(p, group);
   if (g == gradient_format::int8_g128 && ranks > 1)
     bytes += gradient::collective_workspace(gradient::chunk_plan(n, 128, ranks), p.zero_stage == 0)
                  .total;
@@ -1248,15 +1362,16 @@ inline std::int64_t gradient_buffer_bytes(model_shape const& m, parallel_config 
 namespace detail {
 
 /// Throws agoq::invalid_argument unless every count estimate_memory forms fits 64 bits: an upper
-/// bound of any device's total, 64 P + U (c (B/8 + 8 KiB) + B/8) + B + 512 dp cp + 4 KiB +
-/// reserved, at most max_size_count, with P = model_shape::parameter_bound (64 bytes a parameter
-/// bound the states, the head's staged weight gradient and the gradient buffers but for their
-/// 512 bytes a rank), B = shard_shape::byte_bound (the working set; B/8 bounds one micro-batch's
-/// saved tensors of a layer, 8 KiB their section alignments, or of the output head), c the most
-/// layers of a model chunk (max_chunk_layers) and U the chunk units the first device holds at once,
-/// the most of any (peak_in_flight_units), plus one under recomputation (its checkpoint's layers).
-/// The bound is loose (LLaMA-3-8B with bf16 activations: about 21 times the total), so a device
-/// needing more than about 2^57 bytes may be refused. `m`, `p` and `sh` are valid.
+/// bound of any device's total, 64 P + U (c (B/8 + 8 KiB) + B/8) + B + 512 (dp cp + e) + 4 KiB
+/// + reserved, at most max_size_count, with P = model_shape::parameter_bound (64 bytes a
+/// parameter bound the states, the head's staged weight gradient and the gradient buffers but for
+/// their 512 bytes a rank, e = expert_gradient_ranks those of the experts'), B =
+/// shard_shape::byte_bound (the working set; B/8 bounds one micro-batch's saved tensors of a layer,
+/// 8 KiB their section alignments, or of the output head), c the most layers of a model chunk
+/// (max_chunk_layers) and U the chunk units the first device holds at once, the most of any
+/// (peak_in_flight_units), plus one under recomputation (its checkpoint's layers). The bound is
+/// loose (LLaMA-3-8B with bf16 activations: about 21 times the total), so a device needing more
+/// than about 2^57 bytes may be refused. `m`, `p` and `sh` are valid.
 inline void check_step_size(model_shape const& m, parallel_config const& p, step_config const& st,
                             shard_shape const& sh) {
   auto const units = static_cast<long double>(peak_in_flight_units(schedule_of(p, st), 0));
@@ -1266,8 +1381,9 @@ inline void check_step_size(model_shape const& m, parallel_config const& p, step
   long double const bound =
       64 * m.parameter_bound() +
       copies * (static_cast<long double>(p.max_chunk_layers(m)) * (b / 8 + 8192) + b / 8) + b +
-      512 * static_cast<long double>(p.gradient_ranks()) + 4096 +
-      static_cast<long double>(st.reserved_bytes);
+      512 * (static_cast<long double>(p.gradient_ranks()) +
+             static_cast<long double>(p.expert_gradient_ranks())) +
+      4096 + static_cast<long double>(st.reserved_bytes);
   AGOQ_EXPECTS(bound <= static_cast<long double>(max_size_count),
                "estimate_memory: the step is too large to count in 64-bit bytes: a device could "
                "need up to " +
@@ -1353,6 +1469,7 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
   sh.validate(m);
   detail::check_step_size(m, p, st, sh);
   std::int64_t const per_layer = layer_parameters(m, p.tp);
+  std::int64_t const per_layer_experts = expert_layer_parameters(m, p);
   std::int64_t const embedding = vocab_per_rank(m, p.tp) * m.hidden;
   std::int64_t const final_norm = llama_like(m.style) ? m.hidden : 2 * m.hidden;
   std::vector<stage_memory> out;
@@ -1360,22 +1477,27 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
     stage_memory s;
     s.stage = r;
     s.layers = p.stage_layers(m, r);
-    s.parameters = per_layer * s.layers;
+    s.expert_parameters = per_layer_experts * s.layers;
+    s.parameters = per_layer * s.layers + s.expert_parameters;
     bool const first = r == 0;
     bool const last = r == p.pp - 1;
     if (first) s.parameters += embedding;
     // An untied head, or a tied one on a different stage (Megatron keeps a copy there).
     if (last && (!m.tied_embeddings || p.pp > 1)) s.parameters += embedding;
     if (last) s.parameters += final_norm;
+    // The dense parameters sharded over dp x cp, the experts' over the expert data-parallel group.
+    std::int64_t const dense = s.parameters - s.expert_parameters;
     auto shard = [&](int from_stage) {
-      return p.zero_stage >= from_stage ? agoq::detail::ceil_div(s.parameters, p.gradient_ranks())
-                                        : s.parameters;
+      return p.zero_stage >= from_stage
+                 ? agoq::detail::ceil_div(dense, p.gradient_ranks()) +
+                       agoq::detail::ceil_div(s.expert_parameters, p.expert_gradient_ranks())
+                 : s.parameters;
     };
     s.weights = 2 * shard(3);
     if (p.zero_stage == 3) {
-      // The largest unit gathered at once: a transformer layer, or the embedding / head matrix
-      // this device holds.
-      std::int64_t unit = per_layer;
+      // The largest unit gathered at once: a transformer layer (its experts included), or the
+      // embedding / head matrix this device holds.
+      std::int64_t unit = per_layer + per_layer_experts;
       if (first || (last && (!m.tied_embeddings || p.pp > 1))) unit = std::max(unit, embedding);
       s.gathered_weights = 2 * 2 * unit;
     }
@@ -1407,7 +1529,10 @@ estimate_memory(model_shape const& m, parallel_config const& p, step_config cons
     s.working = detail::device_working_bytes(
         m, p, sh, r, stages_gradients(p, f.gradients), st.selective,
         [&](std::int64_t l, tensor_kind k) { return !choose(l, k).is_precise(); });
-    s.gradient_buffers = gradient_buffer_bytes(m, p, st, f.gradients, s.parameters);
+    s.gradient_buffers = gradient_buffer_bytes(m, p, st, f.gradients, dense);
+    if (s.expert_parameters > 0)
+      s.gradient_buffers += gradient_buffer_bytes(m, p, st, f.gradients, s.expert_parameters,
+                                                  parameter_group::experts);
     s.reserved = st.reserved_bytes;
     out.push_back(std::move(s));
   }

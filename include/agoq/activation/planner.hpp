@@ -381,7 +381,7 @@ inline std::vector<stage_memory> smallest_memory(planner_input const& in,
                                                  std::vector<stage_memory> reserved) {
   shard_shape const sh = shard_of(in.parallel, in.step);
   std::array<storage, tensor_kind_count> smallest{};  // each kind's smallest candidate
-  for (tensor_kind const k : block_tensors(in.model.style)) {
+  for (tensor_kind const k : in.model.saved_tensors()) {
     auto const& c = in.policy.candidates(k);
     saved_shape const s = shape_of(k, in.model, sh);
     smallest[static_cast<std::size_t>(index_of(k))] = *std::min_element(
@@ -522,7 +522,7 @@ inline activation_plan make_plan(planner_input const& in) {
   std::vector<char> quantized(static_cast<std::size_t>(m.layers * tensor_kind_count), 0);
 
   std::vector<tensor_kind> owned;
-  for (tensor_kind const k : block_tensors(m.style))
+  for (tensor_kind const k : m.saved_tensors())
     if (!is_alias(k)) owned.push_back(k);
   std::vector<saved_shape> shapes;
   std::array<saved_shape, tensor_kind_count> shape_by_kind{};
@@ -736,7 +736,10 @@ inline std::optional<std::int64_t> least_block_recompute(planner_input in) {
 /// - projections: Q, K and V, 2 T h (q + 2k), and the output projection, 2 T q h;
 /// - core_attention: Q K^T and P V under the causal mask, 2 q b s (s + 1) / cp (each of the two
 ///   2 d b s (s + 1) / 2 a head; a context-parallel rank holds 1 / cp of the causal pairs);
-/// - mlp: LLaMA's gate, up and down projections, 6 T h f; GPT's fc1 and fc2, 4 T h f.
+/// - mlp: LLaMA's gate, up and down projections, 6 T h f; GPT's fc1 and fc2, 4 T h f; a
+///   mixture-of-experts MLP's router, 2 T h e, and its experts' products for the k experts of each
+///   token, 6 T h k f_e (e = experts, k = experts_per_token, f_e = expert_ffn; routing balanced:
+///   the expert-parallel layout spreads them evenly, as tensor parallelism the others).
 /// The norms, activation functions and softmax are elementwise and not counted, as in the
 /// FLOPs accounting of Megatron (Narayanan et al., SC'21), which these follow.
 struct layer_flops {
@@ -761,10 +764,14 @@ inline layer_flops layer_forward_flops(model_shape const& m, parallel_config con
   long double const t = b * s / static_cast<long double>(p.cp);
   long double const tp = static_cast<long double>(p.tp);
   long double const mlp_products = llama_like(m.style) ? 3 : 2;
+  // The experts' inner width a token passes through, and the router's products.
+  long double const routed =
+      static_cast<long double>(m.experts_per_token) * static_cast<long double>(m.expert_ffn);
+  long double const router = 2 * t * h * static_cast<long double>(m.experts);
   layer_flops out;
   out.projections = static_cast<double>(2 * t * h * (q + 2 * k) / tp + 2 * t * q * h / tp);
   out.core_attention = static_cast<double>(2 * q * b * s * (s + 1) / (p.cp * tp));
-  out.mlp = static_cast<double>(2 * mlp_products * t * h * f / tp);
+  out.mlp = static_cast<double>((2 * mlp_products * t * h * (f + routed) + router) / tp);
   return out;
 }
 

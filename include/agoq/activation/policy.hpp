@@ -75,13 +75,16 @@ concept activation_policy = requires(tensor_kind k) {
 /// - linear-layer and activation-function inputs: int4_g128_sym_rne_f32; a planner may raise
 ///   them to int8 or keep them precise;
 /// - residual stream: int8_g128_sym_rne_f32 (outlier channels make 4 bits unsafe); a planner may
-///   keep it precise.
+///   keep it precise;
+/// - routing (a mixture-of-experts router's fp32 probabilities, 4 bytes a token per expert):
+///   precise; they scale each expert's output and their gradient trains the router.
 /// `o_proj_input` follows `attention_output` (it is that buffer, see is_alias).
 struct default_policy {
   /// The storage used without a planner.
   static constexpr storage default_storage(tensor_kind k) noexcept {
     switch (category_of(storage_kind(k))) {
       case tensor_category::attention_core:
+      case tensor_category::routing:
         return storage::precise();
       case tensor_category::residual_stream:
         return storage::with(int8_g128);
@@ -93,6 +96,7 @@ struct default_policy {
   static std::vector<storage> candidates(tensor_kind k) {
     switch (category_of(storage_kind(k))) {
       case tensor_category::attention_core:
+      case tensor_category::routing:
         return {storage::precise()};
       case tensor_category::residual_stream:
         return {storage::with(int8_g128), storage::precise()};
