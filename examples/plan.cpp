@@ -72,7 +72,8 @@ void usage() {
   std::puts(
       "usage: agoq_plan [--config FILE] [--preset NAME] [--hf-config FILE]\n"
       "  [--style llama|gpt|qwen3] [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N]\n"
-      "  [--head-dim N] [--vocab N] [--tp N] [--pp N] [--vp N] [--vp-group N]\n"
+      "  [--head-dim N] [--vocab N] [--experts N] [--experts-per-token N] [--expert-ffn N]\n"
+      "  [--tp N] [--pp N] [--vp N] [--vp-group N] [--ep N] [--etp N]\n"
       "  [--vp-rules core|legacy] [--first-stage-layers N] [--last-stage-layers N]\n"
       "  [--account-for-embedding] [--account-for-loss] [--pipeline-layout TEXT]\n"
       "  [--dp N] [--cp N] [--zero 0-3] [--sp] [--no-sp]\n"
@@ -101,6 +102,12 @@ void usage() {
       "head) backward phase, gradient staging and 8-bit reduction buffers of one --bucket of\n"
       "parameters (default 0: Megatron-Core's max(40M, 1M dp cp)), and --reserved-gib (default\n"
       "1) for the CUDA context, GEMM workspaces and NCCL; --verbose splits it.\n"
+      "--experts N (with --experts-per-token K and --expert-ffn F, and --ffn 0) makes every\n"
+      "layer's MLP a mixture of N SwiGLU experts of width F, K a token (llama or qwen3 style;\n"
+      "routing balanced, no token dropped). --ep N spreads the experts over N ranks, --etp N\n"
+      "splits each over N (default: tp), as Megatron-Core's expert model/tensor parallel\n"
+      "sizes; ep x etp divides tp x cp x dp, the rest is the experts' data parallelism, which\n"
+      "ZeRO shards their states over. Under tp > 1 it needs --sp.\n"
       "--cp N is context parallelism: each sequence split over N ranks (seq / N tokens a rank,\n"
       "seq a multiple of 2N), with ring attention's buffers in the transient memory; ZeRO and\n"
       "the gradient reduction run over dp x cp ranks.\n"
@@ -137,7 +144,8 @@ void usage() {
               names.c_str());
   std::puts(
       "--hf-config FILE takes the shape of a Hugging Face config.json (model_type llama,\n"
-      "mistral, qwen2, qwen3 or gpt2; the shape flags after it change it). --style qwen3 is\n"
+      "mistral, qwen2, qwen3, mixtral, qwen3_moe or gpt2; the shape flags after it change it).\n"
+      "--style qwen3 is\n"
       "LLaMA's block with QK-norm (Qwen3), which keeps Q and K before it for its backward.");
 }
 
@@ -234,6 +242,16 @@ void apply(options& o, std::string const& key, std::string const& v) {
     o.model.head_dim = to_int(key, v);
   } else if (key == "vocab") {
     o.model.vocab = to_int(key, v);
+  } else if (key == "experts") {
+    o.model.experts = to_int(key, v);
+  } else if (key == "experts-per-token") {
+    o.model.experts_per_token = to_int(key, v);
+  } else if (key == "expert-ffn") {
+    o.model.expert_ffn = to_int(key, v);
+  } else if (key == "ep") {
+    o.parallel.ep = to_int(key, v);
+  } else if (key == "etp") {
+    o.parallel.etp = to_int(key, v);
   } else if (key == "tp") {
     o.parallel.tp = to_int(key, v);
   } else if (key == "pp") {
@@ -473,7 +491,7 @@ void print_recompute_options(options const& o, recompute_choice const& choice) {
 void print_plan(options const& o, act::activation_plan const& plan) {
   std::printf("\nplan for a budget of %.2f GiB per GPU\n", g(plan.budget_bytes()));
   std::printf("error model, kind sensitivity/outlier:");
-  for (act::tensor_kind const k : act::o.model.saved_tensors()) {
+  for (act::tensor_kind const k : o.model.saved_tensors()) {
     if (!act::is_alias(k))
       std::printf(" %s %g/%g", std::string(act::name_of(k)).c_str(), o.errors.sensitivity(k),
                   o.errors.outlier(k));
@@ -493,7 +511,7 @@ void print_plan(options const& o, act::activation_plan const& plan) {
         static_cast<long long>(s.memory.stage), g(s.memory.total()), g(s.memory.activations),
         g(s.memory.transient()), g(s.unused_bytes), s.error, s.error_lower_bound);
     // Per kind: the layers holding each choice, as runs.
-    for (act::tensor_kind const k : act::o.model.saved_tensors()) {
+    for (act::tensor_kind const k : o.model.saved_tensors()) {
       if (act::is_alias(k)) continue;
       std::string line;
       std::string run_name;
@@ -628,7 +646,7 @@ std::string json_plan(act::activation_plan const& plan) {
 /// "per_layer": [{"layer", "kind", "sensitivity"}] of the weights set per layer.
 std::string json_error_model(options const& o) {
   std::vector<std::pair<std::string_view, std::string>> kinds;
-  for (act::tensor_kind const k : act::o.model.saved_tensors()) {
+  for (act::tensor_kind const k : o.model.saved_tensors()) {
     if (act::is_alias(k)) continue;
     kinds.emplace_back(act::name_of(k),
                        json_object({{"sensitivity", json_number(o.errors.sensitivity(k))},
@@ -661,7 +679,10 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
                              {"kv_heads", json_number(m.kv_heads)},
                              {"head_dim", json_number(m.head_size())},
                              {"vocab", json_number(m.vocab)},
-                             {"tied_embeddings", json_bool(m.tied_embeddings)}})},
+                             {"tied_embeddings", json_bool(m.tied_embeddings)},
+                             {"experts", json_number(m.experts)},
+                             {"experts_per_token", json_number(m.experts_per_token)},
+                             {"expert_ffn", json_number(m.expert_ffn)}})},
       {"parallel", json_object({{"tp", json_number(p.tp)},
                                 {"pp", json_number(p.pp)},
                                 {"vp", json_number(p.virtual_stages)},
@@ -675,7 +696,9 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
                                 {"dp", json_number(p.dp)},
                                 {"cp", json_number(p.cp)},
                                 {"zero", json_number(std::int64_t{p.zero_stage})},
-                                {"sp", json_bool(p.sp)}})},
+                                {"sp", json_bool(p.sp)},
+                                {"ep", json_number(p.ep)},
+                                {"etp", json_number(m.moe() ? p.expert_tp() : 0)}})},
       {"step", json_object({{"micro_batch", json_number(o.step.micro_batch)},
                             {"seq", json_number(o.step.seq)},
                             {"micro_batches", json_number(o.step.micro_batches)},
@@ -740,6 +763,13 @@ void print_text(options const& o, std::vector<act::stage_memory> const& baseline
       static_cast<long long>(m.hidden), static_cast<long long>(m.ffn),
       static_cast<long long>(m.heads), static_cast<long long>(m.kv_heads),
       static_cast<long long>(m.head_size()), static_cast<long long>(m.vocab));
+  if (m.moe())
+    std::printf("experts: %lld of ffn %lld, %lld a token; ep %lld, etp %lld (expert data parallel "
+                "%lld)\n",
+                static_cast<long long>(m.experts), static_cast<long long>(m.expert_ffn),
+                static_cast<long long>(m.experts_per_token), static_cast<long long>(p.ep),
+                static_cast<long long>(p.expert_tp()),
+                static_cast<long long>(p.expert_gradient_ranks()));
   std::string schedule = p.virtual_stages == 1
                              ? "1F1B"
                              : "interleaved, v = " + std::to_string(p.virtual_stages) + ", " +
@@ -779,7 +809,7 @@ void print_text(options const& o, std::vector<act::stage_memory> const& baseline
         chunk_sizes(o).c_str());
   if (o.step.selective.any()) {
     std::string kinds;
-    for (act::tensor_kind const k : act::m.saved_tensors())
+    for (act::tensor_kind const k : m.saved_tensors())
       if (act::recomputes(o.step.selective, k)) {
         kinds += ' ';
         kinds += act::name_of(k);

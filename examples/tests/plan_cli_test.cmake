@@ -24,7 +24,8 @@ function(check_config name regex text)
   check(${name} 0 "${regex}" ${ARGN} --config ${file})
 endfunction()
 
-set(presets "llama3-8b, llama3-70b, llama3-405b, qwen2.5-32b, qwen3-8b, qwen3-32b, gpt3-1.3b")
+set(presets "llama3-8b, llama3-70b, llama3-405b, qwen2.5-32b, qwen3-8b, qwen3-32b, gpt3-1.3b,\
+ mixtral-8x7b, qwen3-30b-a3b, qwen3-235b-a22b")
 check(help 0 "usage: agoq_plan \\[--config FILE\\].*published shape[^\n]*\n${presets}.\n" --help)
 
 # The README's command: LLaMA-3-8B on 32 GPUs under 16 GiB. The peak figures are the memory
@@ -182,10 +183,48 @@ check(qwen3_style 0 "model: qwen3, 64 layers, hidden 5120, ffn 27648, heads 40"
   --preset qwen2.5-32b --style qwen3)
 check(unknown_style 1 "agoq_plan: .*unknown block style 'mixtral' \\(styles: llama, gpt, qwen3\\)"
   --style mixtral)
-hf_file(hf_mixtral [=[{"model_type": "mixtral", "num_local_experts": 8, "hidden_size": 4096}]=])
+hf_file(hf_llama_moe [=[{"model_type": "llama", "num_local_experts": 8, "hidden_size": 4096}]=])
 check(hf_config_moe 1
-  "agoq_plan: .*'num_local_experts' is set: mixture-of-experts models \\(mixtral\\) are not"
-  --hf-config ${hf_mixtral})
+  "agoq_plan: .*'num_local_experts' is set: mixture-of-experts models \\(llama\\) are not"
+  --hf-config ${hf_llama_moe})
+# Mixture-of-experts models: Mixtral-8x7B's config.json gives its preset's figures on 128 GPUs
+# (TP 2 + SP, EP 4 with etp = tp: one expert data-parallel rank), the router's probabilities kept
+# fp32 and the experts' tensors planned; the flags build the same model from LLaMA-3-8B's
+# attention; Qwen3-30B-A3B with etp 1; the layouts and flags Megatron-Core refuses.
+hf_file(hf_mixtral [=[{"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0,
+  "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096,
+  "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
+  "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2,
+  "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+  "output_router_logits": false, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.02, "sliding_window": null, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0", "use_cache": true,
+  "vocab_size": 32000}]=])
+string(CONCAT mixtral "model: llama, 32 layers, hidden 4096, ffn 0, heads 32, kv_heads 8, "
+  "head_dim 128, vocab 32000\nexperts: 8 of ffn 14336, 2 a token; ep 4, etp 2 \\(expert data "
+  "parallel 1\\).*peak per-GPU memory: 58.79 GiB -> 33.74 GiB, saving 42.6%.*"
+  "router_probs +fp32\\[0-7\\]\n +expert_input +int")
+set(mixtral_args --tp 2 --sp --pp 4 --dp 4 --ep 4 --zero 1 --seq 8192 --budget-gib 40)
+check(moe_preset 0 "${mixtral}" --preset mixtral-8x7b ${mixtral_args})
+check(moe_hf_config 0 "${mixtral}" --hf-config ${hf_mixtral} ${mixtral_args})
+check(moe_flags 0 "${mixtral}" --preset llama3-8b --vocab 32000 --ffn 0 --experts 8
+  --experts-per-token 2 --expert-ffn 14336 ${mixtral_args})
+check(moe_etp 0 "experts: 128 of ffn 768, 8 a token; ep 8, etp 1 \\(expert data parallel 2\\).*\
+peak per-GPU memory: 34.19 GiB -> 20.17 GiB, saving 41.0%"
+  --preset qwen3-30b-a3b --tp 2 --sp --pp 4 --dp 8 --ep 8 --etp 1 --zero 1 --seq 8192)
+check(moe_json 0 "\"experts\": 128, \"experts_per_token\": 8, \"expert_ffn\": 768}.*\
+\"sp\": true, \"ep\": 8, \"etp\": 1}"
+  --preset qwen3-30b-a3b --tp 2 --sp --pp 4 --dp 8 --ep 8 --etp 1 --zero 1 --json)
+check(moe_ep 1 "agoq_plan: .*ep \\(3\\) must divide the experts \\(8\\)"
+  --preset mixtral-8x7b --ep 3)
+check(moe_ranks 1 "agoq_plan: .*ep x etp \\(8 x 2\\) must divide the ranks of a pipeline stage"
+  --preset mixtral-8x7b --tp 2 --sp --dp 4 --ep 8)
+check(moe_no_sp 1 "agoq_plan: .*with tp > 1 needs sequence parallelism"
+  --preset mixtral-8x7b --tp 2)
+check(moe_dense 1 "agoq_plan: .*ep and etp are a mixture-of-experts model's" --ep 2)
+check(moe_ffn 1 "agoq_plan: .*a mixture-of-experts model has ffn 0" --experts 8
+  --experts-per-token 2 --expert-ffn 14336)
+check(moe_help 0 "--experts N \\(with --experts-per-token K and --expert-ffn F" --help)
 hf_file(hf_gemma [=[{"model_type": "gemma", "hidden_size": 3072}]=])
 check(hf_config_type 1 "agoq_plan: .*model_type 'gemma' is not modelled" --hf-config ${hf_gemma})
 hf_file(hf_bad [=[{"model_type": "llama",}]=])
@@ -351,8 +390,8 @@ check(recompute_without_layers 1
 check(layers_without_recompute 1
   "agoq_plan: .*must be at least 1 with recompute none and 0 without, got 2" --recompute-layers 2)
 check(unknown_preset 1
-  "agoq_plan: .*unknown preset 'mixtral-8x7b' \\(presets: ${presets}\\)"
-  --preset mixtral-8x7b)
+  "agoq_plan: .*unknown preset 'deepseek-v3' \\(presets: ${presets}\\)"
+  --preset deepseek-v3)
 check(bad_integer 1 "agoq_plan: bad integer for tp: 'two'" --tp two)
 check(trailing_garbage 1 "agoq_plan: bad integer for layers: '32x'" --layers 32x)
 check(bad_number 1 "agoq_plan: bad number for budget-gib: 'lots'" --budget-gib lots)

@@ -243,7 +243,7 @@ py::dict saved_shapes(py::dict const& model, std::int64_t micro_batch, std::int6
                       std::int64_t tp, bool sp) {
   act::model_shape const m = model_of(model);
   py::dict out;
-  for (act::tensor_kind const k : act::m.saved_tensors()) {
+  for (act::tensor_kind const k : m.saved_tensors()) {
     act::saved_shape const s = act::shape_of(k, m, {micro_batch, seq, tp, sp});
     out[py::str(std::string(act::name_of(k)))] = py::make_tuple(s.rows, s.cols, s.precise_bytes);
   }
@@ -412,7 +412,7 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
   py::list recomputed;
   for (std::int64_t layer = 0; layer < in.model.layers; ++layer) {
     py::dict kinds;
-    for (act::tensor_kind const k : act::in.model.saved_tensors()) {
+    for (act::tensor_kind const k : in.model.saved_tensors()) {
       int const pb = act::precise_bytes_of(k);
       kinds[py::str(std::string(act::name_of(k)))] = plan.storage_of(layer, k).name(pb);
     }
@@ -429,7 +429,7 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
   }
   // Selective recomputation: the kinds no layer keeps (bf16 in `layers`, as recomputed layers).
   py::list recomputed_kinds;
-  for (act::tensor_kind const k : act::in.model.saved_tensors())
+  for (act::tensor_kind const k : in.model.saved_tensors())
     if (act::recomputes(in.step.selective, k))
       recomputed_kinds.append(std::string(act::name_of(k)));
   py::dict out;
