@@ -764,12 +764,12 @@ void print_text(options const& o, std::vector<act::stage_memory> const& baseline
       static_cast<long long>(m.heads), static_cast<long long>(m.kv_heads),
       static_cast<long long>(m.head_size()), static_cast<long long>(m.vocab));
   if (m.moe())
-    std::printf("experts: %lld of ffn %lld, %lld a token; ep %lld, etp %lld (expert data parallel "
-                "%lld)\n",
-                static_cast<long long>(m.experts), static_cast<long long>(m.expert_ffn),
-                static_cast<long long>(m.experts_per_token), static_cast<long long>(p.ep),
-                static_cast<long long>(p.expert_tp()),
-                static_cast<long long>(p.expert_gradient_ranks()));
+    std::printf(
+        "experts: %lld of ffn %lld, %lld a token; ep %lld, etp %lld (expert data parallel "
+        "%lld)\n",
+        static_cast<long long>(m.experts), static_cast<long long>(m.expert_ffn),
+        static_cast<long long>(m.experts_per_token), static_cast<long long>(p.ep),
+        static_cast<long long>(p.expert_tp()), static_cast<long long>(p.expert_gradient_ranks()));
   std::string schedule = p.virtual_stages == 1
                              ? "1F1B"
                              : "interleaved, v = " + std::to_string(p.virtual_stages) + ", " +

@@ -370,12 +370,14 @@ class PlanningTest(unittest.TestCase):
     def test_model_presets_are_whole_models(self):
         presets = agoq.model_presets()
         self.assertEqual(list(presets), ["llama3-8b", "llama3-70b", "llama3-405b", "qwen2.5-32b",
-                                         "qwen3-8b", "qwen3-32b", "gpt3-1.3b"])
+                                         "qwen3-8b", "qwen3-32b", "gpt3-1.3b", "mixtral-8x7b",
+                                         "qwen3-30b-a3b", "qwen3-235b-a22b"])
         self.assertEqual(presets["qwen3-8b"]["style"], "qwen3")
         llama = presets["llama3-8b"]
         self.assertEqual(llama, dict(style="llama", layers=32, hidden=4096, ffn=14336, heads=32,
                                      kv_heads=8, head_dim=128, vocab=128256,
-                                     tied_embeddings=False))
+                                     tied_embeddings=False, experts=0, experts_per_token=0,
+                                     expert_ffn=0))
         self.assertEqual(presets["gpt3-1.3b"]["style"], "gpt")
         # The memory table of agoq_plan's README command (docs/activations.md, section 6), stage 0.
         mem = agoq.estimate_memory(llama, 1, 8192, gradients="int8", pp=4, tp=2, dp=4, zero=1,
@@ -416,11 +418,12 @@ class PlanningTest(unittest.TestCase):
         gpt = agoq.model_from_hf_config({"model_type": "gpt2", "n_layer": 4, "n_embd": 128,
                                          "n_head": 4, "vocab_size": 256})
         self.assertEqual(gpt, dict(style="gpt", layers=4, hidden=128, ffn=512, heads=4,
-                                   kv_heads=4, head_dim=32, vocab=256, tied_embeddings=True))
+                                   kv_heads=4, head_dim=32, vocab=256, tied_embeddings=True,
+                                   experts=0, experts_per_token=0, expert_ffn=0))
         self.assertGreater(agoq.estimate_memory(gpt, 1, 64)[0]["total"], 0)
         # Refusals: mixture-of-experts, other blocks, bad fields and values.
-        with self.assertRaisesRegex(ValueError, "mixture-of-experts models \\(mixtral\\)"):
-            agoq.model_from_hf_config({"model_type": "mixtral", "num_local_experts": 8})
+        with self.assertRaisesRegex(ValueError, "mixture-of-experts models \\(llama\\)"):
+            agoq.model_from_hf_config({"model_type": "llama", "num_local_experts": 8})
         with self.assertRaisesRegex(ValueError, "model_type 'gemma' is not modelled"):
             agoq.model_from_hf_config({"model_type": "gemma"})
         with self.assertRaisesRegex(ValueError, "'hidden_size' must be a positive integer"):
@@ -459,6 +462,41 @@ class PlanningTest(unittest.TestCase):
             agoq.tensor_kinds("mixtral")
         with self.assertRaisesRegex(ValueError, "unknown block style 'mixtral'"):
             agoq.make_plan(dict(qwen3, style="mixtral"), 2, 64, 1 << 40)
+
+    def test_moe_block(self):
+        # A mixture-of-experts model: the router's fp32 probabilities (kept, routing) and the
+        # experts' tensors, R = tokens k rows; Qwen3-MoE's config (an empty mlp_only_layers list);
+        # the parameters and the experts' share of them.
+        kinds = agoq.tensor_kinds("llama", moe=True)
+        self.assertEqual(kinds[10:], ["router_probs", "expert_input", "expert_gate_output",
+                                      "expert_up_output", "expert_swiglu_output"])
+        self.assertEqual(agoq.tensor_kinds("qwen3", True)[:4], agoq.tensor_kinds("qwen3")[:4])
+        moe = dict(LLAMA, ffn=0, experts=8, experts_per_token=2, expert_ffn=96)
+        shapes = agoq.saved_shapes(moe, 2, 64)
+        self.assertEqual(shapes["router_probs"], (128, 8, 4))
+        self.assertEqual(shapes["expert_input"], (256, LLAMA["hidden"], 2))
+        self.assertEqual(shapes["expert_swiglu_output"], (256, 96, 2))
+        self.assertNotIn("gate_output", shapes)
+        self.assertEqual(agoq.default_policy()["router_probs"], ("fp32", ["fp32"]))
+        self.assertEqual(agoq.error_model_defaults()["router_probs"][0], "routing")
+        plan = agoq.make_plan(moe, 2, 64, 1 << 40)
+        self.assertEqual({layer["router_probs"] for layer in plan["layers"]}, {"fp32"})
+        mixtral = agoq.model_presets()["mixtral-8x7b"]
+        mem = agoq.estimate_memory(mixtral, 1, 4096, pp=4)
+        self.assertEqual(sum(s["parameters"] for s in mem), 46702792704)
+        self.assertEqual(sum(s["expert_parameters"] for s in mem), 45097156608)
+        config = {"model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048,
+                  "intermediate_size": 6144, "num_attention_heads": 32,
+                  "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+                  "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                  "mlp_only_layers": [], "decoder_sparse_step": 1, "tie_word_embeddings": False}
+        self.assertEqual(agoq.model_from_hf_config(config), agoq.model_presets()["qwen3-30b-a3b"])
+        with self.assertRaisesRegex(ValueError, "mlp_only_layers is not an empty list"):
+            agoq.model_from_hf_config(dict(config, mlp_only_layers=[0, 1]))
+        with self.assertRaisesRegex(ValueError, "a mixture-of-experts model has ffn 0"):
+            agoq.estimate_memory(dict(moe, ffn=128), 1, 64)
+        with self.assertRaisesRegex(ValueError, "with tp > 1 needs sequence parallelism"):
+            agoq.estimate_memory(moe, 1, 64, tp=2)
 
     def test_layer_bytes_match_the_shapes(self):
         shapes = agoq.saved_shapes(LLAMA, 8, 128)

@@ -51,6 +51,12 @@ act::model_shape model_of(py::dict const& d) {
       m.vocab = value.cast<std::int64_t>();
     } else if (k == "tied_embeddings") {
       m.tied_embeddings = value.cast<bool>();
+    } else if (k == "experts") {
+      m.experts = value.cast<std::int64_t>();
+    } else if (k == "experts_per_token") {
+      m.experts_per_token = value.cast<std::int64_t>();
+    } else if (k == "expert_ffn") {
+      m.expert_ffn = value.cast<std::int64_t>();
     } else {
       throw agoq::invalid_argument("unknown model key '" + k + "'");
     }
@@ -71,6 +77,9 @@ py::dict model_dict(act::model_shape const& m) {
   d["head_dim"] = m.head_dim;
   d["vocab"] = m.vocab;
   d["tied_embeddings"] = m.tied_embeddings;
+  d["experts"] = m.experts;
+  d["experts_per_token"] = m.experts_per_token;
+  d["expert_ffn"] = m.expert_ffn;
   return d;
 }
 
@@ -157,6 +166,7 @@ py::dict memory_dict(act::stage_memory const& s) {
   d["stage"] = s.stage;
   d["layers"] = s.layers;
   d["parameters"] = s.parameters;
+  d["expert_parameters"] = s.expert_parameters;
   d["weights"] = s.weights;
   d["master_weights"] = s.master_weights;
   d["gradients"] = s.gradients;
@@ -232,9 +242,9 @@ layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t m
   return a;
 }
 
-py::list tensor_kinds(std::string const& style) {
+py::list tensor_kinds(std::string const& style, bool moe) {
   py::list out;
-  for (act::tensor_kind const k : act::block_tensors(act::block_style_named(style)))
+  for (act::tensor_kind const k : act::block_tensors(act::block_style_named(style), moe))
     out.append(std::string(act::name_of(k)));
   return out;
 }
@@ -561,16 +571,21 @@ py::list estimate_memory(
 void register_planning(py::module_& m) {
   m.def("model_presets", &model_presets,
         "{name: model} of the published shapes agoq knows (llama3-8b, llama3-70b, llama3-405b, "
-        "qwen2.5-32b, qwen3-8b, qwen3-32b, gpt3-1.3b), each a dict with every key a model takes "
-        "(style 'llama', 'gpt' or 'qwen3').");
+        "qwen2.5-32b, qwen3-8b, qwen3-32b, gpt3-1.3b, and the mixture-of-experts mixtral-8x7b, "
+        "qwen3-30b-a3b, qwen3-235b-a22b), each a dict with every key a model takes (style "
+        "'llama', 'gpt' or 'qwen3'; experts, experts_per_token and expert_ffn 0 for a dense "
+        "model, ffn 0 for a mixture-of-experts one). The planning calls place every expert on "
+        "every rank (Megatron-Core's expert_model_parallel_size 1, expert tensor parallelism "
+        "tp); agoq_plan takes --ep and --etp.");
   m.def("model_from_hf_config", &model_from_hf_config, py::arg("config"),
-        "The model dict of a Hugging Face config (model_type llama, mistral, qwen2, qwen3 or "
-        "gpt2): a dict (json.load's or a transformers config's to_dict()), an object with "
-        "to_dict(), or the path of a config.json or of a directory holding one. "
-        "Mixture-of-experts and other blocks raise ValueError (docs/activations.md, section 6).");
-  m.def("tensor_kinds", &tensor_kinds, py::arg("style") = "llama",
-        "The tensors a block of the style saves for backward, in forward order (o_proj_input "
-        "reads the attention_output buffer).");
+        "The model dict of a Hugging Face config (model_type llama, mistral, qwen2, qwen3, "
+        "mixtral, qwen3_moe or gpt2): a dict (json.load's or a transformers config's "
+        "to_dict()), an object with to_dict(), or the path of a config.json or of a directory "
+        "holding one. Other mixture-of-experts models and other blocks raise ValueError "
+        "(docs/activations.md, section 6).");
+  m.def("tensor_kinds", &tensor_kinds, py::arg("style") = "llama", py::arg("moe") = false,
+        "The tensors a block of the style (with moe, its mixture-of-experts form) saves for "
+        "backward, in forward order (o_proj_input reads the attention_output buffer).");
   m.def("saved_shapes", &saved_shapes, py::arg("model"), py::arg("micro_batch"), py::arg("seq"),
         py::arg("tp") = 1, py::arg("sp") = false,
         "{kind: (rows, cols, precise_bytes)} of one layer's saved tensors for one micro-batch.");
