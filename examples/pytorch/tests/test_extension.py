@@ -842,7 +842,8 @@ class PlanningTest(unittest.TestCase):
         defaults = agoq.error_model_defaults()
         # Every kind that owns storage, of every style; o_proj_input is the attention output's.
         owned = set(agoq.tensor_kinds("llama") + agoq.tensor_kinds("gpt") +
-                    agoq.tensor_kinds("qwen3")) - {"o_proj_input"}
+                    agoq.tensor_kinds("qwen3") +
+                    agoq.tensor_kinds("qwen3", moe=True)) - {"o_proj_input"}
         self.assertEqual(set(defaults), owned)
         self.assertEqual(defaults["qkv_input"], ("linear_input", 1.0, 3.0))
         self.assertEqual(defaults["gate_output"], ("activation_input", 2.0, 2.0))
@@ -851,6 +852,10 @@ class PlanningTest(unittest.TestCase):
         self.assertEqual(defaults["query"], ("attention_core", 8.0, 2.0))
         self.assertEqual(defaults["key_norm_input"], ("attention_core", 8.0, 2.0))
         self.assertEqual(defaults["gelu_input"], ("activation_input", 2.0, 2.0))
+        self.assertEqual(defaults["router_probs"], ("routing", 8.0, 2.0))
+        self.assertEqual(defaults["expert_input"], ("linear_input", 1.0, 3.0))
+        self.assertEqual(defaults["expert_swiglu_output"], ("linear_input", 1.0, 4.0))
+        self.assertEqual(defaults["expert_up_output"], ("activation_input", 2.0, 2.0))
 
     def test_memory_counts_the_transient_working_memory(self):
         mem = agoq.estimate_memory(LLAMA, 8, 128, gradients="int8")[0]
