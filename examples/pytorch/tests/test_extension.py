@@ -485,6 +485,31 @@ class PlanningTest(unittest.TestCase):
         mem = agoq.estimate_memory(mixtral, 1, 4096, pp=4)
         self.assertEqual(sum(s["parameters"] for s in mem), 46702792704)
         self.assertEqual(sum(s["expert_parameters"] for s in mem), 45097156608)
+        # agoq_plan's Mixtral command (docs/activations.md, section 6; its AGoQ table: default
+        # policy, 8-bit gradients): EP 4, etp = tp = 2, one expert data-parallel rank; with
+        # etp 1, 2 whole experts a rank and ZeRO over 2 ranks.
+        args = dict(pp=4, tp=2, sp=True, dp=4, zero=1, ep=4)
+        base = agoq.estimate_memory(mixtral, 1, 8192, gradients="int8", **args)
+        self.assertEqual(round(max(s["total"] for s in base) / 2**30, 2), 33.74)
+        plan = agoq.make_plan(mixtral, 1, 8192, 40 << 30, **args)
+        self.assertLessEqual(max(s["total"] for s in plan["stages"]), 40 << 30)
+        self.assertEqual({layer["router_probs"] for layer in plan["layers"]}, {"fp32"})
+        whole = agoq.estimate_memory(mixtral, 1, 8192, gradients="int8", **dict(args, etp=1))
+        self.assertEqual(whole[1]["expert_parameters"], 8 * 2 * 3 * 4096 * 14336)
+        # Twice the experts' bf16 weights a rank, but the same Adam moments: the 2 expert
+        # data-parallel ranks of etp 1 shard what etp 2 splits.
+        self.assertEqual(whole[1]["weights"] - base[1]["weights"],
+                         2 * (whole[1]["expert_parameters"] - base[1]["expert_parameters"]))
+        self.assertEqual(whole[1]["expert_parameters"], 2 * base[1]["expert_parameters"])
+        self.assertEqual(whole[1]["optimizer"], base[1]["optimizer"])
+        self.assertEqual(agoq.saved_shapes(mixtral, 1, 8192, tp=2, sp=True, etp=1)
+                         ["expert_input"], (8192, 4096, 2))
+        self.assertEqual(agoq.saved_shapes(mixtral, 1, 8192, tp=2, sp=True)["expert_input"],
+                         (16384, 4096, 2))
+        with self.assertRaisesRegex(ValueError, "ep \\(3\\) must divide the experts"):
+            agoq.estimate_memory(mixtral, 1, 8192, **dict(args, ep=3))
+        with self.assertRaisesRegex(ValueError, "ep and etp are a mixture-of-experts model's"):
+            agoq.make_plan(LLAMA, 1, 64, 1 << 40, ep=2)
         config = {"model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048,
                   "intermediate_size": 6144, "num_attention_heads": 32,
                   "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,

@@ -987,7 +987,7 @@ inline std::int64_t optimizer_bytes(optimizer_format o, std::int64_t n) {
 struct stage_memory {
   std::int64_t stage = 0;
   std::int64_t layers = 0;              ///< transformer layers it holds (stage_layers)
-  std::int64_t parameters = 0;          ///< parameters of its chunks on one TP rank (unsharded)
+  std::int64_t parameters = 0;          ///< parameters of its chunks on one rank (unsharded)
   std::int64_t expert_parameters = 0;   ///< of which experts' (expert_layer_parameters)
   std::int64_t weights = 0;             ///< bf16 weights (sharded over dp x cp under ZeRO-3)
   std::int64_t master_weights = 0;      ///< fp32 master copy (sharded under ZeRO >= 1)
