@@ -74,6 +74,7 @@ void usage() {
       "  [--style llama|gpt|qwen3] [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N]\n"
       "  [--head-dim N] [--vocab N] [--experts N] [--experts-per-token N] [--expert-ffn N]\n"
       "  [--tp N] [--pp N] [--vp N] [--vp-group N] [--ep N] [--etp N]\n"
+      "  [--expert-capacity-factor X]\n"
       "  [--vp-rules core|legacy] [--first-stage-layers N] [--last-stage-layers N]\n"
       "  [--account-for-embedding] [--account-for-loss] [--pipeline-layout TEXT]\n"
       "  [--dp N] [--cp N] [--zero 0-3] [--sp] [--no-sp]\n"
@@ -107,7 +108,9 @@ void usage() {
       "routing balanced, no token dropped). --ep N spreads the experts over N ranks, --etp N\n"
       "splits each over N (default: tp), as Megatron-Core's expert model/tensor parallel\n"
       "sizes; ep x etp divides tp x cp x dp, the rest is the experts' data parallelism, which\n"
-      "ZeRO shards their states over. Under tp > 1 it needs --sp.\n"
+      "ZeRO shards their states over. Under tp > 1 it needs --sp. --expert-capacity-factor X\n"
+      "gives each expert exactly ceil(X x its mean) of a rank's pairs (Megatron-Core's\n"
+      "--moe-expert-capacity-factor, padded to capacity; default 0: dropless, the mean).\n"
       "--cp N is context parallelism: each sequence split over N ranks (seq / N tokens a rank,\n"
       "seq a multiple of 2N), with ring attention's buffers in the transient memory; ZeRO and\n"
       "the gradient reduction run over dp x cp ranks.\n"
@@ -252,6 +255,8 @@ void apply(options& o, std::string const& key, std::string const& v) {
     o.parallel.ep = to_int(key, v);
   } else if (key == "etp") {
     o.parallel.etp = to_int(key, v);
+  } else if (key == "expert-capacity-factor") {
+    o.step.expert_capacity_factor = to_number(key, v);
   } else if (key == "tp") {
     o.parallel.tp = to_int(key, v);
   } else if (key == "pp") {
@@ -699,14 +704,16 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
                                 {"sp", json_bool(p.sp)},
                                 {"ep", json_number(p.ep)},
                                 {"etp", json_number(m.moe() ? p.expert_tp() : 0)}})},
-      {"step", json_object({{"micro_batch", json_number(o.step.micro_batch)},
-                            {"seq", json_number(o.step.seq)},
-                            {"micro_batches", json_number(o.step.micro_batches)},
-                            {"bucket_parameters", json_number(o.step.bucket_parameters)},
-                            {"reserved_bytes", json_number(o.step.reserved_bytes)},
-                            {"recompute", json_string(act::name_of(o.step.recompute))},
-                            {"recompute_layers", json_number(o.step.recompute_layers)},
-                            {"recompute_modules", json_modules(o.step.selective)}})},
+      {"step",
+       json_object({{"micro_batch", json_number(o.step.micro_batch)},
+                    {"seq", json_number(o.step.seq)},
+                    {"micro_batches", json_number(o.step.micro_batches)},
+                    {"bucket_parameters", json_number(o.step.bucket_parameters)},
+                    {"reserved_bytes", json_number(o.step.reserved_bytes)},
+                    {"recompute", json_string(act::name_of(o.step.recompute))},
+                    {"recompute_layers", json_number(o.step.recompute_layers)},
+                    {"recompute_modules", json_modules(o.step.selective)},
+                    {"expert_capacity_factor", json_number(o.step.expert_capacity_factor)}})},
       {"agoq_states",
        json_object({{"gradients", json_string(act::name_of(o.agoq_states.gradients))},
                     {"optimizer", json_string(act::name_of(o.agoq_states.optimizer))}})},
@@ -763,13 +770,17 @@ void print_text(options const& o, std::vector<act::stage_memory> const& baseline
       static_cast<long long>(m.hidden), static_cast<long long>(m.ffn),
       static_cast<long long>(m.heads), static_cast<long long>(m.kv_heads),
       static_cast<long long>(m.head_size()), static_cast<long long>(m.vocab));
-  if (m.moe())
+  if (m.moe()) {
     std::printf(
         "experts: %lld of ffn %lld, %lld a token; ep %lld, etp %lld (expert data parallel "
-        "%lld)\n",
+        "%lld)",
         static_cast<long long>(m.experts), static_cast<long long>(m.expert_ffn),
         static_cast<long long>(m.experts_per_token), static_cast<long long>(p.ep),
         static_cast<long long>(p.expert_tp()), static_cast<long long>(p.expert_gradient_ranks()));
+    if (o.step.expert_capacity_factor > 0)
+      std::printf(", capacity factor %g", o.step.expert_capacity_factor);
+    std::puts("");
+  }
   std::string schedule = p.virtual_stages == 1
                              ? "1F1B"
                              : "interleaved, v = " + std::to_string(p.virtual_stages) + ", " +

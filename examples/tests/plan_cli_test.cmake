@@ -225,6 +225,16 @@ check(moe_dense 1 "agoq_plan: .*ep and etp are a mixture-of-experts model's" --e
 check(moe_ffn 1 "agoq_plan: .*a mixture-of-experts model has ffn 0" --experts 8
   --experts-per-token 2 --expert-ffn 14336)
 check(moe_help 0 "--experts N \\(with --experts-per-token K and --expert-ffn F" --help)
+# A capacity factor pads each expert's pairs to ceil(1.25 x the mean): more activations.
+check(moe_capacity 0 "ep 4, etp 2 \\(expert data parallel 1\\), capacity factor 1.25\n.*\
+peak per-GPU memory: 65.20 GiB -> 35.58 GiB, saving 45.4%"
+  --preset mixtral-8x7b ${mixtral_args} --expert-capacity-factor 1.25)
+check(moe_capacity_json 0 "\"recompute_modules\": \\[\\], \"expert_capacity_factor\": 1.25}"
+  --preset mixtral-8x7b --expert-capacity-factor 1.25 --json)
+check(moe_capacity_bad 1 "agoq_plan: .*the expert capacity factor must be finite and >= 0"
+  --preset mixtral-8x7b --expert-capacity-factor -1)
+check(moe_capacity_dense 1 "agoq_plan: .*an expert capacity factor needs a mixture-of-experts"
+  --expert-capacity-factor 1.25)
 hf_file(hf_gemma [=[{"model_type": "gemma", "hidden_size": 3072}]=])
 check(hf_config_type 1 "agoq_plan: .*model_type 'gemma' is not modelled" --hf-config ${hf_gemma})
 hf_file(hf_bad [=[{"model_type": "llama",}]=])

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <ranges>
 
 using namespace agoq::activation;
@@ -290,7 +291,37 @@ TEST_CASE("mixture-of-experts shapes: the router's over the tokens, the experts'
   odd.etp = -1;
   CHECK_THROWS_WITH_AS(shape_of(tensor_kind::expert_input, m, odd), doctest::Contains("etp >= 0"),
                        agoq::invalid_argument);
-  // Qwen3-MoE: Qwen3's attention tensors, 128 experts with 8 a token.
+  // A capacity factor (Megatron-Core's, padded to capacity): each of the 8 experts takes
+  // ceil(2048 x 2 / 8 x C) pairs of each rank's 4096; R = etp 4 x 8 experts x that.
+  shard_shape cap = sp4;
+  cap.capacity_factor = 1.25;
+  CHECK(cap.expert_rows(m) == 4 * 8 * 640);
+  CHECK(shape_of(tensor_kind::expert_input, m, cap) == saved_shape{20480, 4096, 2});
+  CHECK(shape_of(tensor_kind::expert_gate_output, m, cap) == saved_shape{20480, 3584, 2});
+  CHECK(shape_of(tensor_kind::router_probs, m, cap) == saved_shape{2048, 8, 4});
+  cap.capacity_factor = 1.1;  // 563.2 -> 564
+  CHECK(cap.expert_rows(m) == 4 * 8 * 564);
+  cap.capacity_factor = 1;  // exactly the mean when it divides
+  CHECK(cap.expert_rows(m) == sp4.expert_rows(m));
+  cap.capacity_factor = 0.5;  // half the pairs dropped
+  CHECK(cap.expert_rows(m) == sp4.expert_rows(m) / 2);
+  for (double const bad : {-0.5, std::nan(""), HUGE_VAL}) {
+    cap.capacity_factor = bad;
+    CHECK_THROWS_WITH_AS(shape_of(tensor_kind::expert_input, m, cap),
+                         doctest::Contains("the expert capacity factor must be finite and >= 0"),
+                         agoq::invalid_argument);
+  }
+  cap.capacity_factor = 1e300;  // finite, but no byte count holds it
+  CHECK_THROWS_WITH_AS(shape_of(tensor_kind::expert_input, m, cap),
+                       doctest::Contains("too many to count in 64-bit bytes"),
+                       agoq::invalid_argument);
+  shard_shape dense_cap{2, 4096, 4, true};
+  dense_cap.capacity_factor = 1.25;
+  CHECK_THROWS_WITH_AS(shape_of(tensor_kind::query, dense, dense_cap),
+                       doctest::Contains("an expert capacity factor needs a mixture-of-experts"),
+                       agoq::invalid_argument);
+  // Qwen3-MoE: Qwen3's attention tensors, 128 experts with 8 a token.  // Qwen3-MoE: Qwen3's
+  // attention tensors, 128 experts with 8 a token.
   model_shape const q = preset_model("qwen3-30b-a3b");
   shard_shape const qs{1, 4096, 2, true};
   CHECK(shape_of(tensor_kind::query_norm_input, q, qs) == saved_shape{4096, 2048, 2});

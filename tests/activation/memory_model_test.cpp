@@ -296,6 +296,17 @@ TEST_CASE("mixture-of-experts models: parameters, states, activations and workin
     CHECK(s.optimizer == 8 * shard);
     CHECK(s.gradients == 4 * s.parameters);
   }
+  // A capacity factor of 1.25 (Megatron-Core's, padded): each of the 8 experts takes
+  // ceil(4096 / 8 x 1.25) = 640 of a rank's 2048 x 2 pairs, R = 5120 against the mean's 4096, in
+  // each of a stage's 8 layers and in-flight micro-batches (1F1B: 4 - r).
+  step_config capped = st;
+  capped.expert_capacity_factor = 1.25;
+  policy_table const bf16 = policy_table::all_precise();
+  auto const padded = estimate_memory(m, p, capped, {}, bf16);
+  auto const mean = estimate_memory(m, p, st, {}, bf16);
+  for (std::size_t r = 0; r < 4; ++r)
+    CHECK(padded[r].activations - mean[r].activations ==
+          static_cast<std::int64_t>(4 - r) * 8 * (5120 - 4096) * (4096 + 3 * 14336) * 2);
   // ZeRO-3 gathers a whole layer, its experts included, on a middle stage.
   p.zero_stage = 3;
   CHECK(estimate_memory(m, p, st, {}, policy_table{})[1].gathered_weights ==

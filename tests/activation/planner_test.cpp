@@ -982,6 +982,36 @@ TEST_CASE("layer_forward_flops and recompute_overhead, by hand") {
   CHECK_THROWS_AS(layer_forward_flops(m, p, st), agoq::invalid_argument);
 }
 
+TEST_CASE("layer_forward_flops of a mixture-of-experts layer, by hand") {
+  // Mixtral-8x7B, TP 2 + SP, 4096 tokens: the router 2 T h e / tp; the experts over R = 2048
+  // tokens x 2 experts x etp 2 = 8192 pairs of 14336 / 2: 6 R h f_e / etp = 6 T h k f_e / tp.
+  model_shape const m = preset_model("mixtral-8x7b");
+  parallel_config p;
+  p.tp = 2;
+  p.sp = true;
+  p.dp = 2;
+  p.ep = 2;
+  step_config st{1, 4096, 0};
+  double const router = 2.0 * 4096 * 4096 * 8 / 2;
+  double const experts = 6.0 * 8192 * 4096 * 7168;
+  CHECK(experts == 6.0 * 4096 * 4096 * 2 * 14336 / 2);
+  layer_flops const fl = layer_forward_flops(m, p, st);
+  CHECK(fl.mlp == router + experts);
+  // The attention's: 2 T h (q + 2k) / tp + 2 T q h / tp, q = 4096, k = 1024.
+  CHECK(fl.projections == (2.0 * 4096 * 4096 * (4096 + 2048) + 2.0 * 4096 * 4096 * 4096) / 2);
+  // etp 1 changes no product; a capacity factor counts its padding: each of the 8 experts takes
+  // ceil(4096 / 8 x 1.25) = 640 of a rank's pairs, R = 2 x 8 x 640 = 10240.
+  p.etp = 1;
+  CHECK(layer_forward_flops(m, p, st).mlp == router + experts);
+  p.etp = 0;
+  st.expert_capacity_factor = 1.25;
+  CHECK(layer_forward_flops(m, p, st).mlp == router + 6.0 * 10240 * 4096 * 7168);
+  st.expert_capacity_factor = -1;
+  CHECK_THROWS_WITH_AS(layer_forward_flops(m, p, st),
+                       doctest::Contains("capacity factor must be finite and >= 0"),
+                       agoq::invalid_argument);
+}
+
 /// Checks each of `options` against make_plan for `in` with its recomputation (overhead, fit,
 /// error, peak or shortfall), their order by overhead, that no two are the same recomputation, and
 /// least_error_recompute of them against a brute force for caps between none and all.

@@ -506,6 +506,16 @@ class PlanningTest(unittest.TestCase):
                          ["expert_input"], (8192, 4096, 2))
         self.assertEqual(agoq.saved_shapes(mixtral, 1, 8192, tp=2, sp=True)["expert_input"],
                          (16384, 4096, 2))
+        # A capacity factor of 1.25 pads each expert's pairs: ceil(8192 / 8 x 1.25) = 1280 of each
+        # rank's 4096 x 2, R = etp 2 x 8 x 1280.
+        self.assertEqual(agoq.saved_shapes(mixtral, 1, 8192, tp=2, sp=True,
+                                           expert_capacity_factor=1.25)["expert_input"],
+                         (20480, 4096, 2))
+        padded = agoq.estimate_memory(mixtral, 1, 8192, gradients="int8",
+                                      expert_capacity_factor=1.25, **args)
+        self.assertEqual(round(max(s["total"] for s in padded) / 2**30, 2), 35.58)
+        with self.assertRaisesRegex(ValueError, "capacity factor must be finite and >= 0"):
+            agoq.estimate_memory(mixtral, 1, 8192, expert_capacity_factor=-1.0, **args)
         with self.assertRaisesRegex(ValueError, "ep \\(3\\) must divide the experts"):
             agoq.estimate_memory(mixtral, 1, 8192, **dict(args, ep=3))
         with self.assertRaisesRegex(ValueError, "ep and etp are a mixture-of-experts model's"):

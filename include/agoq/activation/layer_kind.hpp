@@ -5,7 +5,9 @@
 /// configuration. Host only.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <span>
@@ -480,6 +482,11 @@ struct shard_shape {
   /// mixture-of-experts model: the ranks each expert's inner width is split over; 0: tp (Megatron's
   /// default). Unused by a dense model.
   std::int64_t etp = 0;
+  /// Megatron-Core's expert capacity factor C (`--moe-expert-capacity-factor` with
+  /// `--moe-pad-expert-input-to-capacity`) of a mixture-of-experts model: each expert takes
+  /// exactly ceil(n / e C) of a rank's n = tokens k / tp (token, expert) pairs, dropped or padded
+  /// (expert_rows); 0: dropless routing, counted at its mean. A dense model has 0.
+  double capacity_factor = 0;
 
   /// Tokens of one micro-batch, b * s.
   constexpr std::int64_t tokens() const noexcept { return micro_batch * seq; }
@@ -487,18 +494,26 @@ struct shard_shape {
   /// etp, or tp when it is 0.
   constexpr std::int64_t expert_tp() const noexcept { return etp > 0 ? etp : tp; }
 
-  /// The (token, expert) pairs one rank's experts process for one micro-batch of model `m`, R =
-  /// tokens k etp / tp (k = experts_per_token): each rank routes its tokens / tp tokens
-  /// (mixture-of-experts layers run under sequence parallelism) to k experts each, the all-to-all
-  /// of the expert-parallel group brings as many to each rank (routing balanced, no token dropped),
-  /// and the expert-tensor-parallel group gathers its etp ranks' (Megatron-Core's
-  /// MoEAlltoAllTokenDispatcher). 0 for a dense model.
-  constexpr std::int64_t expert_rows(model_shape const& m) const noexcept {
-    return m.moe() ? tokens() / tp * m.experts_per_token * expert_tp() : 0;
+  /// The (token, expert) pairs one rank's experts process for one micro-batch of model `m`: each
+  /// rank routes its tokens / tp tokens (mixture-of-experts layers run under sequence
+  /// parallelism) to k = experts_per_token experts each, n = tokens k / tp pairs, the all-to-all of
+  /// the expert-parallel group brings as many to each rank, and the expert-tensor-parallel group
+  /// gathers its etp ranks' (Megatron-Core's MoEAlltoAllTokenDispatcher): R = n etp, routing
+  /// balanced (dropless, the mean). With a capacity factor C > 0 each of the e experts takes
+  /// ceil(n / e C) pairs of every rank (Megatron-Core's get_capacity, in double as it computes
+  /// it), R = etp e ceil(n / e C). 0 for a dense model.
+  std::int64_t expert_rows(model_shape const& m) const noexcept {
+    if (!m.moe()) return 0;
+    std::int64_t const n = tokens() / tp * m.experts_per_token;
+    if (capacity_factor <= 0) return n * expert_tp();
+    auto const capacity = static_cast<std::int64_t>(
+        std::ceil(static_cast<double>(n) / static_cast<double>(m.experts) * capacity_factor));
+    return expert_tp() * m.experts * capacity;
   }
 
-  /// 64 tokens cp W, W = 4 h + 2 q + 2 k + 4 f + heads + 2 vocab + experts + 4 k (etp h + f_e)
-  /// (the widths of model_shape::parameter_bound; k = experts_per_token, f_e = expert_ffn), in
+  /// 64 tokens cp W, W = 4 h + 2 q + 2 k + 4 f + heads + 2 vocab + experts + 4 (k max(1, C) + e)
+  /// (etp h + f_e) (the widths of model_shape::parameter_bound; k = experts_per_token, e =
+  /// experts, f_e = expert_ffn, C = capacity_factor: the padding adds under e etp rows), in
   /// long double: an upper bound of the bytes of one micro-batch's saved tensors of one layer (at
   /// most 6 bytes an element, plus 8 KiB of section alignment), of those of the output head, and of
   /// the working set of either's backward pass (and of the ring attention's forward, whose buffers
@@ -506,17 +521,20 @@ struct shard_shape {
   long double byte_bound(model_shape const& m) const noexcept {
     auto const [h, q, k, f] = m.width_bounds();
     auto const ld = [](std::int64_t x) { return static_cast<long double>(x); };
-    long double const width =
-        4 * h + 2 * q + 2 * k + 4 * f + ld(m.heads) + 2 * ld(m.vocab) + ld(m.experts) +
-        4 * ld(m.experts_per_token) * (ld(expert_tp()) * h + ld(m.expert_ffn));
+    long double const pairs =
+        ld(m.experts_per_token) * std::max(1.0L, static_cast<long double>(capacity_factor)) +
+        (capacity_factor > 0 ? ld(m.experts) : 0);
+    long double const width = 4 * h + 2 * q + 2 * k + 4 * f + ld(m.heads) + 2 * ld(m.vocab) +
+                              ld(m.experts) + 4 * pairs * (ld(expert_tp()) * h + ld(m.expert_ffn));
     return 64 * ld(micro_batch) * ld(seq) * ld(cp) * width;
   }
 
   /// Throws agoq::invalid_argument unless the shard suits model `m` (which it validates):
-  /// micro_batch, seq, tp and cp positive, etp >= 0; tp dividing heads and ffn, and
-  /// micro_batch * seq under sequence parallelism; for a mixture-of-experts model, sequence
-  /// parallelism where tp > 1 (as Megatron requires) and expert_tp() dividing expert_ffn; and few
-  /// enough tokens for 64-bit byte counts: byte_bound(m) <= max_size_count.
+  /// micro_batch, seq, tp and cp positive, etp >= 0, capacity_factor finite and >= 0; tp dividing
+  /// heads and ffn, and micro_batch * seq under sequence parallelism; for a mixture-of-experts
+  /// model, sequence parallelism where tp > 1 (as Megatron requires) and expert_tp() dividing
+  /// expert_ffn, for a dense one no capacity factor; and few enough tokens for 64-bit byte counts:
+  /// byte_bound(m) <= max_size_count.
   void validate(model_shape const& m) const;
 };
 
@@ -524,6 +542,11 @@ inline void shard_shape::validate(model_shape const& m) const {
   m.validate();
   AGOQ_EXPECTS(micro_batch >= 1 && seq >= 1 && tp >= 1 && cp >= 1 && etp >= 0,
                "shapes: micro_batch, seq, tp and cp must be positive, etp >= 0");
+  AGOQ_EXPECTS(std::isfinite(capacity_factor) && capacity_factor >= 0,
+               "shapes: the expert capacity factor must be finite and >= 0 (0: dropless), got " +
+                   std::to_string(capacity_factor));
+  AGOQ_EXPECTS(m.moe() || capacity_factor == 0,
+               "shapes: an expert capacity factor needs a mixture-of-experts model");
   AGOQ_EXPECTS(
       byte_bound(m) <= static_cast<long double>(max_size_count),
       "shapes: micro_batch x seq = " + detail::approx(static_cast<long double>(micro_batch) * seq) +

@@ -576,6 +576,9 @@ struct step_config {
   /// Selective recomputation (recompute_modules): the modules of every layer whose outputs are
   /// computed again in the backward instead of kept. Excludes `recompute`.
   recompute_modules selective{};
+  /// A mixture-of-experts model's expert capacity factor (shard_shape::capacity_factor; 0:
+  /// dropless routing at its mean).
+  double expert_capacity_factor = 0;
 };
 
 /// How gradients are kept between the backward pass and the optimizer.
@@ -1038,7 +1041,7 @@ inline shard_shape shard_of(parallel_config const& p, step_config const& st) {
   AGOQ_EXPECTS(p.cp == 1 || (st.seq >= 1 && st.seq % (2 * p.cp) == 0),
                "context parallelism: seq (" + std::to_string(st.seq) +
                    ") must split into 2 cp = " + std::to_string(2 * p.cp) + " equal chunks");
-  return {st.micro_batch, st.seq / p.cp, p.tp, p.sp, p.cp, p.etp};
+  return {st.micro_batch, st.seq / p.cp, p.tp, p.sp, p.cp, p.etp, st.expert_capacity_factor};
 }
 
 namespace detail {

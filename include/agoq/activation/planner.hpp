@@ -737,9 +737,10 @@ inline std::optional<std::int64_t> least_block_recompute(planner_input in) {
 /// - core_attention: Q K^T and P V under the causal mask, 2 q b s (s + 1) / cp (each of the two
 ///   2 d b s (s + 1) / 2 a head; a context-parallel rank holds 1 / cp of the causal pairs);
 /// - mlp: LLaMA's gate, up and down projections, 6 T h f; GPT's fc1 and fc2, 4 T h f; a
-///   mixture-of-experts MLP's router, 2 T h e, and its experts' products for the k experts of each
-///   token, 6 T h k f_e (e = experts, k = experts_per_token, f_e = expert_ffn; routing balanced:
-///   the expert-parallel layout spreads them evenly, as tensor parallelism the others).
+///   mixture-of-experts MLP's router, 2 T h e, and its experts' products over the R pairs of a
+///   rank (shard_shape::expert_rows), 6 R h f_e / etp, which is 6 T h k f_e / tp when routing is
+///   balanced (e = experts, k = experts_per_token, f_e = expert_ffn; the products of a capacity
+///   factor's padding counted).
 /// The norms, activation functions and softmax are elementwise and not counted, as in the
 /// FLOPs accounting of Megatron (Narayanan et al., SC'21), which these follow.
 struct layer_flops {
@@ -764,14 +765,19 @@ inline layer_flops layer_forward_flops(model_shape const& m, parallel_config con
   long double const t = b * s / static_cast<long double>(p.cp);
   long double const tp = static_cast<long double>(p.tp);
   long double const mlp_products = llama_like(m.style) ? 3 : 2;
-  // The experts' inner width a token passes through, and the router's products.
-  long double const routed =
-      static_cast<long double>(m.experts_per_token) * static_cast<long double>(m.expert_ffn);
+  // The router's products, and the experts' over this rank's pairs at their width on it.
   long double const router = 2 * t * h * static_cast<long double>(m.experts);
+  long double experts = 0;
+  if (m.moe()) {
+    shard_shape const sh = shard_of(p, st);
+    sh.validate(m);
+    experts = 6 * static_cast<long double>(sh.expert_rows(m)) * h *
+              static_cast<long double>(m.expert_ffn / sh.expert_tp());
+  }
   layer_flops out;
   out.projections = static_cast<double>(2 * t * h * (q + 2 * k) / tp + 2 * t * q * h / tp);
   out.core_attention = static_cast<double>(2 * q * b * s * (s + 1) / (p.cp * tp));
-  out.mlp = static_cast<double>((2 * mlp_products * t * h * (f + routed) + router) / tp);
+  out.mlp = static_cast<double>((2 * mlp_products * t * h * f + router) / tp + experts);
   return out;
 }
 

@@ -219,7 +219,8 @@ layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t m
                       std::vector<std::string> const& recompute_modules,
                       std::int64_t first_stage_layers, std::int64_t last_stage_layers,
                       bool account_for_embedding, bool account_for_loss,
-                      std::string const& pipeline_layout, std::int64_t ep, std::int64_t etp) {
+                      std::string const& pipeline_layout, std::int64_t ep, std::int64_t etp,
+                      double expert_capacity_factor) {
   layout_args a;
   a.parallel = {.tp = tp,
                 .pp = pp,
@@ -241,6 +242,7 @@ layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t m
   a.step.recompute = recompute_of(recompute);
   a.step.recompute_layers = recompute_layers;
   a.step.selective = recompute_modules_of(recompute_modules);
+  a.step.expert_capacity_factor = expert_capacity_factor;
   return a;
 }
 
@@ -252,11 +254,12 @@ py::list tensor_kinds(std::string const& style, bool moe) {
 }
 
 py::dict saved_shapes(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
-                      std::int64_t tp, bool sp, std::int64_t etp) {
+                      std::int64_t tp, bool sp, std::int64_t etp, double expert_capacity_factor) {
   act::model_shape const m = model_of(model);
   py::dict out;
   for (act::tensor_kind const k : m.saved_tensors()) {
-    act::saved_shape const s = act::shape_of(k, m, {micro_batch, seq, tp, sp, 1, etp});
+    act::saved_shape const s =
+        act::shape_of(k, m, {micro_batch, seq, tp, sp, 1, etp, expert_capacity_factor});
     out[py::str(std::string(act::name_of(k)))] = py::make_tuple(s.rows, s.cols, s.precise_bytes);
   }
   return out;
@@ -352,13 +355,15 @@ act::planner_input planner_input_of(
     std::int64_t recompute_layers, std::int64_t cp,
     std::vector<std::string> const& recompute_modules, std::int64_t first_stage_layers,
     std::int64_t last_stage_layers, bool account_for_embedding, bool account_for_loss,
-    std::string const& pipeline_layout, std::int64_t ep, std::int64_t etp) {
+    std::string const& pipeline_layout, std::int64_t ep, std::int64_t etp,
+    double expert_capacity_factor) {
   act::planner_input in;
   in.model = model_of(model);
-  auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
-                           vp_rules, bucket_parameters, reserved_bytes, recompute, recompute_layers,
-                           cp, recompute_modules, first_stage_layers, last_stage_layers,
-                           account_for_embedding, account_for_loss, pipeline_layout, ep, etp);
+  auto const l =
+      layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group, vp_rules,
+                bucket_parameters, reserved_bytes, recompute, recompute_layers, cp,
+                recompute_modules, first_stage_layers, last_stage_layers, account_for_embedding,
+                account_for_loss, pipeline_layout, ep, etp, expert_capacity_factor);
   in.parallel = l.parallel;
   in.step = l.step;
   in.states = {gradient_format_of(gradients), optimizer_format_of(optimizer)};
@@ -412,12 +417,13 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
                    std::vector<std::string> const& recompute_modules,
                    std::int64_t first_stage_layers, std::int64_t last_stage_layers,
                    bool account_for_embedding, bool account_for_loss,
-                   std::string const& pipeline_layout, std::int64_t ep, std::int64_t etp) {
+                   std::string const& pipeline_layout, std::int64_t ep, std::int64_t etp,
+                   double expert_capacity_factor) {
   act::planner_input in = planner_input_of(
       model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
       gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, recompute,
       recompute_layers, cp, recompute_modules, first_stage_layers, last_stage_layers,
-      account_for_embedding, account_for_loss, pipeline_layout, ep, etp);
+      account_for_embedding, account_for_loss, pipeline_layout, ep, etp, expert_capacity_factor);
   apply_error_model(in, statistics, sensitivity, outlier);
   act::activation_plan const plan = act::make_plan(in);
   py::list layers;
@@ -456,19 +462,22 @@ py::dict make_plan(py::dict const& model, std::int64_t micro_batch, std::int64_t
   return out;
 }
 
-py::object least_block_recompute(
-    py::dict const& model, std::int64_t micro_batch, std::int64_t seq, std::int64_t budget_bytes,
-    py::object const& policy, std::int64_t dp, std::int64_t pp, std::int64_t tp, std::int64_t vp,
-    int zero, bool sp, std::int64_t micro_batches, std::string const& gradients,
-    std::string const& optimizer, std::int64_t vp_group, std::string const& vp_rules,
-    std::int64_t bucket_parameters, std::int64_t reserved_bytes, std::int64_t cp,
-    std::int64_t first_stage_layers, std::int64_t last_stage_layers, bool account_for_embedding,
-    bool account_for_loss, std::string const& pipeline_layout, std::int64_t ep, std::int64_t etp) {
-  auto const n = act::least_block_recompute(
-      planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
-                       micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
-                       reserved_bytes, "none", 0, cp, {}, first_stage_layers, last_stage_layers,
-                       account_for_embedding, account_for_loss, pipeline_layout, ep, etp));
+py::object least_block_recompute(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
+                                 std::int64_t budget_bytes, py::object const& policy,
+                                 std::int64_t dp, std::int64_t pp, std::int64_t tp, std::int64_t vp,
+                                 int zero, bool sp, std::int64_t micro_batches,
+                                 std::string const& gradients, std::string const& optimizer,
+                                 std::int64_t vp_group, std::string const& vp_rules,
+                                 std::int64_t bucket_parameters, std::int64_t reserved_bytes,
+                                 std::int64_t cp, std::int64_t first_stage_layers,
+                                 std::int64_t last_stage_layers, bool account_for_embedding,
+                                 bool account_for_loss, std::string const& pipeline_layout,
+                                 std::int64_t ep, std::int64_t etp, double expert_capacity_factor) {
+  auto const n = act::least_block_recompute(planner_input_of(
+      model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
+      gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, "none", 0, cp,
+      {}, first_stage_layers, last_stage_layers, account_for_embedding, account_for_loss,
+      pipeline_layout, ep, etp, expert_capacity_factor));
   return n ? py::object(py::int_(*n)) : py::object(py::none());
 }
 
@@ -483,12 +492,13 @@ py::object find_shortfall(py::dict const& model, std::int64_t micro_batch, std::
                           std::vector<std::string> const& recompute_modules,
                           std::int64_t first_stage_layers, std::int64_t last_stage_layers,
                           bool account_for_embedding, bool account_for_loss,
-                          std::string const& pipeline_layout, std::int64_t ep, std::int64_t etp) {
+                          std::string const& pipeline_layout, std::int64_t ep, std::int64_t etp,
+                          double expert_capacity_factor) {
   auto const s = act::find_shortfall(planner_input_of(
       model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
       gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, recompute,
       recompute_layers, cp, recompute_modules, first_stage_layers, last_stage_layers,
-      account_for_embedding, account_for_loss, pipeline_layout, ep, etp));
+      account_for_embedding, account_for_loss, pipeline_layout, ep, etp, expert_capacity_factor));
   if (!s) return py::none();
   py::dict d;
   d["stage"] = s->stage;
@@ -517,20 +527,23 @@ py::dict option_dict(act::recompute_option const& o) {
 /// The options `options_of` (act::selective_options or act::recompute_options) gives for
 /// make_plan's arguments, and the one of least error within max_overhead.
 template <auto options_of>
-py::dict planned_options(
-    py::dict const& model, std::int64_t micro_batch, std::int64_t seq, std::int64_t budget_bytes,
-    py::object const& policy, std::int64_t dp, std::int64_t pp, std::int64_t tp, std::int64_t vp,
-    int zero, bool sp, std::int64_t micro_batches, std::string const& gradients,
-    std::string const& optimizer, py::object const& statistics, std::int64_t vp_group,
-    std::string const& vp_rules, std::int64_t bucket_parameters, std::int64_t reserved_bytes,
-    py::object const& sensitivity, py::object const& outlier, std::int64_t cp, double max_overhead,
-    std::int64_t first_stage_layers, std::int64_t last_stage_layers, bool account_for_embedding,
-    bool account_for_loss, std::string const& pipeline_layout, std::int64_t ep, std::int64_t etp) {
-  act::planner_input in =
-      planner_input_of(model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp,
-                       micro_batches, gradients, optimizer, vp_group, vp_rules, bucket_parameters,
-                       reserved_bytes, "none", 0, cp, {}, first_stage_layers, last_stage_layers,
-                       account_for_embedding, account_for_loss, pipeline_layout, ep, etp);
+py::dict planned_options(py::dict const& model, std::int64_t micro_batch, std::int64_t seq,
+                         std::int64_t budget_bytes, py::object const& policy, std::int64_t dp,
+                         std::int64_t pp, std::int64_t tp, std::int64_t vp, int zero, bool sp,
+                         std::int64_t micro_batches, std::string const& gradients,
+                         std::string const& optimizer, py::object const& statistics,
+                         std::int64_t vp_group, std::string const& vp_rules,
+                         std::int64_t bucket_parameters, std::int64_t reserved_bytes,
+                         py::object const& sensitivity, py::object const& outlier, std::int64_t cp,
+                         double max_overhead, std::int64_t first_stage_layers,
+                         std::int64_t last_stage_layers, bool account_for_embedding,
+                         bool account_for_loss, std::string const& pipeline_layout, std::int64_t ep,
+                         std::int64_t etp, double expert_capacity_factor) {
+  act::planner_input in = planner_input_of(
+      model, micro_batch, seq, budget_bytes, policy, dp, pp, tp, vp, zero, sp, micro_batches,
+      gradients, optimizer, vp_group, vp_rules, bucket_parameters, reserved_bytes, "none", 0, cp,
+      {}, first_stage_layers, last_stage_layers, account_for_embedding, account_for_loss,
+      pipeline_layout, ep, etp, expert_capacity_factor);
   apply_error_model(in, statistics, sensitivity, outlier);
   std::vector<act::recompute_option> const all = options_of(in);
   py::list options;
@@ -550,12 +563,14 @@ py::list estimate_memory(
     std::int64_t reserved_bytes, std::string const& recompute, std::int64_t recompute_layers,
     std::int64_t cp, std::vector<std::string> const& recompute_modules,
     std::int64_t first_stage_layers, std::int64_t last_stage_layers, bool account_for_embedding,
-    bool account_for_loss, std::string const& pipeline_layout, std::int64_t ep, std::int64_t etp) {
+    bool account_for_loss, std::string const& pipeline_layout, std::int64_t ep, std::int64_t etp,
+    double expert_capacity_factor) {
   act::model_shape const m = model_of(model);
-  auto const l = layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group,
-                           vp_rules, bucket_parameters, reserved_bytes, recompute, recompute_layers,
-                           cp, recompute_modules, first_stage_layers, last_stage_layers,
-                           account_for_embedding, account_for_loss, pipeline_layout, ep, etp);
+  auto const l =
+      layout_of(micro_batch, seq, micro_batches, tp, pp, vp, dp, zero, sp, vp_group, vp_rules,
+                bucket_parameters, reserved_bytes, recompute, recompute_layers, cp,
+                recompute_modules, first_stage_layers, last_stage_layers, account_for_embedding,
+                account_for_loss, pipeline_layout, ep, etp, expert_capacity_factor);
   py::list out;
   for (act::stage_memory const& s : act::estimate_memory(
            m, l.parallel, l.step, {gradient_format_of(gradients), optimizer_format_of(optimizer)},
@@ -585,8 +600,10 @@ void register_planning(py::module_& m) {
         "backward, in forward order (o_proj_input reads the attention_output buffer).");
   m.def("saved_shapes", &saved_shapes, py::arg("model"), py::arg("micro_batch"), py::arg("seq"),
         py::arg("tp") = 1, py::arg("sp") = false, py::arg("etp") = 0,
+        py::arg("expert_capacity_factor") = 0.0,
         "{kind: (rows, cols, precise_bytes)} of one layer's saved tensors for one micro-batch "
-        "(etp: a mixture-of-experts model's expert tensor parallelism, 0: tp).");
+        "(etp, expert_capacity_factor: a mixture-of-experts model's expert tensor parallelism, "
+        "0: tp, and capacity factor, 0: dropless).");
   m.def("default_policy", &default_policy,
         "agoq's default policy: {kind: (default storage, [candidates])}.");
   m.def("error_model_defaults", &error_model_defaults,
@@ -596,57 +613,58 @@ void register_planning(py::module_& m) {
         py::arg("seq"), py::arg("storages"),
         "Bytes one layer saves for one micro-batch with {kind: storage} (precise: bf16, the "
         "logsumexp fp32; aliases free).");
-  m.def("make_plan", &make_plan, py::arg("model"), py::arg("micro_batch"), py::arg("seq"),
-        py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
-        py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
-        py::arg("sp") = false, py::arg("micro_batches") = 0, py::arg("gradients") = "int8",
-        py::arg("optimizer") = "fp32", py::arg("statistics") = py::none(), py::arg("vp_group") = 0,
-        py::arg("vp_rules") = "core", py::arg("bucket_parameters") = 0,
-        py::arg("reserved_bytes") = act::default_reserved_bytes,
-        py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(),
-        py::arg("recompute") = "none", py::arg("recompute_layers") = 0, py::arg("cp") = 1,
-        py::arg("recompute_modules") = std::vector<std::string>{},
-        py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
-        py::arg("account_for_embedding") = false, py::arg("account_for_loss") = false,
-        py::arg("pipeline_layout") = "", py::arg("ep") = 1, py::arg("etp") = 0,
-        "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], "
-        "'recomputed': [layer], 'recompute_modules': [module], 'recomputed_kinds': [kind], "
-        "'stages': [memory], 'error': float}. The budget holds each "
-        "stage's transient working memory "
-        "too (memory keys 'working', 'gradient_buffers', 'reserved', summed in 'transient'; "
-        "bucket_parameters: the gradient bucket, 0: Megatron-Core's default; reserved_bytes: "
-        "the fixed allowance, 1 GiB by default). `statistics` maps (layer, kind) to a dict from "
-        "measure(), which replaces the Gaussian prior of that tensor's error; `sensitivity` maps "
-        "kinds, or (layer, kind) for one layer's tensor, to the error model's weights and "
-        "`outlier` kinds to its outlier factors (defaults: docs/activations.md section 3; "
-        "measured ones: examples/pytorch/sensitivity.py). With "
-        "vp > 1, "
-        "Megatron's interleaved schedule: Megatron-Core's ('core') in groups of vp_group "
-        "micro-batches (0: pp), or older Megatron-LM's ('legacy'). Raises ValueError with the "
-        "shortfall when nothing fits, and for a schedule Megatron refuses. recompute "
-        "('uniform' or 'block') with recompute_layers is Megatron's full activation "
-        "recomputation (recompute_method, recompute_num_layers per model chunk): the "
-        "recomputed layers are kept in bf16 while their checkpoint's backward runs (memory key "
-        "'recompute', in 'transient') and their checkpoints' inputs in between. "
-        "recompute_modules (names of 'core_attn', 'layernorm', 'mlp') is Megatron's selective "
-        "recomputation, which excludes recompute: in every layer the kinds those modules output "
-        "(listed in 'recomputed_kinds', bf16 in 'layers') are not kept but computed again in the "
-        "backward, in the layer's working memory, with the error of the kept tensors they come "
-        "from; an unknown name raises ValueError. cp > 1 is "
-        "context parallelism: each sequence split over cp ranks (seq a multiple of 2 cp), ZeRO "
-        "and the gradient reduction over dp x cp. first_stage_layers and last_stage_layers "
-        "give the first (last) pipeline stage that many layers and the others an even share of "
-        "the rest (Megatron-Core's num_layers_in_first/last_pipeline_stage; 0: an even split); "
-        "account_for_embedding and account_for_loss count the embedding (the loss) as a layer "
-        "in the even split, one layer fewer in the first stage's first model chunk (the last "
-        "stage's last; Megatron-Core's account_for_embedding/loss_in_pipeline_split); "
-        "pipeline_layout (Megatron-Core's pipeline_model_parallel_layout string, e.g. "
-        "'Et*3|(tt|)*29,t*3L') gives every model chunk its layers, vp its chunks / pp, and "
-        "excludes the three; each stage's memory says its 'layers'. ep and etp place a "
-        "mixture-of-experts model's experts (Megatron-Core's expert_model_parallel_size and "
-        "expert_tensor_parallel_size; etp 0: tp): experts / ep on each rank, each split over etp, "
-        "their states sharded under ZeRO over tp cp dp / (ep etp) ranks; each stage's memory says "
-        "its 'expert_parameters'.");
+  m.def(
+      "make_plan", &make_plan, py::arg("model"), py::arg("micro_batch"), py::arg("seq"),
+      py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1, py::arg("pp") = 1,
+      py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0, py::arg("sp") = false,
+      py::arg("micro_batches") = 0, py::arg("gradients") = "int8", py::arg("optimizer") = "fp32",
+      py::arg("statistics") = py::none(), py::arg("vp_group") = 0, py::arg("vp_rules") = "core",
+      py::arg("bucket_parameters") = 0, py::arg("reserved_bytes") = act::default_reserved_bytes,
+      py::arg("sensitivity") = py::none(), py::arg("outlier") = py::none(),
+      py::arg("recompute") = "none", py::arg("recompute_layers") = 0, py::arg("cp") = 1,
+      py::arg("recompute_modules") = std::vector<std::string>{}, py::arg("first_stage_layers") = 0,
+      py::arg("last_stage_layers") = 0, py::arg("account_for_embedding") = false,
+      py::arg("account_for_loss") = false, py::arg("pipeline_layout") = "", py::arg("ep") = 1,
+      py::arg("etp") = 0, py::arg("expert_capacity_factor") = 0.0,
+      "The activation plan under a per-GPU budget: {'layers': [{kind: storage}], "
+      "'recomputed': [layer], 'recompute_modules': [module], 'recomputed_kinds': [kind], "
+      "'stages': [memory], 'error': float}. The budget holds each "
+      "stage's transient working memory "
+      "too (memory keys 'working', 'gradient_buffers', 'reserved', summed in 'transient'; "
+      "bucket_parameters: the gradient bucket, 0: Megatron-Core's default; reserved_bytes: "
+      "the fixed allowance, 1 GiB by default). `statistics` maps (layer, kind) to a dict from "
+      "measure(), which replaces the Gaussian prior of that tensor's error; `sensitivity` maps "
+      "kinds, or (layer, kind) for one layer's tensor, to the error model's weights and "
+      "`outlier` kinds to its outlier factors (defaults: docs/activations.md section 3; "
+      "measured ones: examples/pytorch/sensitivity.py). With "
+      "vp > 1, "
+      "Megatron's interleaved schedule: Megatron-Core's ('core') in groups of vp_group "
+      "micro-batches (0: pp), or older Megatron-LM's ('legacy'). Raises ValueError with the "
+      "shortfall when nothing fits, and for a schedule Megatron refuses. recompute "
+      "('uniform' or 'block') with recompute_layers is Megatron's full activation "
+      "recomputation (recompute_method, recompute_num_layers per model chunk): the "
+      "recomputed layers are kept in bf16 while their checkpoint's backward runs (memory key "
+      "'recompute', in 'transient') and their checkpoints' inputs in between. "
+      "recompute_modules (names of 'core_attn', 'layernorm', 'mlp') is Megatron's selective "
+      "recomputation, which excludes recompute: in every layer the kinds those modules output "
+      "(listed in 'recomputed_kinds', bf16 in 'layers') are not kept but computed again in the "
+      "backward, in the layer's working memory, with the error of the kept tensors they come "
+      "from; an unknown name raises ValueError. cp > 1 is "
+      "context parallelism: each sequence split over cp ranks (seq a multiple of 2 cp), ZeRO "
+      "and the gradient reduction over dp x cp. first_stage_layers and last_stage_layers "
+      "give the first (last) pipeline stage that many layers and the others an even share of "
+      "the rest (Megatron-Core's num_layers_in_first/last_pipeline_stage; 0: an even split); "
+      "account_for_embedding and account_for_loss count the embedding (the loss) as a layer "
+      "in the even split, one layer fewer in the first stage's first model chunk (the last "
+      "stage's last; Megatron-Core's account_for_embedding/loss_in_pipeline_split); "
+      "pipeline_layout (Megatron-Core's pipeline_model_parallel_layout string, e.g. "
+      "'Et*3|(tt|)*29,t*3L') gives every model chunk its layers, vp its chunks / pp, and "
+      "excludes the three; each stage's memory says its 'layers'. ep and etp place a "
+      "mixture-of-experts model's experts (Megatron-Core's expert_model_parallel_size and "
+      "expert_tensor_parallel_size; etp 0: tp): experts / ep on each rank, each split over etp, "
+      "their states sharded under ZeRO over tp cp dp / (ep etp) ranks; each stage's memory says "
+      "its 'expert_parameters'. expert_capacity_factor is Megatron-Core's "
+      "moe_expert_capacity_factor, padded to capacity (0: dropless routing at its mean).");
   m.def("least_block_recompute", &least_block_recompute, py::arg("model"), py::arg("micro_batch"),
         py::arg("seq"), py::arg("budget_bytes"), py::arg("policy") = py::none(), py::arg("dp") = 1,
         py::arg("pp") = 1, py::arg("tp") = 1, py::arg("vp") = 1, py::arg("zero") = 0,
@@ -656,6 +674,7 @@ void register_planning(py::module_& m) {
         py::arg("cp") = 1, py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
         py::arg("account_for_embedding") = false, py::arg("account_for_loss") = false,
         py::arg("pipeline_layout") = "", py::arg("ep") = 1, py::arg("etp") = 0,
+        py::arg("expert_capacity_factor") = 0.0,
         "The fewest layers of each model chunk that block recomputation must recompute for "
         "make_plan (same arguments) to fit budget_bytes: 0 when it fits without, None when not "
         "even every layer fits. Full recomputation alone: no selective recomputation "
@@ -671,6 +690,7 @@ void register_planning(py::module_& m) {
         py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
         py::arg("account_for_embedding") = false, py::arg("account_for_loss") = false,
         py::arg("pipeline_layout") = "", py::arg("ep") = 1, py::arg("etp") = 0,
+        py::arg("expert_capacity_factor") = 0.0,
         "Where make_plan (the same arguments, but the error model's) would find no plan: "
         "{'stage': the device short by the most, 'budget_bytes', 'bytes': by how many it falls "
         "short, 'need': that device's memory dict with every planned tensor at its smallest "
@@ -691,7 +711,7 @@ void register_planning(py::module_& m) {
             py::arg("max_overhead") = 1.0, py::arg("first_stage_layers") = 0,
             py::arg("last_stage_layers") = 0, py::arg("account_for_embedding") = false,
             py::arg("account_for_loss") = false, py::arg("pipeline_layout") = "", py::arg("ep") = 1,
-            py::arg("etp") = 0, doc));
+            py::arg("etp") = 0, py::arg("expert_capacity_factor") = 0.0, doc));
   };
   def_options("selective_options", &planned_options<&act::selective_options>,
               "Every set of Megatron's recompute modules (core_attn, layernorm, mlp) planned as "
@@ -718,6 +738,7 @@ void register_planning(py::module_& m) {
         py::arg("first_stage_layers") = 0, py::arg("last_stage_layers") = 0,
         py::arg("account_for_embedding") = false, py::arg("account_for_loss") = false,
         py::arg("pipeline_layout") = "", py::arg("ep") = 1, py::arg("etp") = 0,
+        py::arg("expert_capacity_factor") = 0.0,
         "Per-pipeline-device memory of one step with every tensor at its policy default "
         "(vp_group, vp_rules: the interleaved schedule; bucket_parameters, reserved_bytes: the "
         "transient memory's settings; recompute, recompute_layers: full recomputation; cp: "
