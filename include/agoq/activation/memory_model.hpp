@@ -107,7 +107,8 @@ struct parallel_config {
 
   /// The ranks that hold the same experts and reduce their gradients together, which ZeRO shards
   /// the experts' states over: tp cp dp / (ep etp) (Megatron-Core's expert data-parallel group:
-  /// the ranks of a pipeline stage, tp cp dp, laid out as ep x etp x this).
+  /// the ranks of a pipeline stage, tp cp dp, laid out as ep x etp x this). Of a valid layout
+  /// (validate); a dense model's is dp cp.
   std::int64_t expert_gradient_ranks() const noexcept { return tp * cp * dp / (ep * expert_tp()); }
 
   /// True when first_stage_layers or last_stage_layers sets a device's layers.
