@@ -1,7 +1,8 @@
 /// \file
 /// The activation planner on 128 layers x 16 pipeline stages (a 405B-like LLaMA shape, TP 8,
 /// SP, 64 micro-batches; and with 1000 or 4000 micro-batches in Megatron-Core's groups; and every
-/// set of recompute modules planned), and on LLaMA-3-8B with 4 stages; single thread, host only.
+/// set of recompute modules planned), on LLaMA-3-8B with 4 stages, and on the mixture-of-experts
+/// Qwen3-235B-A22B with 8 (expert parallel); single thread, host only.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -84,6 +85,30 @@ void plan_llama3_8b(benchmark::State& state) {
   }
 }
 BENCHMARK(plan_llama3_8b)->Unit(benchmark::kMillisecond);
+
+// Qwen3-235B-A22B (94 layers: 11, 6 x 12, 11 on 8 stages; 128 experts, 8 a token): TP 4 + SP,
+// EP 16, etp 1, DP 8, ZeRO-1, 4096 tokens, under 32 GiB (its default policy needs 25.9).
+void plan_qwen3_235b_a22b(benchmark::State& state) {
+  act::planner_input in;
+  in.model = act::preset_model("qwen3-235b-a22b");
+  in.parallel.tp = 4;
+  in.parallel.sp = true;
+  in.parallel.pp = 8;
+  in.parallel.dp = 8;
+  in.parallel.zero_stage = 1;
+  in.parallel.first_stage_layers = 11;
+  in.parallel.last_stage_layers = 11;
+  in.parallel.ep = 16;
+  in.parallel.etp = 1;
+  in.step = {1, 4096, 0};
+  in.states.gradients = act::gradient_format::int8_g128;
+  in.budget_bytes = std::int64_t{32} << 30;
+  for (auto _ : state) {
+    auto plan = act::make_plan(in);
+    benchmark::DoNotOptimize(plan);
+  }
+}
+BENCHMARK(plan_qwen3_235b_a22b)->Unit(benchmark::kMillisecond);
 
 // selective_options: the 8 sets of recompute modules, each planned (v = 1), against one plan
 // above (plan_128_layers_16_stages/v:1).
