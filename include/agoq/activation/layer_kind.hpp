@@ -101,76 +101,53 @@ inline constexpr std::array<tensor_kind, tensor_kind_count> all_tensor_kinds = [
   return kinds;
 }();
 
+namespace detail {
+
+/// The arrays `parts` one after the other.
+template <std::size_t... N>
+constexpr std::array<tensor_kind, (N + ...)> join(std::array<tensor_kind, N> const&... parts) {
+  std::array<tensor_kind, (N + ...)> out{};
+  auto at = out.begin();
+  ((at = std::ranges::copy(parts, at).out), ...);
+  return out;
+}
+
+// The runs the LLaMA-like blocks are made of, in forward order.
+inline constexpr std::array<tensor_kind, 2> block_inputs = {tensor_kind::attn_norm_input,
+                                                            tensor_kind::qkv_input};
+inline constexpr std::array<tensor_kind, 2> qk_norm_inputs = {tensor_kind::query_norm_input,
+                                                              tensor_kind::key_norm_input};
+inline constexpr std::array<tensor_kind, 8> attention_to_mlp = {
+    tensor_kind::query,          tensor_kind::key,
+    tensor_kind::value,          tensor_kind::attention_output,
+    tensor_kind::softmax_lse,    tensor_kind::o_proj_input,
+    tensor_kind::mlp_norm_input, tensor_kind::mlp_input};
+inline constexpr std::array<tensor_kind, 3> swiglu_mlp = {
+    tensor_kind::gate_output, tensor_kind::up_output, tensor_kind::swiglu_output};
+inline constexpr std::array<tensor_kind, 5> moe_mlp = {
+    tensor_kind::router_probs, tensor_kind::expert_input, tensor_kind::expert_gate_output,
+    tensor_kind::expert_up_output, tensor_kind::expert_swiglu_output};
+
+}  // namespace detail
+
 /// The tensors a LLaMA-style block saves, in forward order.
-inline constexpr std::array<tensor_kind, 13> llama_block_tensors = {
-    tensor_kind::attn_norm_input, tensor_kind::qkv_input,
-    tensor_kind::query,           tensor_kind::key,
-    tensor_kind::value,           tensor_kind::attention_output,
-    tensor_kind::softmax_lse,     tensor_kind::o_proj_input,
-    tensor_kind::mlp_norm_input,  tensor_kind::mlp_input,
-    tensor_kind::gate_output,     tensor_kind::up_output,
-    tensor_kind::swiglu_output};
+inline constexpr std::array<tensor_kind, 13> llama_block_tensors =
+    detail::join(detail::block_inputs, detail::attention_to_mlp, detail::swiglu_mlp);
 
 /// The tensors a Qwen3-style block saves, in forward order: the LLaMA-style block's, with the
 /// QK-norm's inputs after the QKV projection's input.
-inline constexpr std::array<tensor_kind, 15> qwen3_block_tensors = {
-    tensor_kind::attn_norm_input,
-    tensor_kind::qkv_input,
-    tensor_kind::query_norm_input,
-    tensor_kind::key_norm_input,
-    tensor_kind::query,
-    tensor_kind::key,
-    tensor_kind::value,
-    tensor_kind::attention_output,
-    tensor_kind::softmax_lse,
-    tensor_kind::o_proj_input,
-    tensor_kind::mlp_norm_input,
-    tensor_kind::mlp_input,
-    tensor_kind::gate_output,
-    tensor_kind::up_output,
-    tensor_kind::swiglu_output,
-};
+inline constexpr std::array<tensor_kind, 15> qwen3_block_tensors = detail::join(
+    detail::block_inputs, detail::qk_norm_inputs, detail::attention_to_mlp, detail::swiglu_mlp);
 
 /// The tensors a LLaMA-style block with a mixture-of-experts MLP saves (Mixtral), in forward order:
 /// the LLaMA-style block's up to the MLP's input, then the router's and the experts'.
-inline constexpr std::array<tensor_kind, 15> llama_moe_block_tensors = {
-    tensor_kind::attn_norm_input,
-    tensor_kind::qkv_input,
-    tensor_kind::query,
-    tensor_kind::key,
-    tensor_kind::value,
-    tensor_kind::attention_output,
-    tensor_kind::softmax_lse,
-    tensor_kind::o_proj_input,
-    tensor_kind::mlp_norm_input,
-    tensor_kind::mlp_input,
-    tensor_kind::router_probs,
-    tensor_kind::expert_input,
-    tensor_kind::expert_gate_output,
-    tensor_kind::expert_up_output,
-    tensor_kind::expert_swiglu_output};
+inline constexpr std::array<tensor_kind, 15> llama_moe_block_tensors =
+    detail::join(detail::block_inputs, detail::attention_to_mlp, detail::moe_mlp);
 
 /// The tensors a Qwen3-style block with a mixture-of-experts MLP saves (Qwen3-MoE), in forward
 /// order: llama_moe_block_tensors with the QK-norm's inputs after the QKV projection's input.
-inline constexpr std::array<tensor_kind, 17> qwen3_moe_block_tensors = {
-    tensor_kind::attn_norm_input,
-    tensor_kind::qkv_input,
-    tensor_kind::query_norm_input,
-    tensor_kind::key_norm_input,
-    tensor_kind::query,
-    tensor_kind::key,
-    tensor_kind::value,
-    tensor_kind::attention_output,
-    tensor_kind::softmax_lse,
-    tensor_kind::o_proj_input,
-    tensor_kind::mlp_norm_input,
-    tensor_kind::mlp_input,
-    tensor_kind::router_probs,
-    tensor_kind::expert_input,
-    tensor_kind::expert_gate_output,
-    tensor_kind::expert_up_output,
-    tensor_kind::expert_swiglu_output,
-};
+inline constexpr std::array<tensor_kind, 17> qwen3_moe_block_tensors = detail::join(
+    detail::block_inputs, detail::qk_norm_inputs, detail::attention_to_mlp, detail::moe_mlp);
 
 /// The tensors a GPT-style block saves, in forward order.
 inline constexpr std::array<tensor_kind, 12> gpt_block_tensors = {
