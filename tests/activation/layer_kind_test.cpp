@@ -320,8 +320,32 @@ TEST_CASE("mixture-of-experts shapes: the router's over the tokens, the experts'
   CHECK_THROWS_WITH_AS(shape_of(tensor_kind::query, dense, dense_cap),
                        doctest::Contains("an expert capacity factor needs a mixture-of-experts"),
                        agoq::invalid_argument);
+  // The measured load factor as the capacity factor: a routing of this micro-batch's 4096 x 4
+  // pairs (all 4 ranks' tokens) with 8 experts on EP 4; rank 1 (experts 2 and 3) takes the most,
+  // 5120 of them against the mean's 4096: factor 1.25, and the padded rows bound its pairs.
+  std::array<std::int64_t, 8> const routed = {2048, 1024, 2560, 2560, 1536, 2048, 2048, 2560};
+  double const load = expert_load_factor(routed, 4);
+  CHECK(load == 1.25);
+  shard_shape measured = sp4;
+  measured.etp = 1;
+  measured.capacity_factor = load;
+  CHECK(measured.expert_rows(m) >= 5120);
+  CHECK(measured.expert_rows(m) == 8 * 640);
+  CHECK(expert_load_factor(routed, 1) == 1.0);  // one rank holds them all
+  CHECK(expert_load_factor(routed, 8) == 2560.0 * 8 / 16384);
+  CHECK_THROWS_WITH_AS(expert_load_factor(routed, 3),
+                       doctest::Contains("ep (3) must divide the experts (8)"),
+                       agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(expert_load_factor(std::array<std::int64_t, 2>{0, 0}, 1),
+                       doctest::Contains("no pairs were routed"), agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(expert_load_factor(std::array<std::int64_t, 2>{4, -1}, 2),
+                       doctest::Contains("counts must be >= 0"), agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(expert_load_factor(std::array<std::int64_t, 2>{std::int64_t{1} << 62, 1}, 1),
+                       doctest::Contains("sum to at most 2^62"), agoq::invalid_argument);
+  CHECK_THROWS_AS(expert_load_factor(std::span<std::int64_t const>{}, 1), agoq::invalid_argument);
   // Qwen3-MoE: Qwen3's attention tensors, 128 experts with 8 a token.  // Qwen3-MoE: Qwen3's
-  // attention tensors, 128 experts with 8 a token.
+  // attention tensors, 128 experts with 8 a token.  // Qwen3-MoE: Qwen3's attention tensors, 128
+  // experts with 8 a token.
   model_shape const q = preset_model("qwen3-30b-a3b");
   shard_shape const qs{1, 4096, 2, true};
   CHECK(shape_of(tensor_kind::query_norm_input, q, qs) == saved_shape{4096, 2048, 2});

@@ -514,6 +514,15 @@ class PlanningTest(unittest.TestCase):
         padded = agoq.estimate_memory(mixtral, 1, 8192, gradients="int8",
                                       expert_capacity_factor=1.25, **args)
         self.assertEqual(round(max(s["total"] for s in padded) / 2**30, 2), 35.58)
+        # A measured routing's load factor (the busiest of 4 ranks takes 5120 of 16384 pairs) as
+        # the capacity factor.
+        topk = torch.tensor([0] * 2048 + [1] * 1024 + [2] * 2560 + [3] * 2560 + [4] * 1536
+                            + [5] * 2048 + [6] * 2048 + [7] * 2560)
+        load = agoq.expert_load_factor(torch.bincount(topk, minlength=8).tolist(), ep=4)
+        self.assertEqual(load, 1.25)
+        self.assertEqual(agoq.expert_load_factor([3, 1], 1), 1.0)
+        with self.assertRaisesRegex(ValueError, "ep \\(3\\) must divide the experts \\(2\\)"):
+            agoq.expert_load_factor([3, 1], 3)
         with self.assertRaisesRegex(ValueError, "capacity factor must be finite and >= 0"):
             agoq.estimate_memory(mixtral, 1, 8192, expert_capacity_factor=-1.0, **args)
         with self.assertRaisesRegex(ValueError, "ep \\(3\\) must divide the experts"):

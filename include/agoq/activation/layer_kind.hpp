@@ -544,9 +544,42 @@ inline void shard_shape::validate(model_shape const& m) const {
                    ") must divide expert_ffn (" + std::to_string(m.expert_ffn) + ")");
 }
 
-/// The per-rank shape of one saved tensor of one layer and one micro-batch: a row-major
-/// [rows, cols] matrix (the layout agoq quantizes, groups running along a row) and the bytes of one
-/// element when kept precise (bf16: 2, the fp32 logsumexp: 4).
+/// The load factor of a mixture-of-experts layer's routing as measured: `pairs[i]` the (token,
+/// expert) pairs expert i took (of one layer and step, or summed over several), the experts laid
+/// out on `ep` ranks as Megatron-Core places them (rank r holds experts [r e / ep, (r + 1) e / ep),
+/// e = pairs.size()): the busiest rank's pairs over the mean rank's, at least 1. Given as the
+/// capacity factor (shard_shape::capacity_factor, step_config::expert_capacity_factor), it sizes
+/// every rank's expert tensors for the busiest one (expert_rows: e ceil(n / e C) >= n C pairs).
+/// Throws agoq::invalid_argument for no experts, ep < 1 or not dividing them, a negative count,
+/// no pairs at all, or a total past 2^62.
+inline double expert_load_factor(std::span<std::int64_t const> pairs, std::int64_t ep) {
+  auto const e = static_cast<std::int64_t>(pairs.size());
+  AGOQ_EXPECTS(e >= 1 && ep >= 1 && e % ep == 0, "expert_load_factor: ep (" + std::to_string(ep) +
+                                                     ") must divide the experts (" +
+                                                     std::to_string(e) + "), at least one");
+  std::int64_t total = 0;
+  std::int64_t busiest = 0;
+  std::int64_t const local = e / ep;
+  for (std::int64_t r = 0; r < ep; ++r) {
+    std::int64_t rank = 0;
+    for (std::int64_t const n :
+         pairs.subspan(static_cast<std::size_t>(r * local), static_cast<std::size_t>(local))) {
+      AGOQ_EXPECTS(n >= 0 && n <= max_size_count - total,
+                   "expert_load_factor: counts must be >= 0 and sum to at most 2^62, got " +
+                       std::to_string(n));
+      rank += n;
+      total += n;
+    }
+    busiest = std::max(busiest, rank);
+  }
+  AGOQ_EXPECTS(total > 0, "expert_load_factor: no pairs were routed");
+  return static_cast<double>(busiest) * static_cast<double>(ep) / static_cast<double>(total);
+}
+
+/// The per-rank shape of one saved tensor of one layer and one micro-batch:/// The per-rank shape
+/// of one saved tensor of one layer and one micro-batch: a row-major [rows, cols] matrix (the
+/// layout agoq quantizes, groups running along a row) and the bytes of one element when kept
+/// precise (bf16: 2, the fp32 logsumexp: 4).
 struct saved_shape {
   std::int64_t rows = 0;
   std::int64_t cols = 0;

@@ -595,6 +595,16 @@ void register_planning(py::module_& m) {
         "to_dict()), an object with to_dict(), or the path of a config.json or of a directory "
         "holding one. Other mixture-of-experts models and other blocks raise ValueError "
         "(docs/activations.md, section 6).");
+  m.def(
+      "expert_load_factor",
+      [](std::vector<std::int64_t> const& pairs, std::int64_t ep) {
+        return act::expert_load_factor(pairs, ep);
+      },
+      py::arg("pairs"), py::arg("ep") = 1,
+      "The busiest expert-parallel rank's (token, expert) pairs over the mean rank's, from the "
+      "pairs each expert took (e.g. torch.bincount(topk_indices.flatten(), minlength=experts)."
+      "tolist()), experts laid out on ep ranks as Megatron-Core places them: given as "
+      "expert_capacity_factor, it sizes every rank's expert tensors for the busiest one.");
   m.def("tensor_kinds", &tensor_kinds, py::arg("style") = "llama", py::arg("moe") = false,
         "The tensors a block of the style (with moe, its mixture-of-experts form) saves for "
         "backward, in forward order (o_proj_input reads the attention_output buffer).");
