@@ -576,10 +576,9 @@ inline double expert_load_factor(std::span<std::int64_t const> pairs, std::int64
   return static_cast<double>(busiest) * static_cast<double>(ep) / static_cast<double>(total);
 }
 
-/// The per-rank shape of one saved tensor of one layer and one micro-batch:/// The per-rank shape
-/// of one saved tensor of one layer and one micro-batch: a row-major [rows, cols] matrix (the
-/// layout agoq quantizes, groups running along a row) and the bytes of one element when kept
-/// precise (bf16: 2, the fp32 logsumexp: 4).
+/// The per-rank shape of one saved tensor of one layer and one micro-batch: a row-major
+/// [rows, cols] matrix (the layout agoq quantizes, groups running along a row) and the bytes of one
+/// element when kept precise (bf16: 2, the fp32 logsumexp and router probabilities: 4).
 struct saved_shape {
   std::int64_t rows = 0;
   std::int64_t cols = 0;
