@@ -97,6 +97,26 @@ constexpr char const* qwen3_30b_a3b = R"({"architectures": ["Qwen3MoeForCausalLM
   "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
   "use_sliding_window": false, "vocab_size": 151936})";
 
+/// Qwen1.5-MoE-A2.7B's config.json, its model fields (intermediate_size is the dense MLP's, which
+/// no layer has; every layer has 4 of 60 experts and gated shared experts of 5632).
+constexpr char const* qwen15_moe_a27b = R"({"architectures": ["Qwen2MoeForCausalLM"],
+  "attention_dropout": 0.0, "decoder_sparse_step": 1, "hidden_act": "silu", "hidden_size": 2048,
+  "intermediate_size": 5632, "max_position_embeddings": 8192, "model_type": "qwen2_moe",
+  "moe_intermediate_size": 1408, "norm_topk_prob": false, "num_attention_heads": 16,
+  "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+  "num_key_value_heads": 16, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "shared_expert_intermediate_size": 5632, "sliding_window": 32768,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_sliding_window": false,
+  "vocab_size": 151936})";
+
+/// Qwen2-57B-A14B's config.json, its model fields (8 of 64 experts of 2560, shared 20480).
+constexpr char const* qwen2_57b_a14b = R"({"architectures": ["Qwen2MoeForCausalLM"],
+  "hidden_act": "silu", "hidden_size": 3584, "intermediate_size": 18944,
+  "model_type": "qwen2_moe", "moe_intermediate_size": 2560, "num_attention_heads": 28,
+  "num_experts": 64, "num_experts_per_tok": 8, "num_hidden_layers": 28,
+  "num_key_value_heads": 4, "shared_expert_intermediate_size": 20480,
+  "tie_word_embeddings": false, "vocab_size": 151936})";
+
 /// GPT-3 XL's shape in GPT-2's config keys (n_inner null: 4 n_embd; ties by default).
 constexpr char const* gpt3_xl = R"({"model_type": "gpt2", "activation_function": "gelu_new",
   "n_layer": 24, "n_embd": 2048, "n_head": 16, "n_inner": null, "n_positions": 2048,
@@ -124,6 +144,8 @@ TEST_CASE("model_from_hf_config: published configs give the presets' shapes") {
   CHECK(model_from_hf_config(hf_test::qwen3_8b) == preset_model("qwen3-8b"));
   CHECK(model_from_hf_config(hf_test::mixtral_8x7b) == preset_model("mixtral-8x7b"));
   CHECK(model_from_hf_config(hf_test::qwen3_30b_a3b) == preset_model("qwen3-30b-a3b"));
+  CHECK(model_from_hf_config(hf_test::qwen15_moe_a27b) == preset_model("qwen1.5-moe-a2.7b"));
+  CHECK(model_from_hf_config(hf_test::qwen2_57b_a14b) == preset_model("qwen2-57b-a14b"));
   // transformers' defaults of the expert fields: Mixtral 8 experts, 2 a token; Qwen3-MoE 128 of
   // 768, 8 a token.
   model_shape const mx = model_from_hf_config(
@@ -136,7 +158,15 @@ TEST_CASE("model_from_hf_config: published configs give the presets' shapes") {
           "intermediate_size": 256, "num_attention_heads": 6, "vocab_size": 1000,
           "mlp_only_layers": null, "decoder_sparse_step": null})");
   CHECK((qm.experts == 128 && qm.experts_per_token == 8 && qm.expert_ffn == 768 && qm.ffn == 0 &&
-         qm.style == block_style::qwen3));
+         qm.style == block_style::qwen3 && qm.shared_experts() == shared_expert_form::none));
+  // Qwen2-MoE (transformers' Qwen2MoeConfig): 60 experts of 1408, 4 a token, gated shared experts
+  // of 5632; LLaMA's block.
+  model_shape const q2 = model_from_hf_config(
+      R"({"model_type": "qwen2_moe", "num_hidden_layers": 2, "hidden_size": 96,
+          "intermediate_size": 256, "num_attention_heads": 6, "vocab_size": 1000})");
+  CHECK((q2.experts == 60 && q2.experts_per_token == 4 && q2.expert_ffn == 1408 &&
+         q2.shared_expert_ffn == 5632 && q2.shared_expert_gate && q2.ffn == 0 &&
+         q2.style == block_style::llama));
 
   // The defaults: no num_key_value_heads (multi-head attention), no head_dim, no tie flag.
   model_shape const m = model_from_hf_config(
@@ -168,14 +198,14 @@ TEST_CASE("model_from_hf_config: what it does not model, and malformed fields, a
   using hf_test::refused;
   refused(R"({"model_type": "llama", "num_local_experts": 8, "hidden_size": 4096})",
           "'num_local_experts' is set: mixture-of-experts models (llama) are not modelled but "
-          "mixtral and qwen3_moe");
+          "mixtral, qwen2_moe and qwen3_moe");
   refused(R"({"model_type": "qwen2", "num_experts": 60})", "'num_experts' is set");
   refused(R"({"model_type": "deepseek_v3", "n_routed_experts": 256})", "'n_routed_experts'");
   refused(R"({"model_type": "dbrx", "ffn_config": {"moe_num_experts": 16}})", "'ffn_config'");
-  refused(R"({"model_type": "qwen2_moe", "num_experts": 60})", "'num_experts' is set");
+  refused(R"({"model_type": "deepseek_v2", "num_experts": 60})", "'num_experts' is set");
   refused(R"({"model_type": "gemma", "hidden_size": 4096})",
           "model_type 'gemma' is not modelled (agoq reads llama, mistral, qwen2, qwen3, mixtral, "
-          "qwen3_moe and gpt2");
+          "qwen2_moe, qwen3_moe and gpt2");
   // The mixture-of-experts configs: dense layers, and malformed expert fields.
   std::string const moe =
       R"("model_type": "qwen3_moe", "num_hidden_layers": 2, "hidden_size": 96,
@@ -192,6 +222,17 @@ TEST_CASE("model_from_hf_config: what it does not model, and malformed fields, a
           "experts_per_token must be in [1, experts (4)], got 8");
   refused("{" + moe + R"(, "moe_intermediate_size": 1.5})",
           "'moe_intermediate_size' must be a positive integer");
+  // Qwen2-MoE: its dense layers as Qwen3-MoE's, and its shared experts' width.
+  std::string const qwen2_moe =
+      R"("model_type": "qwen2_moe", "num_hidden_layers": 2, "hidden_size": 96,
+         "intermediate_size": 256, "num_attention_heads": 6, "vocab_size": 1000)";
+  refused("{" + qwen2_moe + R"(, "mlp_only_layers": [1]})",
+          "mlp_only_layers is not an empty list: a qwen2_moe model with dense MLPs");
+  refused("{" + qwen2_moe + R"(, "decoder_sparse_step": 2})",
+          "decoder_sparse_step is not 1: a qwen2_moe model with dense MLPs");
+  refused("{" + qwen2_moe + R"(, "shared_expert_intermediate_size": 0})",
+          "'shared_expert_intermediate_size' must be a positive integer");
+
   refused(R"({"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 96,
               "num_attention_heads": 6, "vocab_size": 1000})",
           "no 'intermediate_size'");

@@ -20,7 +20,8 @@ TEST_CASE("every kind has a name, a category and belongs to a block") {
     bool const qwen3 = std::ranges::count(qwen3_block_tensors, k) == 1;
     bool const llama_moe = std::ranges::count(llama_moe_block_tensors, k) == 1;
     bool const qwen3_moe = std::ranges::count(qwen3_moe_block_tensors, k) == 1;
-    CHECK((llama || gpt || qwen3 || llama_moe));
+    bool const gated = std::ranges::count(llama_gated_shared_moe_block_tensors, k) == 1;
+    CHECK((llama || gpt || qwen3 || llama_moe || gated));
     CHECK(qwen3 == (llama || k == tensor_kind::query_norm_input ||
                     k == tensor_kind::key_norm_input));  // LLaMA's and the QK-norm's inputs
     // The MoE blocks: the dense ones' but the dense MLP's three inner tensors, and the router's
@@ -33,8 +34,18 @@ TEST_CASE("every kind has a name, a category and belongs to a block") {
                            k == tensor_kind::swiglu_output;
     CHECK(llama_moe == ((llama && !dense_mlp) || expert));
     CHECK(qwen3_moe == ((qwen3 && !dense_mlp) || expert));
+    // With shared experts: the MoE blocks' and the dense MLP's three (its tensors), gated also
+    // the shared experts' output and gate score.
+    bool const shared_gate =
+        k == tensor_kind::shared_expert_output || k == tensor_kind::shared_gate_score;
+    CHECK(std::ranges::count(llama_shared_moe_block_tensors, k) == (llama || expert));
+    CHECK(std::ranges::count(qwen3_shared_moe_block_tensors, k) == (qwen3 || expert));
+    CHECK(gated == (llama || expert || shared_gate));
+    CHECK(std::ranges::count(qwen3_gated_shared_moe_block_tensors, k) ==
+          (qwen3 || expert || shared_gate));
   }
-  CHECK(tensor_kind_count == 25);
+  CHECK(tensor_kind_count == 27);
+  CHECK(name_of(tensor_kind::shared_gate_score) == "shared_gate_score");
   CHECK(name_of(tensor_kind::expert_swiglu_output) == "expert_swiglu_output");
   CHECK(name_of(tensor_kind::router_probs) == "router_probs");
   // The MoE lists keep the dense lists' order, the experts' in the MLP's place.
@@ -47,6 +58,30 @@ TEST_CASE("every kind has a name, a category and belongs to a block") {
   CHECK(preset_model("mixtral-8x7b").saved_tensors().size() == 15);
   CHECK(preset_model("qwen3-30b-a3b").saved_tensors().size() == 17);
   CHECK(preset_model("qwen3-8b").saved_tensors().size() == 15);
+  // Shared experts come after the routed ones (as Megatron-Core's MoELayer and transformers'
+  // Qwen2MoeSparseMoeBlock run them), their gate's two tensors last.
+  using enum shared_expert_form;
+  CHECK(std::ranges::equal(block_tensors(block_style::llama, true, plain),
+                           detail::join(llama_moe_block_tensors, detail::swiglu_mlp)));
+  CHECK(std::ranges::equal(block_tensors(block_style::qwen3, true, plain),
+                           detail::join(qwen3_moe_block_tensors, detail::swiglu_mlp)));
+  CHECK(std::ranges::equal(
+      block_tensors(block_style::llama, true, gated),
+      detail::join(llama_moe_block_tensors, detail::swiglu_mlp,
+                   std::array{tensor_kind::shared_expert_output, tensor_kind::shared_gate_score})));
+  CHECK(std::ranges::equal(block_tensors(block_style::qwen3, true, gated).last(2),
+                           detail::shared_gate));
+  CHECK(block_tensors(block_style::qwen3, true, gated).size() == 22);
+  CHECK(std::ranges::equal(block_tensors(block_style::llama, false, gated), llama_block_tensors));
+  CHECK(preset_model("qwen2-57b-a14b").saved_tensors().size() == 20);
+  model_shape plain_shared = preset_model("qwen2-57b-a14b");
+  plain_shared.shared_expert_gate = false;
+  CHECK(plain_shared.shared_experts() == plain);
+  CHECK(plain_shared.saved_tensors().size() == 18);
+  plain_shared.shared_expert_ffn = 0;
+  CHECK(plain_shared.shared_experts() == none);
+  CHECK(plain_shared.saved_tensors().size() == 15);
+  CHECK(preset_model("llama3-8b").shared_experts() == none);
   CHECK(name_of(tensor_kind::swiglu_output) == "swiglu_output");
   CHECK(name_of(tensor_kind::fc2_input) == "fc2_input");
   CHECK(name_of(tensor_kind::query_norm_input) == "query_norm_input");
@@ -111,12 +146,26 @@ TEST_CASE("model presets: published shapes by name, and a clear error for any ot
   CHECK((qb.style == block_style::qwen3 && qb.layers == 94 && qb.hidden == 4096 && qb.heads == 64 &&
          qb.kv_heads == 4 && qb.experts == 128 && qb.experts_per_token == 8 &&
          qb.expert_ffn == 1536));
+  // Qwen's two with gated shared experts (Qwen1.5-MoE-A2.7B and Qwen2-57B-A14B's config.json).
+  model_shape const q15 = preset_model("qwen1.5-moe-a2.7b");
+  CHECK((q15.style == block_style::llama && q15.layers == 24 && q15.hidden == 2048 &&
+         q15.ffn == 0 && q15.heads == 16 && q15.kv_heads == 16 && q15.head_size() == 128 &&
+         q15.vocab == 151936 && !q15.tied_embeddings && q15.experts == 60 &&
+         q15.experts_per_token == 4 && q15.expert_ffn == 1408 && q15.shared_expert_ffn == 5632 &&
+         q15.shared_expert_gate && q15.mlp_width() == 5632));
+  model_shape const q2 = preset_model("qwen2-57b-a14b");
+  CHECK((q2.style == block_style::llama && q2.layers == 28 && q2.hidden == 3584 && q2.heads == 28 &&
+         q2.kv_heads == 4 && q2.head_size() == 128 && q2.experts == 64 &&
+         q2.experts_per_token == 8 && q2.expert_ffn == 2560 && q2.shared_expert_ffn == 20480 &&
+         q2.shared_experts() == shared_expert_form::gated));
+  CHECK(mx.mlp_width() == 0);
+  CHECK(preset_model("llama3-8b").mlp_width() == 14336);
   CHECK(!preset_model("llama3-8b").moe());
   CHECK_THROWS_WITH_AS(preset_model("deepseek-v3"),
                        doctest::Contains("unknown preset 'deepseek-v3' (presets: llama3-8b, "
                                          "llama3-70b, llama3-405b, qwen2.5-32b, qwen3-8b, "
                                          "qwen3-32b, gpt3-1.3b, mixtral-8x7b, qwen3-30b-a3b, "
-                                         "qwen3-235b-a22b)"),
+                                         "qwen3-235b-a22b, qwen1.5-moe-a2.7b, qwen2-57b-a14b)"),
                        agoq::invalid_argument);
 }
 
@@ -140,7 +189,15 @@ TEST_CASE("model_shape::validate: a dense MLP or experts, not both") {
   refused(x, "experts_per_token must be in [1, experts (8)], got 0");
   x = m;
   x.experts = -1;
-  refused(x, "experts, experts_per_token and expert_ffn must be >= 0");
+  refused(x, "experts, experts_per_token, expert_ffn and shared_expert_ffn must be >= 0");
+  x = m;
+  x.shared_expert_ffn = -1;
+  refused(x, "experts, experts_per_token, expert_ffn and shared_expert_ffn must be >= 0");
+  x = m;
+  x.shared_expert_gate = true;  // a gate without shared experts
+  refused(x, "shared_expert_gate needs shared experts (shared_expert_ffn >= 1)");
+  x.shared_expert_ffn = 4096;
+  CHECK_NOTHROW(x.validate());
   x = preset_model("gpt3-1.3b");
   x.ffn = 0;
   x.experts = 8;
@@ -152,7 +209,14 @@ TEST_CASE("model_shape::validate: a dense MLP or experts, not both") {
   refused(x, "ffn must be positive (a dense MLP), got 0");
   x = preset_model("llama3-8b");
   x.experts_per_token = 2;
-  refused(x, "experts_per_token and expert_ffn need experts > 0");
+  refused(x, "experts_per_token, expert_ffn, shared_expert_ffn and shared_expert_gate need "
+             "experts > 0");
+  x = preset_model("llama3-8b");
+  x.shared_expert_ffn = 4096;
+  refused(x, "shared_expert_gate need experts > 0");
+  x = preset_model("llama3-8b");
+  x.shared_expert_gate = true;
+  refused(x, "shared_expert_gate need experts > 0");
   // Too large to count: 2^40 experts of 2^20 on hidden 4096 (2^66 expert parameters a layer).
   x = m;
   x.experts = std::int64_t{1} << 40;
@@ -178,6 +242,9 @@ TEST_CASE("categories") {
   for (tensor_kind k : {tensor_kind::expert_gate_output, tensor_kind::expert_up_output})
     CHECK(category_of(k) == tensor_category::activation_input);
   CHECK(category_of(tensor_kind::router_probs) == tensor_category::routing);
+  CHECK(category_of(tensor_kind::shared_gate_score) == tensor_category::routing);
+  CHECK(category_of(tensor_kind::shared_expert_output) == tensor_category::activation_input);
+  CHECK(precise_bytes_of(tensor_kind::shared_gate_score) == 2);  // bf16, as the gate's weight
   CHECK(name_of(tensor_category::routing) == "routing");
   CHECK(precise_bytes_of(tensor_kind::router_probs) == 4);  // fp32
   CHECK(is_alias(tensor_kind::o_proj_input));
@@ -231,7 +298,8 @@ TEST_CASE("tensor parallelism splits heads and the MLP; sequence parallelism the
         k == tensor_kind::mlp_input || k == tensor_kind::fc1_input ||
         k == tensor_kind::router_probs || k == tensor_kind::expert_input ||
         k == tensor_kind::expert_gate_output || k == tensor_kind::expert_up_output ||
-        k == tensor_kind::expert_swiglu_output;
+        k == tensor_kind::expert_swiglu_output || k == tensor_kind::shared_expert_output ||
+        k == tensor_kind::shared_gate_score;
     CHECK(split_by_tp(k) == !replicated);
   }
 }
@@ -352,6 +420,46 @@ TEST_CASE("mixture-of-experts shapes: the router's over the tokens, the experts'
   CHECK(shape_of(tensor_kind::router_probs, q, qs) == saved_shape{2048, 128, 4});
   CHECK(shape_of(tensor_kind::expert_input, q, qs) == saved_shape{32768, 2048, 2});
   CHECK(shape_of(tensor_kind::expert_swiglu_output, q, qs) == saved_shape{32768, 384, 2});
+}
+
+TEST_CASE("shared experts: the dense MLP's tensors at their width; gated, their output and gate") {
+  model_shape const m = preset_model("qwen2-57b-a14b");  // hidden 3584, shared 20480, gated
+  // tp 4 with SP: the shared experts' inner tensors over every token at 20480 / 4, as a dense
+  // MLP's; their output and gate score over the rank's 8192 / 4 tokens.
+  shard_shape const sp4{2, 4096, 4, true};
+  CHECK(shape_of(tensor_kind::gate_output, m, sp4) == saved_shape{8192, 5120, 2});
+  CHECK(shape_of(tensor_kind::up_output, m, sp4) == saved_shape{8192, 5120, 2});
+  CHECK(shape_of(tensor_kind::swiglu_output, m, sp4) == saved_shape{8192, 5120, 2});
+  CHECK(shape_of(tensor_kind::shared_expert_output, m, sp4) == saved_shape{2048, 3584, 2});
+  CHECK(shape_of(tensor_kind::shared_gate_score, m, sp4) == saved_shape{2048, 1, 2});
+  // The routed experts' are as without shared experts: 2048 tokens x 8 pairs, over 4 etp ranks.
+  CHECK(shape_of(tensor_kind::expert_input, m, sp4) == saved_shape{65536, 3584, 2});
+  CHECK(shape_of(tensor_kind::expert_up_output, m, sp4) == saved_shape{65536, 640, 2});
+  // Bytes per token per layer without TP: attention (Q, O 3584, K, V 512, 2 residual and 2 norm
+  // outputs 3584, lse 28 x 4), the router 64 x 4, the routed experts 8 x (3584 + 3 x 2560), the
+  // shared experts 3 x 20480, their output 3584 and gate score 1, in bf16.
+  shard_shape const one{1, 4096, 1, false};
+  std::int64_t bytes = 0;
+  for (tensor_kind k : m.saved_tensors())
+    if (!is_alias(k)) bytes += shape_of(k, m, one).bytes();
+  std::int64_t const per_token = 2 * (6 * 3584 + 2 * 512) + 28 * 4 + 64 * 4 +
+                                 2 * 8 * (3584 + 3 * 2560) + 2 * 3 * 20480 + 2 * 3584 + 2;
+  CHECK(bytes == 4096 * per_token);
+  // Ungated: neither of the gate's two.
+  model_shape plain = m;
+  plain.shared_expert_gate = false;
+  CHECK_THROWS_WITH_AS(shape_of(tensor_kind::shared_gate_score, plain, sp4),
+                       doctest::Contains("shared_gate_score is not saved by a llama-style block "
+                                         "with a mixture-of-experts MLP and shared experts"),
+                       agoq::invalid_argument);
+  CHECK(shape_of(tensor_kind::gate_output, plain, sp4) == saved_shape{8192, 5120, 2});
+  // tp must divide the shared experts' width, as a dense MLP's.
+  model_shape odd = m;
+  odd.shared_expert_ffn = 20482;
+  CHECK_THROWS_WITH_AS(shape_of(tensor_kind::query, odd, sp4),
+                       doctest::Contains("tp (4) must divide heads (28) and shared_expert_ffn "
+                                         "(20482)"),
+                       agoq::invalid_argument);
 }
 
 TEST_CASE("Qwen3-style shapes: LLaMA's and the QK-norm's inputs, Q's and K's") {

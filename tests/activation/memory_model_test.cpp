@@ -443,6 +443,101 @@ TEST_CASE("mixture-of-experts layouts Megatron-Core refuses, and what is not mod
                   .bytes(shape_of(tensor_kind::mlp_input, m, sh))));
 }
 
+TEST_CASE("shared experts: parameters, states, activations and working memory, by hand") {
+  step_config const st{1, 4096, 0};
+  // Totals as Qwen publishes them (14.3 B and 57.4 B; QKV biases not counted), and the active ones
+  // (2.7 B, 2.0 B of them outside the embeddings; 14 B): the dense part, the shared experts in
+  // it, and k / e of the routed experts.
+  struct published {
+    char const* name;
+    std::int64_t total;
+    std::int64_t active;
+  };
+  for (published const& x : {published{"qwen1.5-moe-a2.7b", 14315636736, 2689026048},
+                             published{"qwen2-57b-a14b", 57408529920, 14249141760}}) {
+    CAPTURE(x.name);
+    model_shape const m = preset_model(x.name);
+    auto const s = estimate_memory(m, {}, st, {}, policy_table{})[0];
+    CHECK(s.parameters == x.total);
+    CHECK(s.parameters - s.expert_parameters +
+              s.expert_parameters / m.experts * m.experts_per_token ==
+          x.active);
+  }
+  // Qwen2-57B-A14B's layer: attention 2 x 3584^2 + 2 x 3584 x 512, two norms, the router
+  // 3584 x 64, the shared experts 3 x 3584 x 20480 and their gate 3584; the routed experts
+  // 64 x 3 x 3584 x 2560. Under TP 2 the attention and the shared experts are halved, the rest
+  // replicated.
+  model_shape const m = preset_model("qwen2-57b-a14b");
+  std::int64_t const attention = 2 * 3584 * 3584 + 2 * 3584 * 512;
+  std::int64_t const shared = 3 * 3584 * 20480;
+  CHECK(layer_parameters(m, 1) == attention + 2 * 3584 + 3584 * 64 + shared + 3584);
+  CHECK(layer_parameters(m, 2) == attention / 2 + 2 * 3584 + 3584 * 64 + shared / 2 + 3584);
+  CHECK(expert_layer_parameters(m, {}) == 64 * 3 * std::int64_t{3584} * 2560);
+  model_shape plain = m;
+  plain.shared_expert_gate = false;
+  CHECK(layer_parameters(plain, 1) == layer_parameters(m, 1) - 3584);
+  // The largest dense weight is now the shared experts' gate and up, 2 x 20480 x 3584.
+  CHECK(largest_layer_matrix(m, 1) == 2 * 20480 * 3584);
+  CHECK(largest_layer_matrix(preset_model("mixtral-8x7b"), 1) == 4096 * 4096 + 2 * 4096 * 1024);
+
+  // The working set of a layer with gated shared experts, TP 1, where their gate's backward is
+  // the largest phase: hidden 1024, 2 heads of 64 (q = k = 128), 4 experts of 64, 1 a token, at
+  // capacity factor 0.5 (R = 4 x ceil(4096 / 4 x 0.5) = T / 2), shared experts of 128 whose
+  // output and gate score are quantized. Per token: the gate's 2 h + 2 h + 2 = 4098 against the
+  // router's 2 R h + 2 T h + 4 T e = 3088, the shared experts' gate and up 4 f + 2 h = 2560, the
+  // QKV projection's 2 (q + 2k) + 2 h = 2816 and the rest smaller; plus the residual gradient 2 h.
+  model_shape const small{block_style::llama, 2,  1024, 0,   2,   2,
+                          64,                 1000, false, 4, 1, 64,
+                          128,                true};
+  shard_shape sh{1, 4096, 1, false};
+  sh.capacity_factor = 0.5;
+  CHECK(sh.expert_rows(small) == 2048);
+  std::int64_t const t = 4096;
+  auto const gate_quantized = [](tensor_kind k) {
+    return k == tensor_kind::shared_expert_output || k == tensor_kind::shared_gate_score;
+  };
+  CHECK(layer_working_bytes(small, sh, gate_quantized) == 2048 * t + 4098 * t);
+  // Nothing quantized, the gate's phase is 2 h = 2048 a token and the router's the largest.
+  auto const none = [](tensor_kind) { return false; };
+  CHECK(layer_working_bytes(small, sh, none) == 2048 * t + 3088 * t);
+  // Ungated, the same.
+  model_shape ungated = small;
+  ungated.shared_expert_gate = false;
+  CHECK(layer_working_bytes(ungated, sh, gate_quantized) == 2048 * t + 3088 * t);
+  // Wide shared experts (f = 4096): their SwiGLU's backward, 6 T f, is the largest.
+  model_shape wide = small;
+  wide.shared_expert_ffn = 4096;
+  CHECK(layer_working_bytes(wide, sh, none) == 2048 * t + 6 * 4096 * t);
+
+  // Stages: TP 2 + SP, EP 8, etp 1, DP 4, PP 4 (7 layers a stage), ZeRO-1: the shared experts'
+  // states are dense ones, sharded over dp x cp = 4; the routed experts' over 8 / 8 = 1 rank.
+  parallel_config p;
+  p.tp = 2;
+  p.sp = true;
+  p.pp = 4;
+  p.dp = 4;
+  p.ep = 8;
+  p.etp = 1;
+  p.zero_stage = 1;
+  auto const stages = estimate_memory(m, p, st, {}, policy_table{});
+  std::int64_t const dense_layer = layer_parameters(m, 2);
+  std::int64_t const expert_layer = 8 * 3 * std::int64_t{3584} * 2560;
+  auto const ceil_div = [](std::int64_t a, std::int64_t b) { return (a + b - 1) / b; };
+  stage_memory const& s1 = stages[1];
+  CHECK(s1.expert_parameters == 7 * expert_layer);
+  CHECK(s1.parameters == 7 * (dense_layer + expert_layer));
+  CHECK(s1.master_weights == 4 * (ceil_div(7 * dense_layer, 4) + 7 * expert_layer));
+  // A middle stage's saved bytes in bf16: 4 - 1 = 3 micro-batches in flight of 7 layers; a layer
+  // under TP 2 + SP: 2048 tokens a rank of residual, norm outputs, router probabilities, shared
+  // output and gate score; 4096 of Q, O (1792), K, V (256), logsumexp (14 heads); the shared
+  // experts' three at 10240 over 4096 tokens; 2048 x 8 pairs of the routed experts' four.
+  std::int64_t const layer =
+      2048 * (4 * 3584 * 2 + 64 * 4 + 3584 * 2 + 2) + 4096 * (2 * 1792 * 2 + 2 * 256 * 2 + 14 * 4) +
+      4096 * 3 * 10240 * 2 + 2048 * 8 * (3584 + 3 * 2560) * 2;
+  auto const bf16 = estimate_memory(m, p, st, {}, policy_table::all_precise());
+  CHECK(bf16[1].activations == 3 * 7 * layer);
+}
+
 TEST_CASE("states under ZeRO stages, by hand") {
   model_shape const m = preset_model("llama3-8b");
   std::int64_t const n = 8030261248;

@@ -1010,6 +1010,18 @@ TEST_CASE("layer_forward_flops of a mixture-of-experts layer, by hand") {
   CHECK_THROWS_WITH_AS(layer_forward_flops(m, p, st),
                        doctest::Contains("capacity factor must be finite and >= 0"),
                        agoq::invalid_argument);
+  // Gated shared experts (Qwen2-57B-A14B, TP 2 + SP, EP 2): theirs as a dense SwiGLU MLP's,
+  // 6 T h f_s / tp, and their gate's 2 T h / tp beside the router's 2 T h e / tp; the routed
+  // experts over R = 2048 x 8 x 2 pairs of 2560 / 2.
+  model_shape const q = preset_model("qwen2-57b-a14b");
+  st.expert_capacity_factor = 0;
+  double const shared = 6.0 * 4096 * 3584 * 20480 / 2;
+  double const gates = 2.0 * 4096 * 3584 * (64 + 1) / 2;
+  double const routed = 6.0 * 32768 * 3584 * 1280;
+  CHECK(layer_forward_flops(q, p, st).mlp == shared + gates + routed);
+  model_shape ungated = q;
+  ungated.shared_expert_gate = false;
+  CHECK(layer_forward_flops(ungated, p, st).mlp == shared + gates - 2.0 * 4096 * 3584 / 2 + routed);
 }
 
 /// Checks each of `options` against make_plan for `in` with its recomputation (overhead, fit,

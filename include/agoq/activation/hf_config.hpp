@@ -297,8 +297,9 @@ class reader {
 inline constexpr std::array<std::string_view, 4> llama_like_types = {"llama", "mistral", "qwen2",
                                                                      "qwen3"};
 
-/// The mixture-of-experts model_types read (LLaMA-like blocks with routed SwiGLU experts).
-inline constexpr std::array<std::string_view, 2> moe_types = {"mixtral", "qwen3_moe"};
+/// The mixture-of-experts model_types read (LLaMA-like blocks with routed SwiGLU experts; Qwen2-MoE
+/// with gated shared experts).
+inline constexpr std::array<std::string_view, 3> moe_types = {"mixtral", "qwen2_moe", "qwen3_moe"};
 
 /// Keys that only mixture-of-experts configs set (Mixtral, Qwen-MoE, DeepSeek, OLMoE, DBRX),
 /// refused in the configs of the dense model_types.
@@ -365,6 +366,9 @@ inline hf_config parse_hf_config(std::string_view json) {
 ///   inner width `intermediate_size` (Mixtral) or `moe_intermediate_size` (Qwen3-MoE, default
 ///   768) in every layer: Qwen3-MoE's `decoder_sparse_step` must be 1 (where given) and its
 ///   `mlp_only_layers` empty (a dense MLP in some layers is not modelled);
+/// - `qwen2_moe` (Qwen1.5-MoE, Qwen2-MoE: LLaMA's block, as `qwen2`), as `qwen3_moe` (defaults 60
+///   experts, 4 a token, `moe_intermediate_size` 1408) with gated shared experts of inner width
+///   `shared_expert_intermediate_size` (default 5632) in every layer;
 /// - `gpt2`: `n_layer`, `n_embd`, `n_head`, `vocab_size`; `n_inner` (absent or null: 4 n_embd),
 ///   `tie_word_embeddings` (default true), `activation_function` (where given, a GeLU: `gelu_new`,
 ///   `gelu`, `gelu_fast` or `gelu_pytorch_tanh`).
@@ -374,7 +378,7 @@ inline hf_config parse_hf_config(std::string_view json) {
 /// leaves the saved tensors as they are (flash attention) but recompute_overhead counts full
 /// causal attention.
 /// \throws agoq::invalid_argument for any other model_type (other mixture-of-experts models,
-/// with shared experts or dense layers, and the blocks with norms or gates of their own, e.g.
+/// with dense layers or multi-head latent attention as DeepSeek's, and the blocks with norms or gates of their own, e.g.
 /// Gemma's GeGLU and extra norms, are not modelled), a dense model_type's config setting the
 /// expert keys (hf_detail::expert_keys), a missing or malformed field, another activation, and a
 /// shape model_shape::validate refuses.
@@ -387,7 +391,7 @@ inline model_shape model_from_hf_config(hf_config const& c) {
     config_value const* v = h::find(c, key);
     AGOQ_EXPECTS(moe || v == nullptr || (v->kind == config_value::type::number && v->number == 0),
                  "hf config: '" + std::string(key) + "' is set: mixture-of-experts models (" +
-                     type + ") are not modelled but mixtral and qwen3_moe");
+                     type + ") are not modelled but mixtral, qwen2_moe and qwen3_moe");
   }
   model_shape m;
   bool const llama =
@@ -401,19 +405,24 @@ inline model_shape model_from_hf_config(hf_config const& c) {
       m.experts = h::integer(c, "num_local_experts", 8);
       m.experts_per_token = h::integer(c, "num_experts_per_tok", 2);
       m.expert_ffn = h::integer(c, "intermediate_size");
-    } else if (type == "qwen3_moe") {
+    } else if (type == "qwen3_moe" || type == "qwen2_moe") {
+      bool const qwen3 = type == "qwen3_moe";
       m.ffn = 0;
-      m.experts = h::integer(c, "num_experts", 128);
-      m.experts_per_token = h::integer(c, "num_experts_per_tok", 8);
-      m.expert_ffn = h::integer(c, "moe_intermediate_size", 768);
+      m.experts = h::integer(c, "num_experts", qwen3 ? 128 : 60);
+      m.experts_per_token = h::integer(c, "num_experts_per_tok", qwen3 ? 8 : 4);
+      m.expert_ffn = h::integer(c, "moe_intermediate_size", qwen3 ? 768 : 1408);
+      if (!qwen3) {
+        m.shared_expert_ffn = h::integer(c, "shared_expert_intermediate_size", 5632);
+        m.shared_expert_gate = true;
+      }
       AGOQ_EXPECTS(h::integer(c, "decoder_sparse_step", 1) == 1,
-                   "hf config: decoder_sparse_step is not 1: a qwen3_moe model with dense MLPs in "
-                   "some layers is not modelled");
+                   "hf config: decoder_sparse_step is not 1: a " + type +
+                       " model with dense MLPs in some layers is not modelled");
       config_value const* dense = h::find(c, "mlp_only_layers");
       AGOQ_EXPECTS(
           dense == nullptr || (dense->kind == config_value::type::nested && dense->number == 0),
-          "hf config: mlp_only_layers is not an empty list: a qwen3_moe model with dense "
-          "MLPs in some layers is not modelled");
+          "hf config: mlp_only_layers is not an empty list: a " + type +
+              " model with dense MLPs in some layers is not modelled");
     } else {
       m.ffn = h::integer(c, "intermediate_size");
     }
@@ -442,7 +451,7 @@ inline model_shape model_from_hf_config(hf_config const& c) {
     agoq::detail::throw_invalid(__FILE__, __LINE__,
                                 "hf config: model_type '" + type +
                                     "' is not modelled (agoq reads llama, mistral, qwen2, "
-                                    "qwen3, mixtral, qwen3_moe and gpt2 configs)");
+                                    "qwen3, mixtral, qwen2_moe, qwen3_moe and gpt2 configs)");
   }
   if (llama && h::find(c, "head_dim") != nullptr) {
     m.head_dim = h::integer(c, "head_dim");

@@ -76,11 +76,14 @@ enum class tensor_kind : std::uint8_t {
   expert_gate_output,    ///< the experts' gate projection outputs, SwiGLU's SiLU input [R, f_e]
   expert_up_output,      ///< the experts' up projection outputs, SwiGLU's linear input [R, f_e]
   expert_swiglu_output,  ///< the experts' silu(gate) * up, input of their down projection [R, f_e]
+  // Gated shared experts (Qwen2-MoE): their output y, scaled per token by sigmoid(x w_gate).
+  shared_expert_output,  ///< the shared experts' down projection output y [tokens, hidden]
+  shared_gate_score,     ///< the shared experts' gate sigmoid(x w_gate) [tokens, 1]
 };
 
 /// Number of tensor kinds.
-inline constexpr int tensor_kind_count = 25;
-static_assert(static_cast<int>(tensor_kind::expert_swiglu_output) == tensor_kind_count - 1,
+inline constexpr int tensor_kind_count = 27;
+static_assert(static_cast<int>(tensor_kind::shared_gate_score) == tensor_kind_count - 1,
               "tensor_kind_count counts the enumerators of tensor_kind");
 
 /// What a saved tensor is, which decides its default precision and its sensitivity.
@@ -89,7 +92,7 @@ enum class tensor_category : std::uint8_t {
   linear_input,      ///< the input X of a linear layer, read only for its weight gradient
   activation_input,  ///< the input of an elementwise nonlinearity (SiLU / SwiGLU, GeLU)
   residual_stream,   ///< the residual stream entering a normalization
-  routing,           ///< the router's probabilities, which scale and select the experts: precise
+  routing,  ///< the router's probabilities and the shared experts' gate, which scale experts: precise
 };
 
 /// Every tensor kind, in declaration order (enumerator values 0, 1, ..., tensor_kind_count - 1).
@@ -127,8 +130,19 @@ inline constexpr std::array<tensor_kind, 3> swiglu_mlp = {
 inline constexpr std::array<tensor_kind, 5> moe_mlp = {
     tensor_kind::router_probs, tensor_kind::expert_input, tensor_kind::expert_gate_output,
     tensor_kind::expert_up_output, tensor_kind::expert_swiglu_output};
+inline constexpr std::array<tensor_kind, 2> shared_gate = {tensor_kind::shared_expert_output,
+                                                           tensor_kind::shared_gate_score};
 
 }  // namespace detail
+
+/// The shared experts of a mixture-of-experts MLP (model_shape::shared_experts).
+enum class shared_expert_form : std::uint8_t {
+  none,   ///< routed experts alone (Mixtral, Qwen3-MoE)
+  plain,  ///< a SwiGLU MLP every token passes through, added to the routed experts' output
+          ///< (DeepSeek-V3, Llama 4)
+  gated,  ///< that MLP's output scaled per token by sigmoid(x w_gate), w_gate [hidden, 1]
+          ///< (Qwen2-MoE)
+};
 
 /// The tensors a LLaMA-style block saves, in forward order.
 inline constexpr std::array<tensor_kind, 13> llama_block_tensors =
@@ -149,6 +163,26 @@ inline constexpr std::array<tensor_kind, 15> llama_moe_block_tensors =
 inline constexpr std::array<tensor_kind, 17> qwen3_moe_block_tensors = detail::join(
     detail::block_inputs, detail::qk_norm_inputs, detail::attention_to_mlp, detail::moe_mlp);
 
+/// The tensors a LLaMA-style block with a mixture-of-experts MLP and shared experts saves, in
+/// forward order: llama_moe_block_tensors, then the shared experts' SwiGLU MLP's inner tensors
+/// (the dense block's kinds, of width shared_expert_ffn).
+inline constexpr std::array<tensor_kind, 18> llama_shared_moe_block_tensors = detail::join(
+    detail::block_inputs, detail::attention_to_mlp, detail::moe_mlp, detail::swiglu_mlp);
+
+/// llama_shared_moe_block_tensors with the gated shared experts' output and gate score after them
+/// (Qwen2-MoE).
+inline constexpr std::array<tensor_kind, 20> llama_gated_shared_moe_block_tensors =
+    detail::join(detail::block_inputs, detail::attention_to_mlp, detail::moe_mlp,
+                 detail::swiglu_mlp, detail::shared_gate);
+
+/// The Qwen3-style (QK-norm) forms of the two lists above.
+inline constexpr std::array<tensor_kind, 20> qwen3_shared_moe_block_tensors =
+    detail::join(detail::block_inputs, detail::qk_norm_inputs, detail::attention_to_mlp,
+                 detail::moe_mlp, detail::swiglu_mlp);
+inline constexpr std::array<tensor_kind, 22> qwen3_gated_shared_moe_block_tensors =
+    detail::join(detail::block_inputs, detail::qk_norm_inputs, detail::attention_to_mlp,
+                 detail::moe_mlp, detail::swiglu_mlp, detail::shared_gate);
+
 /// The tensors a GPT-style block saves, in forward order.
 inline constexpr std::array<tensor_kind, 12> gpt_block_tensors = {
     tensor_kind::ln1_input,   tensor_kind::qkv_input,    tensor_kind::query,
@@ -157,11 +191,24 @@ inline constexpr std::array<tensor_kind, 12> gpt_block_tensors = {
     tensor_kind::fc1_input,   tensor_kind::gelu_input,   tensor_kind::fc2_input};
 
 /// The tensors a block of the given style saves, in forward order; with `moe`, those of its
-/// mixture-of-experts form (llama and qwen3 only; a GPT-style block has none: its dense list).
-inline constexpr std::span<tensor_kind const> block_tensors(block_style s,
-                                                            bool moe = false) noexcept {
-  if (moe && s == block_style::llama) return llama_moe_block_tensors;
-  if (moe && s == block_style::qwen3) return qwen3_moe_block_tensors;
+/// mixture-of-experts form with the `shared` experts given (llama and qwen3 only; a GPT-style
+/// block has none: its dense list; `shared` is ignored without `moe`).
+inline constexpr std::span<tensor_kind const> block_tensors(
+    block_style s, bool moe = false, shared_expert_form shared = shared_expert_form::none) noexcept {
+  if (moe && llama_like(s)) {
+    bool const llama = s == block_style::llama;
+    switch (shared) {
+      case shared_expert_form::plain:
+        return llama ? std::span<tensor_kind const>(llama_shared_moe_block_tensors)
+                     : qwen3_shared_moe_block_tensors;
+      case shared_expert_form::gated:
+        return llama ? std::span<tensor_kind const>(llama_gated_shared_moe_block_tensors)
+                     : qwen3_gated_shared_moe_block_tensors;
+      default:
+        return llama ? std::span<tensor_kind const>(llama_moe_block_tensors)
+                     : qwen3_moe_block_tensors;
+    }
+  }
   switch (s) {
     case block_style::llama:
       return llama_block_tensors;
@@ -232,6 +279,8 @@ inline constexpr std::string_view name_of(tensor_kind k) noexcept {
       "expert_gate_output",
       "expert_up_output",
       "expert_swiglu_output",
+      "shared_expert_output",
+      "shared_gate_score",
   };
   return names[static_cast<std::size_t>(index_of(k))];
 }
@@ -263,7 +312,9 @@ inline constexpr std::string_view name_of(tensor_category c) noexcept {
 /// The category of a kind. The gate and up outputs are both inputs of the SwiGLU nonlinearity;
 /// the SwiGLU and GeLU outputs are the inputs of the down projection and FC2; the QK-norm's
 /// inputs are Q and K before it (attention core, kept precise as Q and K are); the experts'
-/// tensors are those of the dense SwiGLU MLP's counterparts.
+/// tensors are those of the dense SwiGLU MLP's counterparts (the shared experts' are that MLP's
+/// kinds); the gated shared experts' output is the gate's multiplicand, as up is SiLU's, and their
+/// gate score scales it, as the router's probabilities scale the routed experts'.
 inline constexpr tensor_category category_of(tensor_kind k) noexcept {
   switch (k) {
     case tensor_kind::query:
@@ -288,8 +339,10 @@ inline constexpr tensor_category category_of(tensor_kind k) noexcept {
     case tensor_kind::gelu_input:
     case tensor_kind::expert_gate_output:
     case tensor_kind::expert_up_output:
+    case tensor_kind::shared_expert_output:
       return tensor_category::activation_input;
     case tensor_kind::router_probs:
+    case tensor_kind::shared_gate_score:
       return tensor_category::routing;
     default:
       return tensor_category::residual_stream;
@@ -316,7 +369,11 @@ inline constexpr tensor_kind storage_kind(tensor_kind k) noexcept {
 /// The shape of a model, independent of how it is parallelized. A mixture-of-experts model
 /// (experts > 0; LLaMA- or Qwen3-style) has in every layer, in place of the dense MLP (ffn 0), a
 /// router (a [hidden, experts] linear layer without bias, then a softmax) sending each token to
-/// experts_per_token of `experts` SwiGLU MLPs of inner width expert_ffn (Mixtral, Qwen3-MoE).
+/// experts_per_token of `experts` SwiGLU MLPs of inner width expert_ffn (Mixtral, Qwen3-MoE), and
+/// optionally shared experts: one SwiGLU MLP of inner width shared_expert_ffn that every token
+/// passes through, its output added to the routed experts' (Megatron-Core's
+/// moe_shared_expert_intermediate_size; DeepSeek-V3, Llama 4), with shared_expert_gate scaled per
+/// token by a sigmoid gate (Qwen2-MoE).
 struct model_shape {
   block_style style = block_style::llama;
   std::int64_t layers = 32;
@@ -330,13 +387,31 @@ struct model_shape {
   std::int64_t experts = 0;            ///< routed experts per layer; 0: a dense MLP
   std::int64_t experts_per_token = 0;  ///< experts each token is routed to (top-k); dense: 0
   std::int64_t expert_ffn = 0;         ///< an expert's inner width (of gate and up); dense: 0
+  /// The shared experts' inner width, all of them together (DeepSeek's n_shared_experts x
+  /// moe_intermediate_size); 0: none. Dense: 0.
+  std::int64_t shared_expert_ffn = 0;
+  /// The shared experts' output scaled by sigmoid(x w_gate) per token (Qwen2-MoE; Megatron-Core's
+  /// moe_shared_expert_gate), w_gate a [hidden, 1] weight replicated on every rank.
+  bool shared_expert_gate = false;
 
   /// True for a mixture-of-experts model (experts > 0).
   constexpr bool moe() const noexcept { return experts > 0; }
 
-  /// The tensors one block saves, in forward order (block_tensors of the style and moe()).
+  /// The form of the shared experts (none for a dense model).
+  constexpr shared_expert_form shared_experts() const noexcept {
+    if (!moe() || shared_expert_ffn == 0) return shared_expert_form::none;
+    return shared_expert_gate ? shared_expert_form::gated : shared_expert_form::plain;
+  }
+
+  /// The inner width of the SwiGLU or GeLU MLP every token of a layer passes through: ffn, or a
+  /// mixture-of-experts model's shared_expert_ffn (0: none). Its tensors are the dense block's
+  /// gate_output, up_output and swiglu_output (gelu_input, fc2_input).
+  constexpr std::int64_t mlp_width() const noexcept { return moe() ? shared_expert_ffn : ffn; }
+
+  /// The tensors one block saves, in forward order (block_tensors of the style, moe() and
+  /// shared_experts()).
   constexpr std::span<tensor_kind const> saved_tensors() const noexcept {
-    return block_tensors(style, moe());
+    return block_tensors(style, moe(), shared_experts());
   }
 
   /// head_dim, or hidden / heads when it is 0.
@@ -346,7 +421,7 @@ struct model_shape {
 
   /// An upper bound of the parameters of the whole model: layers * (4 h (q + k + f) + ... +
   /// e (3 h f_e + h)) + 2 vocab * h, with q = heads * head_size(), k = kv_heads * head_size(),
-  /// f = ffn, e = experts, f_e = expert_ffn; at least the parameters any rank holds of a layer (its
+  /// f = mlp_width(), e = experts, f_e = expert_ffn; at least the parameters any rank holds of a layer (its
   /// experts included), an embedding and a head (of any style), in long double so that no
   /// field's size overflows it.
   long double parameter_bound() const noexcept {
@@ -357,26 +432,29 @@ struct model_shape {
     return static_cast<long double>(layers) * layer + 2 * static_cast<long double>(vocab) * h;
   }
 
-  /// hidden, q = heads * head_size(), k = kv_heads * head_size() and ffn in long double: the
-  /// widths of a layer on one rank are at most these, and no field's size overflows them.
+  /// hidden, q = heads * head_size(), k = kv_heads * head_size() and mlp_width() in long double:
+  /// the widths of a layer on one rank are at most these, and no field's size overflows them.
   std::array<long double, 4> width_bounds() const noexcept {
     long double const d = static_cast<long double>(head_size());
     return {static_cast<long double>(hidden), static_cast<long double>(heads) * d,
-            static_cast<long double>(kv_heads) * d, static_cast<long double>(ffn)};
+            static_cast<long double>(kv_heads) * d, static_cast<long double>(mlp_width())};
   }
 
   /// Throws agoq::invalid_argument naming the first field out of range, or when the model is too
   /// large for 64-bit byte counts: parameter_bound() above 2^56 (its states take at most 64
-  /// bytes a parameter, max_size_count). A dense model has ffn >= 1 and experts,
-  /// experts_per_token and expert_ffn 0; a mixture-of-experts model ffn 0, expert_ffn >= 1,
-  /// 1 <= experts_per_token <= experts, and a LLaMA- or Qwen3-style block.
+  /// bytes a parameter, max_size_count). A dense model has ffn >= 1, experts, experts_per_token,
+  /// expert_ffn and shared_expert_ffn 0 and no shared_expert_gate; a mixture-of-experts model ffn
+  /// 0, expert_ffn >= 1, 1 <= experts_per_token <= experts, shared_expert_ffn >= 0 (> 0 under
+  /// shared_expert_gate), and a LLaMA- or Qwen3-style block.
   void validate() const {
     AGOQ_EXPECTS(layers >= 1,
                  "model_shape: layers must be at least 1, got " + std::to_string(layers));
     AGOQ_EXPECTS(hidden >= 1 && heads >= 1 && kv_heads >= 1 && vocab >= 1,
                  "model_shape: hidden, heads, kv_heads and vocab must be positive");
-    AGOQ_EXPECTS(experts >= 0 && experts_per_token >= 0 && expert_ffn >= 0,
-                 "model_shape: experts, experts_per_token and expert_ffn must be >= 0");
+    AGOQ_EXPECTS(experts >= 0 && experts_per_token >= 0 && expert_ffn >= 0 &&
+                     shared_expert_ffn >= 0,
+                 "model_shape: experts, experts_per_token, expert_ffn and shared_expert_ffn must "
+                 "be >= 0");
     if (moe()) {
       AGOQ_EXPECTS(llama_like(style),
                    "model_shape: a mixture-of-experts MLP needs a LLaMA- or "
@@ -389,11 +467,15 @@ struct model_shape {
       AGOQ_EXPECTS(experts_per_token >= 1 && experts_per_token <= experts,
                    "model_shape: experts_per_token must be in [1, experts (" +
                        std::to_string(experts) + ")], got " + std::to_string(experts_per_token));
+      AGOQ_EXPECTS(!shared_expert_gate || shared_expert_ffn >= 1,
+                   "model_shape: shared_expert_gate needs shared experts (shared_expert_ffn >= 1)");
     } else {
       AGOQ_EXPECTS(ffn >= 1,
                    "model_shape: ffn must be positive (a dense MLP), got " + std::to_string(ffn));
-      AGOQ_EXPECTS(experts_per_token == 0 && expert_ffn == 0,
-                   "model_shape: experts_per_token and expert_ffn need experts > 0");
+      AGOQ_EXPECTS(experts_per_token == 0 && expert_ffn == 0 && shared_expert_ffn == 0 &&
+                       !shared_expert_gate,
+                   "model_shape: experts_per_token, expert_ffn, shared_expert_ffn and "
+                   "shared_expert_gate need experts > 0");
     }
     AGOQ_EXPECTS(heads % kv_heads == 0, "model_shape: heads (" + std::to_string(heads) +
                                             ") must be a multiple of kv_heads (" +
@@ -419,8 +501,10 @@ struct model_preset {
 /// split over 16 pipeline stages only unevenly: parallel_config::first_stage_layers), Qwen-2.5-32B,
 /// Qwen3-8B and Qwen3-32B (QK-norm; 64 heads of 128 on a hidden width of 5120), GPT-3 XL (1.3B
 /// parameters, input embedding and output head tied), and the mixture-of-experts Mixtral-8x7B
-/// (8 experts, 2 a token), Qwen3-30B-A3B and Qwen3-235B-A22B (128 experts, 8 a token).
-inline constexpr std::array<model_preset, 10> model_presets{{
+/// (8 experts, 2 a token), Qwen3-30B-A3B and Qwen3-235B-A22B (128 experts, 8 a token),
+/// Qwen1.5-MoE-A2.7B (60 experts, 4 a token) and Qwen2-57B-A14B (64, 8), the last two with gated
+/// shared experts.
+inline constexpr std::array<model_preset, 12> model_presets{{
     {"llama3-8b", {block_style::llama, 32, 4096, 14336, 32, 8, 128, 128256, false}},
     {"llama3-70b", {block_style::llama, 80, 8192, 28672, 64, 8, 128, 128256, false}},
     {"llama3-405b", {block_style::llama, 126, 16384, 53248, 128, 8, 128, 128256, false}},
@@ -431,6 +515,10 @@ inline constexpr std::array<model_preset, 10> model_presets{{
     {"mixtral-8x7b", {block_style::llama, 32, 4096, 0, 32, 8, 128, 32000, false, 8, 2, 14336}},
     {"qwen3-30b-a3b", {block_style::qwen3, 48, 2048, 0, 32, 4, 128, 151936, false, 128, 8, 768}},
     {"qwen3-235b-a22b", {block_style::qwen3, 94, 4096, 0, 64, 4, 128, 151936, false, 128, 8, 1536}},
+    {"qwen1.5-moe-a2.7b",
+     {block_style::llama, 24, 2048, 0, 16, 16, 128, 151936, false, 60, 4, 1408, 5632, true}},
+    {"qwen2-57b-a14b",
+     {block_style::llama, 28, 3584, 0, 28, 4, 128, 151936, false, 64, 8, 2560, 20480, true}},
 }};
 
 /// The shape of the preset named `name` (model_presets); throws agoq::invalid_argument naming the
@@ -488,7 +576,7 @@ struct shard_shape {
     return expert_tp() * m.experts * capacity;
   }
 
-  /// 64 tokens cp W, W = 4 h + 2 q + 2 k + 4 f + heads + 2 vocab + experts + 4 (k max(1, C) + e)
+  /// 64 tokens cp W, W = 5 h + 2 q + 2 k + 4 f + heads + 2 vocab + experts + 4 (k max(1, C) + e)
   /// (etp h + f_e) (the widths of model_shape::parameter_bound; k = experts_per_token, e =
   /// experts, f_e = expert_ffn, C = capacity_factor: the padding adds under e etp rows), in
   /// long double: an upper bound of the bytes of one micro-batch's saved tensors of one layer (at
@@ -501,14 +589,14 @@ struct shard_shape {
     long double const pairs =
         ld(m.experts_per_token) * std::max(1.0L, static_cast<long double>(capacity_factor)) +
         (capacity_factor > 0 ? ld(m.experts) : 0);
-    long double const width = 4 * h + 2 * q + 2 * k + 4 * f + ld(m.heads) + 2 * ld(m.vocab) +
+    long double const width = 5 * h + 2 * q + 2 * k + 4 * f + ld(m.heads) + 2 * ld(m.vocab) +
                               ld(m.experts) + 4 * pairs * (ld(expert_tp()) * h + ld(m.expert_ffn));
     return 64 * ld(micro_batch) * ld(seq) * ld(cp) * width;
   }
 
   /// Throws agoq::invalid_argument unless the shard suits model `m` (which it validates):
   /// micro_batch, seq, tp and cp positive, etp >= 0, capacity_factor finite and >= 0; tp dividing
-  /// heads and ffn, and micro_batch * seq under sequence parallelism; for a mixture-of-experts
+  /// heads and mlp_width(), and micro_batch * seq under sequence parallelism; for a mixture-of-experts
   /// model, sequence parallelism where tp > 1 (as Megatron requires) and expert_tp() dividing
   /// expert_ffn, for a dense one no capacity factor; and few enough tokens for 64-bit byte counts:
   /// byte_bound(m) <= max_size_count.
@@ -530,9 +618,11 @@ inline void shard_shape::validate(model_shape const& m) const {
           " tokens are too many to count in 64-bit bytes (a layer's tensors could take "
           "up to " +
           detail::approx(byte_bound(m)) + " bytes, more than 2^62)");
-  AGOQ_EXPECTS(m.heads % tp == 0 && m.ffn % tp == 0,
+  AGOQ_EXPECTS(m.heads % tp == 0 && m.mlp_width() % tp == 0,
                "shapes: tp (" + std::to_string(tp) + ") must divide heads (" +
-                   std::to_string(m.heads) + ") and ffn (" + std::to_string(m.ffn) + ")");
+                   std::to_string(m.heads) + ") and " +
+                   (m.moe() ? "shared_expert_ffn" : "ffn") + " (" +
+                   std::to_string(m.mlp_width()) + ")");
   AGOQ_EXPECTS(!sp || tokens() % tp == 0,
                "shapes: with sequence parallelism tp must divide micro_batch * seq");
   if (!m.moe()) return;
@@ -592,7 +682,8 @@ struct saved_shape {
 };
 
 /// True when tensor parallelism splits the kind: the heads (Q, K, V, O, logsumexp) and the MLP
-/// inner width. The others (residual stream and norm outputs, the router's probabilities) are
+/// inner width (the shared experts' too). The others (residual stream and norm outputs, the
+/// router's probabilities, the gated shared experts' output and gate score) are
 /// replicated across the tensor-parallel group unless sequence parallelism splits them along the
 /// tokens. The experts' tensors are split by the expert-parallel layout instead (expert_rows).
 inline constexpr bool split_by_tp(tensor_kind k) noexcept {
@@ -609,6 +700,8 @@ inline constexpr bool split_by_tp(tensor_kind k) noexcept {
     case tensor_kind::expert_gate_output:
     case tensor_kind::expert_up_output:
     case tensor_kind::expert_swiglu_output:
+    case tensor_kind::shared_expert_output:
+    case tensor_kind::shared_gate_score:
       return false;
     default:
       return true;
@@ -626,18 +719,19 @@ inline std::int64_t kv_heads_per_rank(model_shape const& m, std::int64_t tp) {
 
 /// The shape of tensor `k` of one layer and one micro-batch on one rank. Throws
 /// agoq::invalid_argument when the model or the shard is invalid (shard_shape::validate: tp not
-/// dividing heads and ffn, or the tokens under sequence parallelism; too many tokens), or when
-/// the kind does not belong to the model's block style.
+/// dividing heads and mlp_width(), or the tokens under sequence parallelism; too many tokens), or
+/// when the kind does not belong to the model's block style.
 ///
-/// tokens = micro_batch * seq; h = hidden; f = ffn; a = heads; g = kv_heads; d = head_dim;
-/// t = tp; T = tokens / t with sequence parallelism, else tokens:
+/// tokens = micro_batch * seq; h = hidden; f = mlp_width() (ffn, or shared_expert_ffn); a = heads;
+/// g = kv_heads; d = head_dim; t = tp; T = tokens / t with sequence parallelism, else tokens:
 /// - residual stream and norm outputs: [T, h] (split along the tokens only under SP; without
 ///   SP the QKV and FC1 inputs are the gathered sequence, and with SP the framework saves its
 ///   own shard and all-gathers it again in the backward, as Megatron does);
 /// - Q, O and the QK-norm's Q input: [tokens, a d / t]; K, V and its K input: [tokens, g d / t]
 ///   (or one head); logsumexp fp32: [b a / t, s];
 /// - gate, up, SwiGLU output, GeLU input and output: [tokens, f / t];
-/// - the router's probabilities, fp32: [T, experts];
+/// - the router's probabilities, fp32: [T, experts]; the gated shared experts' output [T, h] (as
+///   their down projection's reduce-scatter leaves it) and gate score [T, 1];
 /// - the experts' input: [R, h], their gate, up and SwiGLU outputs: [R, f_e / etp], with
 ///   R = shard_shape::expert_rows and f_e = expert_ffn.
 inline saved_shape shape_of(tensor_kind k, model_shape const& m, shard_shape const& p) {
@@ -649,7 +743,12 @@ inline saved_shape shape_of(tensor_kind k, model_shape const& m, shard_shape con
   }();
   AGOQ_EXPECTS(in_block, "shapes: " + std::string(name_of(k)) + " is not saved by a " +
                              std::string(name_of(m.style)) + "-style block" +
-                             (m.moe() ? " with a mixture-of-experts MLP" : ""));
+                             (m.moe() ? " with a mixture-of-experts MLP" : "") +
+                             (m.shared_experts() == shared_expert_form::plain
+                                  ? " and shared experts"
+                                  : m.shared_experts() == shared_expert_form::gated
+                                        ? " and gated shared experts"
+                                        : ""));
   std::int64_t const tokens = p.tokens();
   std::int64_t const t = p.tp;
   std::int64_t const d = m.head_size();
@@ -672,9 +771,11 @@ inline saved_shape shape_of(tensor_kind k, model_shape const& m, shard_shape con
     case tensor_kind::swiglu_output:
     case tensor_kind::gelu_input:
     case tensor_kind::fc2_input:
-      return {tokens, m.ffn / t, pb};
+      return {tokens, m.mlp_width() / t, pb};
     case tensor_kind::router_probs:
       return {seq_rows, m.experts, pb};
+    case tensor_kind::shared_gate_score:
+      return {seq_rows, 1, pb};
     case tensor_kind::expert_input:
       return {p.expert_rows(m), m.hidden, pb};
     case tensor_kind::expert_gate_output:

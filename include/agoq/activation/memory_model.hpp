@@ -614,27 +614,30 @@ inline std::string name_of(optimizer_format o) {
 struct rank_widths {
   std::int64_t q = 0;  ///< queries (and attention output): heads / tp * head_dim
   std::int64_t k = 0;  ///< keys, and values: kv_heads_per_rank * head_dim
-  std::int64_t f = 0;  ///< the MLP inner width: ffn / tp
+  std::int64_t f = 0;  ///< the MLP inner width: mlp_width() / tp (ffn, or the shared experts')
 };
 
 /// The widths of `m` on one rank of `tp`.
 inline rank_widths widths_of(model_shape const& m, std::int64_t tp) {
-  return {m.heads / tp * m.head_size(), kv_heads_per_rank(m, tp) * m.head_size(), m.ffn / tp};
+  return {m.heads / tp * m.head_size(), kv_heads_per_rank(m, tp) * m.head_size(),
+          m.mlp_width() / tp};
 }
 
 /// Parameters of one transformer layer held by one tensor-parallel rank but its experts (norm
 /// weights are replicated): LLaMA-style Q, K, V, O without biases, gate, up, down and two RMSNorm
 /// weights (Qwen3-style also the QK-norm's two of head_dim); GPT-style QKV and O with biases, FC1
 /// and FC2 with biases and two LayerNorms. A mixture-of-experts layer has no dense MLP but the
-/// router's [hidden, experts] weight, replicated on every rank as Megatron-Core keeps it; its
-/// experts are expert_layer_parameters.
+/// router's [hidden, experts] weight, replicated on every rank as Megatron-Core keeps it, and its
+/// shared experts' gate, up and down, split over tp as the dense MLP's (and their gate's [hidden,
+/// 1] weight, replicated); its routed experts are expert_layer_parameters.
 inline std::int64_t layer_parameters(model_shape const& m, std::int64_t tp) {
   m.validate();
   std::int64_t const h = m.hidden;
   auto const [qd, kvd, f] = widths_of(m, tp);
   std::int64_t const qk_norm = m.style == block_style::qwen3 ? 2 * m.head_size() : 0;
   if (llama_like(m.style))
-    return h * qd + 2 * h * kvd + qd * h + 3 * h * f + 2 * h + qk_norm + h * m.experts;
+    return h * qd + 2 * h * kvd + qd * h + 3 * h * f + 2 * h + qk_norm + h * m.experts +
+           (m.shared_expert_gate ? h : 0);
   return (h * 3 * qd + 3 * qd) + (qd * h + h) + (h * f + f) + (f * h + h) + 4 * h;
 }
 
@@ -1188,7 +1191,11 @@ inline std::int64_t largest_layer_matrix(model_shape const& m, std::int64_t tp) 
 /// - QKV projection: 2 T0 (q + 2k) + 2 T0 h + G + D(qkv_input);
 /// - QK-norm (Qwen3): 2 T0 (q + 2k) (the gradients of Q, K and V after it) + 2 T0 (q + k) (of
 ///   its inputs) + D(query_norm_input) + D(key_norm_input).
-/// A mixture-of-experts layer has, in place of the MLP's four, these (R = expert_rows, the
+/// A mixture-of-experts layer has the MLP's three for its shared experts (f = shared_expert_ffn /
+/// tp; none without them); where they are gated, a phase for the gate's backward, 2 T h (their
+/// output's gradient) + D(shared_expert_output) + D(shared_gate_score) (that gradient also lives
+/// through their down projection's backward, whose phase then holds 2 T0 f + 2 T h + G +
+/// D(swiglu_output), never more than their gate and up's); and these (R = expert_rows, the
 /// (token, expert) pairs of this rank's experts, f_e = expert_ffn / etp, e = experts; the tokens
 /// reach the experts by all-to-all, not gathered, so no G):
 /// - experts' down projection: 2 R h (its output gradient, as the all-to-all brings it) + 2 R f_e
@@ -1244,28 +1251,42 @@ requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_byte
   std::int64_t const early_mlp = selective.layernorm || selective.mlp ? bf16(mlp_in) : 0;
   std::int64_t const r = sh.expert_rows(m);
   std::int64_t const fe = m.moe() ? m.expert_ffn / sh.expert_tp() : 0;
+  // The dense MLP's phases, or a mixture-of-experts layer's shared experts' (f = 0: none).
   std::array<std::int64_t, 4> const mlp =
-      m.moe() ? std::array<std::int64_t, 4>{2 * r * h + 2 * r * fe + early_mlp +
+      f > 0 ? std::array<std::int64_t, 4>{
+                  g + 2 * t0 * f + early_mlp +
+                      (selective.mlp
+                           ? inner
+                           : bf16(llama ? tensor_kind::swiglu_output : tensor_kind::fc2_input)),
+                  (llama ? 6 : 4) * t0 * f + early_mlp +
+                      (selective.mlp ? (llama ? 4 : 2) * t0 * f : 0),
+                  (llama ? 4 : 2) * t0 * f + 2 * t0 * h + g + bf16(mlp_in),
+                  selective.mlp ? early_mlp + g + inner + 2 * t0 * h : 0}
+            : std::array<std::int64_t, 4>{};
+  std::array<std::int64_t, 5> const experts =
+      m.moe() ? std::array<std::int64_t, 5>{2 * r * h + 2 * r * fe + early_mlp +
                                                 bf16(tensor_kind::expert_swiglu_output),
                                             6 * r * fe + early_mlp,
                                             4 * r * fe + 2 * r * h + early_mlp +
                                                 bf16(tensor_kind::expert_input),
                                             2 * r * h + 2 * rows * h + 4 * rows * m.experts +
-                                                bf16(tensor_kind::router_probs) + bf16(mlp_in)}
-              : std::array<std::int64_t, 4>{
-                    g + 2 * t0 * f + early_mlp +
-                        (selective.mlp
-                             ? inner
-                             : bf16(llama ? tensor_kind::swiglu_output : tensor_kind::fc2_input)),
-                    (llama ? 6 : 4) * t0 * f + early_mlp +
-                        (selective.mlp ? (llama ? 4 : 2) * t0 * f : 0),
-                    (llama ? 4 : 2) * t0 * f + 2 * t0 * h + g + bf16(mlp_in),
-                    selective.mlp ? early_mlp + g + inner + 2 * t0 * h : 0};
+                                                bf16(tensor_kind::router_probs) + bf16(mlp_in),
+                                            m.shared_expert_gate
+                                                ? 2 * rows * h +
+                                                      bf16(tensor_kind::shared_expert_output) +
+                                                      bf16(tensor_kind::shared_gate_score)
+                                                : 0}
+              : std::array<std::int64_t, 5>{};
   std::int64_t const phases[] = {
       mlp[0],
       mlp[1],
       mlp[2],
       mlp[3],
+      experts[0],
+      experts[1],
+      experts[2],
+      experts[3],
+      experts[4],
       g + 2 * t0 * q + bf16(tensor_kind::attention_output) + early_attn,
       2 * t0 * q + 2 * t0 * (q + 2 * k) + 4 * t0 * q + lse + (k < q ? 4 * t0 * q : 0) +
           (sh.cp > 1 ? 16 * t0 * k : 0) + bf16(tensor_kind::query) + bf16(tensor_kind::key) +

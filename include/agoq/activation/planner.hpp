@@ -731,13 +731,14 @@ inline std::optional<std::int64_t> least_block_recompute(planner_input in) {
 
 /// The matrix products of one layer's forward on one GPU for one micro-batch, in FLOPs (two per
 /// multiply-add), split by what selective recomputation runs again. T = micro_batch x seq / cp
-/// tokens, q = heads x head_size(), k = kv_heads x head_size(), h = hidden, f = ffn; tensor
+/// tokens, q = heads x head_size(), k = kv_heads x head_size(), h = hidden, f = mlp_width(); tensor
 /// parallelism divides each by tp (sequence parallelism changes no product).
 /// - projections: Q, K and V, 2 T h (q + 2k), and the output projection, 2 T q h;
 /// - core_attention: Q K^T and P V under the causal mask, 2 q b s (s + 1) / cp (each of the two
 ///   2 d b s (s + 1) / 2 a head; a context-parallel rank holds 1 / cp of the causal pairs);
-/// - mlp: LLaMA's gate, up and down projections, 6 T h f; GPT's fc1 and fc2, 4 T h f; a
-///   mixture-of-experts MLP's router, 2 T h e, and its experts' products over the R pairs of a
+/// - mlp: LLaMA's gate, up and down projections, 6 T h f (a mixture-of-experts MLP's shared
+///   experts'); GPT's fc1 and fc2, 4 T h f; a mixture-of-experts MLP's router, 2 T h e (and the
+///   shared experts' gate, 2 T h), and its experts' products over the R pairs of a
 ///   rank (shard_shape::expert_rows), 6 R h f_e / etp, which is 6 T h k f_e / tp when routing is
 ///   balanced (e = experts, k = experts_per_token, f_e = expert_ffn; the products of a capacity
 ///   factor's padding counted).
@@ -765,8 +766,10 @@ inline layer_flops layer_forward_flops(model_shape const& m, parallel_config con
   long double const t = b * s / static_cast<long double>(p.cp);
   long double const tp = static_cast<long double>(p.tp);
   long double const mlp_products = llama_like(m.style) ? 3 : 2;
-  // The router's products, and the experts' over this rank's pairs at their width on it.
-  long double const router = 2 * t * h * static_cast<long double>(m.experts);
+  // The router's products (and the shared experts' gate's), and the experts' over this rank's
+  // pairs at their width on it.
+  long double const router =
+      2 * t * h * static_cast<long double>(m.experts + (m.shared_expert_gate ? 1 : 0));
   long double experts = 0;
   if (m.moe()) {
     shard_shape const sh = shard_of(p, st);
