@@ -73,6 +73,7 @@ void usage() {
       "usage: agoq_plan [--config FILE] [--preset NAME] [--hf-config FILE]\n"
       "  [--style llama|gpt|qwen3] [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N]\n"
       "  [--head-dim N] [--vocab N] [--experts N] [--experts-per-token N] [--expert-ffn N]\n"
+      "  [--shared-expert-ffn N] [--shared-expert-gate] [--no-shared-expert-gate]\n"
       "  [--tp N] [--pp N] [--vp N] [--vp-group N] [--ep N] [--etp N]\n"
       "  [--expert-capacity-factor X]\n"
       "  [--vp-rules core|legacy] [--first-stage-layers N] [--last-stage-layers N]\n"
@@ -111,6 +112,10 @@ void usage() {
       "ZeRO shards their states over. Under tp > 1 it needs --sp. --expert-capacity-factor X\n"
       "gives each expert exactly ceil(X x its mean) of a rank's pairs (Megatron-Core's\n"
       "--moe-expert-capacity-factor, padded to capacity; default 0: dropless, the mean).\n"
+      "--shared-expert-ffn N adds shared experts: a SwiGLU MLP of width N (all of them\n"
+      "together) every token passes through beside its routed experts, split over tp as a\n"
+      "dense MLP (Megatron-Core's --moe-shared-expert-intermediate-size); --shared-expert-gate\n"
+      "scales their output by a per-token sigmoid gate (Qwen2-MoE).\n"
       "--cp N is context parallelism: each sequence split over N ranks (seq / N tokens a rank,\n"
       "seq a multiple of 2N), with ring attention's buffers in the transient memory; ZeRO and\n"
       "the gradient reduction run over dp x cp ranks.\n"
@@ -251,6 +256,10 @@ void apply(options& o, std::string const& key, std::string const& v) {
     o.model.experts_per_token = to_int(key, v);
   } else if (key == "expert-ffn") {
     o.model.expert_ffn = to_int(key, v);
+  } else if (key == "shared-expert-ffn") {
+    o.model.shared_expert_ffn = to_int(key, v);
+  } else if (key == "shared-expert-gate") {
+    o.model.shared_expert_gate = v != "0";
   } else if (key == "ep") {
     o.parallel.ep = to_int(key, v);
   } else if (key == "etp") {
@@ -687,7 +696,9 @@ void print_json(options const& o, std::vector<act::stage_memory> const& baseline
                              {"tied_embeddings", json_bool(m.tied_embeddings)},
                              {"experts", json_number(m.experts)},
                              {"experts_per_token", json_number(m.experts_per_token)},
-                             {"expert_ffn", json_number(m.expert_ffn)}})},
+                             {"expert_ffn", json_number(m.expert_ffn)},
+                             {"shared_expert_ffn", json_number(m.shared_expert_ffn)},
+                             {"shared_expert_gate", json_bool(m.shared_expert_gate)}})},
       {"parallel", json_object({{"tp", json_number(p.tp)},
                                 {"pp", json_number(p.pp)},
                                 {"vp", json_number(p.virtual_stages)},
@@ -779,6 +790,9 @@ void print_text(options const& o, std::vector<act::stage_memory> const& baseline
         static_cast<long long>(p.expert_tp()), static_cast<long long>(p.expert_gradient_ranks()));
     if (o.step.expert_capacity_factor > 0)
       std::printf(", capacity factor %g", o.step.expert_capacity_factor);
+    if (m.shared_expert_ffn > 0)
+      std::printf("; shared experts of ffn %lld%s", static_cast<long long>(m.shared_expert_ffn),
+                  m.shared_expert_gate ? ", gated" : "");
     std::puts("");
   }
   std::string schedule = p.virtual_stages == 1
@@ -868,10 +882,11 @@ int run(int argc, char** argv) {
     if (a.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + a + "'");
     a = a.substr(2);
     if (a == "sp" || a == "verbose" || a == "json" || a == "fit-recompute" ||
-        a == "recompute-options" || a == "account-for-embedding" || a == "account-for-loss") {
+        a == "recompute-options" || a == "account-for-embedding" || a == "account-for-loss" ||
+        a == "shared-expert-gate") {
       apply(o, a, "1");
-    } else if (a == "no-sp") {
-      apply(o, "sp", "0");
+    } else if (a == "no-sp" || a == "no-shared-expert-gate") {
+      apply(o, a.substr(3), "0");
     } else {
       if (i + 1 >= argc) throw std::invalid_argument("--" + a + " needs a value");
       std::string const v = argv[++i];

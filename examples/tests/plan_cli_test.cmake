@@ -25,7 +25,7 @@ function(check_config name regex text)
 endfunction()
 
 set(presets "llama3-8b, llama3-70b, llama3-405b, qwen2.5-32b, qwen3-8b, qwen3-32b, gpt3-1.3b,\
- mixtral-8x7b, qwen3-30b-a3b, qwen3-235b-a22b")
+ mixtral-8x7b, qwen3-30b-a3b, qwen3-235b-a22b, qwen1.5-moe-a2.7b, qwen2-57b-a14b")
 check(help 0 "usage: agoq_plan \\[--config FILE\\].*published shape[^\n]*\n${presets}.\n" --help)
 
 # The README's command: LLaMA-3-8B on 32 GPUs under 16 GiB. The peak figures are the memory
@@ -212,7 +212,8 @@ check(moe_flags 0 "${mixtral}" --preset llama3-8b --vocab 32000 --ffn 0 --expert
 check(moe_etp 0 "experts: 128 of ffn 768, 8 a token; ep 8, etp 1 \\(expert data parallel 2\\).*\
 peak per-GPU memory: 34.19 GiB -> 20.17 GiB, saving 41.0%"
   --preset qwen3-30b-a3b --tp 2 --sp --pp 4 --dp 8 --ep 8 --etp 1 --zero 1 --seq 8192)
-check(moe_json 0 "\"experts\": 128, \"experts_per_token\": 8, \"expert_ffn\": 768}.*\
+check(moe_json 0 "\"experts\": 128, \"experts_per_token\": 8, \"expert_ffn\": 768, \
+\"shared_expert_ffn\": 0, \"shared_expert_gate\": false}.*\
 \"sp\": true, \"ep\": 8, \"etp\": 1}"
   --preset qwen3-30b-a3b --tp 2 --sp --pp 4 --dp 8 --ep 8 --etp 1 --zero 1 --json)
 check(moe_ep 1 "agoq_plan: .*ep \\(3\\) must divide the experts \\(8\\)"
@@ -235,6 +236,39 @@ check(moe_capacity_bad 1 "agoq_plan: .*the expert capacity factor must be finite
   --preset mixtral-8x7b --expert-capacity-factor -1)
 check(moe_capacity_dense 1 "agoq_plan: .*an expert capacity factor needs a mixture-of-experts"
   --expert-capacity-factor 1.25)
+# Gated shared experts: Qwen2-57B-A14B's config.json gives its preset's figures on 128 GPUs, the
+# shared experts' three tensors quantized, their output int4 and gate score bf16; the flags build
+# the same model; ungated, the gate's two tensors and its weight are gone.
+hf_file(hf_qwen2_moe [=[{"architectures": ["Qwen2MoeForCausalLM"], "hidden_act": "silu",
+  "hidden_size": 3584, "intermediate_size": 18944, "model_type": "qwen2_moe",
+  "moe_intermediate_size": 2560, "num_attention_heads": 28, "num_experts": 64,
+  "num_experts_per_tok": 8, "num_hidden_layers": 28, "num_key_value_heads": 4,
+  "shared_expert_intermediate_size": 20480, "tie_word_embeddings": false,
+  "vocab_size": 151936}]=])
+string(CONCAT qwen2_moe "experts: 64 of ffn 2560, 8 a token; ep 8, etp 1 \\(expert data parallel "
+  "4\\); shared experts of ffn 20480, gated\n.*peak per-GPU memory: 37.21 GiB -> 18.67 GiB, "
+  "saving 49.8%.*expert_swiglu_output +int[^\n]*\n +gate_output +int[^\n]*\n +up_output +int"
+  "[^\n]*\n +swiglu_output +int[^\n]*\n +shared_expert_output +int[^\n]*\n +"
+  "shared_gate_score +bf16")
+set(qwen2_moe_args --tp 4 --sp --pp 4 --dp 8 --ep 8 --etp 1 --zero 1 --budget-gib 19)
+check(shared_preset 0 "${qwen2_moe}" --preset qwen2-57b-a14b ${qwen2_moe_args})
+check(shared_hf_config 0 "${qwen2_moe}" --hf-config ${hf_qwen2_moe} ${qwen2_moe_args})
+check(shared_flags 0 "${qwen2_moe}" --preset qwen3-30b-a3b --style llama --layers 28
+  --hidden 3584 --heads 28 --experts 64 --expert-ffn 2560 --shared-expert-ffn 20480
+  --shared-expert-gate ${qwen2_moe_args})
+check(shared_ungated 0 "shared experts of ffn 20480\n.*\n +swiglu_output +int[^\n]*\nstage 1:"
+  --preset qwen2-57b-a14b --no-shared-expert-gate ${qwen2_moe_args})
+check(shared_json 0 "\"shared_expert_ffn\": 20480, \"shared_expert_gate\": true}"
+  --preset qwen2-57b-a14b ${qwen2_moe_args} --json)
+check(shared_dense 1 "agoq_plan: .*shared_expert_ffn and shared_expert_gate need experts > 0"
+  --shared-expert-ffn 4096)
+check(shared_gate_alone 1 "agoq_plan: .*shared_expert_gate needs shared experts"
+  --preset mixtral-8x7b --shared-expert-gate)
+check(shared_tp 1 "agoq_plan: .*tp \\(8\\) must divide heads \\(32\\) and shared_expert_ffn \\(100\\)"
+  --preset mixtral-8x7b --shared-expert-ffn 100 --tp 8 --sp)
+check(shared_help 0 "--shared-expert-ffn N adds shared experts" --help)
+check_config(shared_config "shared experts of ffn 5632, gated" "experts=60\nexperts-per-token=4\n\
+expert-ffn=1408\nshared-expert-ffn=5632\nshared-expert-gate=1\n" --preset qwen3-30b-a3b --style llama)
 hf_file(hf_gemma [=[{"model_type": "gemma", "hidden_size": 3072}]=])
 check(hf_config_type 1 "agoq_plan: .*model_type 'gemma' is not modelled" --hf-config ${hf_gemma})
 hf_file(hf_bad [=[{"model_type": "llama",}]=])

@@ -209,8 +209,9 @@ TEST_CASE("model_shape::validate: a dense MLP or experts, not both") {
   refused(x, "ffn must be positive (a dense MLP), got 0");
   x = preset_model("llama3-8b");
   x.experts_per_token = 2;
-  refused(x, "experts_per_token, expert_ffn, shared_expert_ffn and shared_expert_gate need "
-             "experts > 0");
+  refused(x,
+          "experts_per_token, expert_ffn, shared_expert_ffn and shared_expert_gate need "
+          "experts > 0");
   x = preset_model("llama3-8b");
   x.shared_expert_ffn = 4096;
   refused(x, "shared_expert_gate need experts > 0");

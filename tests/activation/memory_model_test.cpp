@@ -486,9 +486,8 @@ TEST_CASE("shared experts: parameters, states, activations and working memory, b
   // output and gate score are quantized. Per token: the gate's 2 h + 2 h + 2 = 4098 against the
   // router's 2 R h + 2 T h + 4 T e = 3088, the shared experts' gate and up 4 f + 2 h = 2560, the
   // QKV projection's 2 (q + 2k) + 2 h = 2816 and the rest smaller; plus the residual gradient 2 h.
-  model_shape const small{block_style::llama, 2,  1024, 0,   2,   2,
-                          64,                 1000, false, 4, 1, 64,
-                          128,                true};
+  model_shape const small{
+      block_style::llama, 2, 1024, 0, 2, 2, 64, 1000, false, 4, 1, 64, 128, true};
   shard_shape sh{1, 4096, 1, false};
   sh.capacity_factor = 0.5;
   CHECK(sh.expert_rows(small) == 2048);
@@ -531,9 +530,9 @@ TEST_CASE("shared experts: parameters, states, activations and working memory, b
   // under TP 2 + SP: 2048 tokens a rank of residual, norm outputs, router probabilities, shared
   // output and gate score; 4096 of Q, O (1792), K, V (256), logsumexp (14 heads); the shared
   // experts' three at 10240 over 4096 tokens; 2048 x 8 pairs of the routed experts' four.
-  std::int64_t const layer =
-      2048 * (4 * 3584 * 2 + 64 * 4 + 3584 * 2 + 2) + 4096 * (2 * 1792 * 2 + 2 * 256 * 2 + 14 * 4) +
-      4096 * 3 * 10240 * 2 + 2048 * 8 * (3584 + 3 * 2560) * 2;
+  std::int64_t const layer = 2048 * (4 * 3584 * 2 + 64 * 4 + 3584 * 2 + 2) +
+                             4096 * (2 * 1792 * 2 + 2 * 256 * 2 + 14 * 4) + 4096 * 3 * 10240 * 2 +
+                             2048 * 8 * (3584 + 3 * 2560) * 2;
   auto const bf16 = estimate_memory(m, p, st, {}, policy_table::all_precise());
   CHECK(bf16[1].activations == 3 * 7 * layer);
 }

@@ -371,13 +371,15 @@ class PlanningTest(unittest.TestCase):
         presets = agoq.model_presets()
         self.assertEqual(list(presets), ["llama3-8b", "llama3-70b", "llama3-405b", "qwen2.5-32b",
                                          "qwen3-8b", "qwen3-32b", "gpt3-1.3b", "mixtral-8x7b",
-                                         "qwen3-30b-a3b", "qwen3-235b-a22b"])
+                                         "qwen3-30b-a3b", "qwen3-235b-a22b", "qwen1.5-moe-a2.7b",
+                                         "qwen2-57b-a14b"])
         self.assertEqual(presets["qwen3-8b"]["style"], "qwen3")
         llama = presets["llama3-8b"]
         self.assertEqual(llama, dict(style="llama", layers=32, hidden=4096, ffn=14336, heads=32,
                                      kv_heads=8, head_dim=128, vocab=128256,
                                      tied_embeddings=False, experts=0, experts_per_token=0,
-                                     expert_ffn=0))
+                                     expert_ffn=0, shared_expert_ffn=0,
+                                     shared_expert_gate=False))
         self.assertEqual(presets["gpt3-1.3b"]["style"], "gpt")
         # The memory table of agoq_plan's README command (docs/activations.md, section 6), stage 0.
         mem = agoq.estimate_memory(llama, 1, 8192, gradients="int8", pp=4, tp=2, dp=4, zero=1,
@@ -419,7 +421,8 @@ class PlanningTest(unittest.TestCase):
                                          "n_head": 4, "vocab_size": 256})
         self.assertEqual(gpt, dict(style="gpt", layers=4, hidden=128, ffn=512, heads=4,
                                    kv_heads=4, head_dim=32, vocab=256, tied_embeddings=True,
-                                   experts=0, experts_per_token=0, expert_ffn=0))
+                                   experts=0, experts_per_token=0, expert_ffn=0,
+                                   shared_expert_ffn=0, shared_expert_gate=False))
         self.assertGreater(agoq.estimate_memory(gpt, 1, 64)[0]["total"], 0)
         # Refusals: mixture-of-experts, other blocks, bad fields and values.
         with self.assertRaisesRegex(ValueError, "mixture-of-experts models \\(llama\\)"):
@@ -541,6 +544,54 @@ class PlanningTest(unittest.TestCase):
             agoq.estimate_memory(dict(moe, ffn=128), 1, 64)
         with self.assertRaisesRegex(ValueError, "with tp > 1 needs sequence parallelism"):
             agoq.estimate_memory(moe, 1, 64, tp=2)
+
+    def test_shared_experts(self):
+        # Shared experts: the dense MLP's three tensors at their width after the routed experts',
+        # gated (Qwen2-MoE) also their output and gate score (bf16, kept: routing).
+        kinds = agoq.tensor_kinds("llama", moe=True, shared="gated")
+        self.assertEqual(kinds[:15], agoq.tensor_kinds("llama", moe=True))
+        self.assertEqual(kinds[15:], ["gate_output", "up_output", "swiglu_output",
+                                      "shared_expert_output", "shared_gate_score"])
+        self.assertEqual(agoq.tensor_kinds("qwen3", True, "plain")[-3:],
+                         ["gate_output", "up_output", "swiglu_output"])
+        with self.assertRaisesRegex(ValueError, "shared is 'none', 'plain' or 'gated'"):
+            agoq.tensor_kinds("llama", True, "both")
+        moe = dict(LLAMA, ffn=0, experts=8, experts_per_token=2, expert_ffn=96,
+                   shared_expert_ffn=192, shared_expert_gate=True)
+        shapes = agoq.saved_shapes(moe, 2, 64, tp=2, sp=True)
+        self.assertEqual(shapes["gate_output"], (128, 96, 2))
+        self.assertEqual(shapes["shared_expert_output"], (64, LLAMA["hidden"], 2))
+        self.assertEqual(shapes["shared_gate_score"], (64, 1, 2))
+        self.assertEqual(agoq.default_policy()["shared_gate_score"], ("bf16", ["bf16"]))
+        self.assertEqual(agoq.error_model_defaults()["shared_expert_output"][0],
+                         "activation_input")
+        plan = agoq.make_plan(moe, 2, 64, 1 << 40)
+        self.assertEqual({layer["shared_gate_score"] for layer in plan["layers"]}, {"bf16"})
+        # Qwen's published totals and their config: 57.4 B parameters, of which the routed
+        # experts 53.9 B.
+        qwen2 = agoq.model_presets()["qwen2-57b-a14b"]
+        self.assertEqual(qwen2["shared_expert_ffn"], 20480)
+        self.assertTrue(qwen2["shared_expert_gate"])
+        mem = agoq.estimate_memory(qwen2, 1, 4096, pp=4)
+        self.assertEqual(sum(s["parameters"] for s in mem), 57408529920)
+        self.assertEqual(sum(s["expert_parameters"] for s in mem), 28 * 64 * 3 * 3584 * 2560)
+        config = {"model_type": "qwen2_moe", "num_hidden_layers": 28, "hidden_size": 3584,
+                  "intermediate_size": 18944, "num_attention_heads": 28,
+                  "num_key_value_heads": 4, "vocab_size": 151936, "num_experts": 64,
+                  "num_experts_per_tok": 8, "moe_intermediate_size": 2560,
+                  "shared_expert_intermediate_size": 20480, "tie_word_embeddings": False}
+        self.assertEqual(agoq.model_from_hf_config(config), qwen2)
+        # agoq_plan's Qwen2-57B-A14B command (docs/activations.md, section 6).
+        args = dict(pp=4, tp=4, sp=True, dp=8, zero=1, ep=8, etp=1)
+        agoq_mem = agoq.estimate_memory(qwen2, 1, 8192, gradients="int8", **args)
+        self.assertEqual(round(max(s["total"] for s in agoq_mem) / 2**30, 2), 18.67)
+        ungated = agoq.estimate_memory(dict(qwen2, shared_expert_gate=False), 1, 8192,
+                                       gradients="int8", **args)
+        self.assertEqual(agoq_mem[1]["parameters"] - ungated[1]["parameters"], 7 * 3584)
+        with self.assertRaisesRegex(ValueError, "shared_expert_gate needs shared experts"):
+            agoq.estimate_memory(dict(moe, shared_expert_ffn=0), 1, 64)
+        with self.assertRaisesRegex(ValueError, "shared_expert_gate need experts > 0"):
+            agoq.estimate_memory(dict(LLAMA, shared_expert_ffn=64), 1, 64)
 
     def test_layer_bytes_match_the_shapes(self):
         shapes = agoq.saved_shapes(LLAMA, 8, 128)
@@ -887,8 +938,10 @@ class PlanningTest(unittest.TestCase):
         # Every kind that owns storage, of every style; o_proj_input is the attention output's.
         owned = set(agoq.tensor_kinds("llama") + agoq.tensor_kinds("gpt") +
                     agoq.tensor_kinds("qwen3") +
-                    agoq.tensor_kinds("qwen3", moe=True)) - {"o_proj_input"}
+                    agoq.tensor_kinds("qwen3", moe=True, shared="gated")) - {"o_proj_input"}
         self.assertEqual(set(defaults), owned)
+        self.assertEqual(defaults["shared_expert_output"], ("activation_input", 2.0, 6.0))
+        self.assertEqual(defaults["shared_gate_score"], ("routing", 8.0, 2.0))
         self.assertEqual(defaults["qkv_input"], ("linear_input", 1.0, 3.0))
         self.assertEqual(defaults["gate_output"], ("activation_input", 2.0, 2.0))
         self.assertEqual(defaults["attn_norm_input"], ("residual_stream", 4.0, 6.0))

@@ -378,10 +378,10 @@ inline hf_config parse_hf_config(std::string_view json) {
 /// leaves the saved tensors as they are (flash attention) but recompute_overhead counts full
 /// causal attention.
 /// \throws agoq::invalid_argument for any other model_type (other mixture-of-experts models,
-/// with dense layers or multi-head latent attention as DeepSeek's, and the blocks with norms or gates of their own, e.g.
-/// Gemma's GeGLU and extra norms, are not modelled), a dense model_type's config setting the
-/// expert keys (hf_detail::expert_keys), a missing or malformed field, another activation, and a
-/// shape model_shape::validate refuses.
+/// with dense layers or multi-head latent attention as DeepSeek's, and the blocks with norms or
+/// gates of their own, e.g. Gemma's GeGLU and extra norms, are not modelled), a dense model_type's
+/// config setting the expert keys (hf_detail::expert_keys), a missing or malformed field, another
+/// activation, and a shape model_shape::validate refuses.
 inline model_shape model_from_hf_config(hf_config const& c) {
   namespace h = hf_detail;
   std::string const type = h::text(c, "model_type");

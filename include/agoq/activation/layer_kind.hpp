@@ -92,7 +92,7 @@ enum class tensor_category : std::uint8_t {
   linear_input,      ///< the input X of a linear layer, read only for its weight gradient
   activation_input,  ///< the input of an elementwise nonlinearity (SiLU / SwiGLU, GeLU)
   residual_stream,   ///< the residual stream entering a normalization
-  routing,  ///< the router's probabilities and the shared experts' gate, which scale experts: precise
+  routing,  ///< the router's probabilities, the shared experts' gate: they scale experts; precise
 };
 
 /// Every tensor kind, in declaration order (enumerator values 0, 1, ..., tensor_kind_count - 1).
@@ -194,7 +194,8 @@ inline constexpr std::array<tensor_kind, 12> gpt_block_tensors = {
 /// mixture-of-experts form with the `shared` experts given (llama and qwen3 only; a GPT-style
 /// block has none: its dense list; `shared` is ignored without `moe`).
 inline constexpr std::span<tensor_kind const> block_tensors(
-    block_style s, bool moe = false, shared_expert_form shared = shared_expert_form::none) noexcept {
+    block_style s, bool moe = false,
+    shared_expert_form shared = shared_expert_form::none) noexcept {
   if (moe && llama_like(s)) {
     bool const llama = s == block_style::llama;
     switch (shared) {
@@ -421,9 +422,9 @@ struct model_shape {
 
   /// An upper bound of the parameters of the whole model: layers * (4 h (q + k + f) + ... +
   /// e (3 h f_e + h)) + 2 vocab * h, with q = heads * head_size(), k = kv_heads * head_size(),
-  /// f = mlp_width(), e = experts, f_e = expert_ffn; at least the parameters any rank holds of a layer (its
-  /// experts included), an embedding and a head (of any style), in long double so that no
-  /// field's size overflows it.
+  /// f = mlp_width(), e = experts, f_e = expert_ffn; at least the parameters any rank holds of a
+  /// layer (its experts included), an embedding and a head (of any style), in long double so that
+  /// no field's size overflows it.
   long double parameter_bound() const noexcept {
     auto const [h, q, k, f] = width_bounds();
     long double const e = static_cast<long double>(experts);
@@ -451,10 +452,10 @@ struct model_shape {
                  "model_shape: layers must be at least 1, got " + std::to_string(layers));
     AGOQ_EXPECTS(hidden >= 1 && heads >= 1 && kv_heads >= 1 && vocab >= 1,
                  "model_shape: hidden, heads, kv_heads and vocab must be positive");
-    AGOQ_EXPECTS(experts >= 0 && experts_per_token >= 0 && expert_ffn >= 0 &&
-                     shared_expert_ffn >= 0,
-                 "model_shape: experts, experts_per_token, expert_ffn and shared_expert_ffn must "
-                 "be >= 0");
+    AGOQ_EXPECTS(
+        experts >= 0 && experts_per_token >= 0 && expert_ffn >= 0 && shared_expert_ffn >= 0,
+        "model_shape: experts, experts_per_token, expert_ffn and shared_expert_ffn must "
+        "be >= 0");
     if (moe()) {
       AGOQ_EXPECTS(llama_like(style),
                    "model_shape: a mixture-of-experts MLP needs a LLaMA- or "
@@ -596,10 +597,10 @@ struct shard_shape {
 
   /// Throws agoq::invalid_argument unless the shard suits model `m` (which it validates):
   /// micro_batch, seq, tp and cp positive, etp >= 0, capacity_factor finite and >= 0; tp dividing
-  /// heads and mlp_width(), and micro_batch * seq under sequence parallelism; for a mixture-of-experts
-  /// model, sequence parallelism where tp > 1 (as Megatron requires) and expert_tp() dividing
-  /// expert_ffn, for a dense one no capacity factor; and few enough tokens for 64-bit byte counts:
-  /// byte_bound(m) <= max_size_count.
+  /// heads and mlp_width(), and micro_batch * seq under sequence parallelism; for a
+  /// mixture-of-experts model, sequence parallelism where tp > 1 (as Megatron requires) and
+  /// expert_tp() dividing expert_ffn, for a dense one no capacity factor; and few enough tokens for
+  /// 64-bit byte counts: byte_bound(m) <= max_size_count.
   void validate(model_shape const& m) const;
 };
 
@@ -620,9 +621,8 @@ inline void shard_shape::validate(model_shape const& m) const {
           detail::approx(byte_bound(m)) + " bytes, more than 2^62)");
   AGOQ_EXPECTS(m.heads % tp == 0 && m.mlp_width() % tp == 0,
                "shapes: tp (" + std::to_string(tp) + ") must divide heads (" +
-                   std::to_string(m.heads) + ") and " +
-                   (m.moe() ? "shared_expert_ffn" : "ffn") + " (" +
-                   std::to_string(m.mlp_width()) + ")");
+                   std::to_string(m.heads) + ") and " + (m.moe() ? "shared_expert_ffn" : "ffn") +
+                   " (" + std::to_string(m.mlp_width()) + ")");
   AGOQ_EXPECTS(!sp || tokens() % tp == 0,
                "shapes: with sequence parallelism tp must divide micro_batch * seq");
   if (!m.moe()) return;
@@ -741,14 +741,13 @@ inline saved_shape shape_of(tensor_kind k, model_shape const& m, shard_shape con
       if (b == k) return true;
     return false;
   }();
-  AGOQ_EXPECTS(in_block, "shapes: " + std::string(name_of(k)) + " is not saved by a " +
-                             std::string(name_of(m.style)) + "-style block" +
-                             (m.moe() ? " with a mixture-of-experts MLP" : "") +
-                             (m.shared_experts() == shared_expert_form::plain
-                                  ? " and shared experts"
-                                  : m.shared_experts() == shared_expert_form::gated
-                                        ? " and gated shared experts"
-                                        : ""));
+  AGOQ_EXPECTS(in_block,
+               "shapes: " + std::string(name_of(k)) + " is not saved by a " +
+                   std::string(name_of(m.style)) + "-style block" +
+                   (m.moe() ? " with a mixture-of-experts MLP" : "") +
+                   (m.shared_experts() == shared_expert_form::plain   ? " and shared experts"
+                    : m.shared_experts() == shared_expert_form::gated ? " and gated shared experts"
+                                                                      : ""));
   std::int64_t const tokens = p.tokens();
   std::int64_t const t = p.tp;
   std::int64_t const d = m.head_size();

@@ -1253,16 +1253,16 @@ requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_byte
   std::int64_t const fe = m.moe() ? m.expert_ffn / sh.expert_tp() : 0;
   // The dense MLP's phases, or a mixture-of-experts layer's shared experts' (f = 0: none).
   std::array<std::int64_t, 4> const mlp =
-      f > 0 ? std::array<std::int64_t, 4>{
-                  g + 2 * t0 * f + early_mlp +
-                      (selective.mlp
-                           ? inner
-                           : bf16(llama ? tensor_kind::swiglu_output : tensor_kind::fc2_input)),
-                  (llama ? 6 : 4) * t0 * f + early_mlp +
-                      (selective.mlp ? (llama ? 4 : 2) * t0 * f : 0),
-                  (llama ? 4 : 2) * t0 * f + 2 * t0 * h + g + bf16(mlp_in),
-                  selective.mlp ? early_mlp + g + inner + 2 * t0 * h : 0}
-            : std::array<std::int64_t, 4>{};
+      f > 0
+          ? std::array<std::int64_t, 4>{g + 2 * t0 * f + early_mlp +
+                                            (selective.mlp ? inner
+                                                           : bf16(llama ? tensor_kind::swiglu_output
+                                                                        : tensor_kind::fc2_input)),
+                                        (llama ? 6 : 4) * t0 * f + early_mlp +
+                                            (selective.mlp ? (llama ? 4 : 2) * t0 * f : 0),
+                                        (llama ? 4 : 2) * t0 * f + 2 * t0 * h + g + bf16(mlp_in),
+                                        selective.mlp ? early_mlp + g + inner + 2 * t0 * h : 0}
+          : std::array<std::int64_t, 4>{};
   std::array<std::int64_t, 5> const experts =
       m.moe() ? std::array<std::int64_t, 5>{2 * r * h + 2 * r * fe + early_mlp +
                                                 bf16(tensor_kind::expert_swiglu_output),

@@ -76,8 +76,9 @@ concept activation_policy = requires(tensor_kind k) {
 ///   them to int8 or keep them precise;
 /// - residual stream: int8_g128_sym_rne_f32 (outlier channels make 4 bits unsafe); a planner may
 ///   keep it precise;
-/// - routing (a mixture-of-experts router's fp32 probabilities, 4 bytes a token per expert):
-///   precise; they scale each expert's output and their gradient trains the router.
+/// - routing (a mixture-of-experts router's fp32 probabilities, 4 bytes a token per expert, and
+///   its gated shared experts' bf16 gate score): precise; they scale each expert's output and
+///   their gradient trains the router (the gate).
 /// `o_proj_input` follows `attention_output` (it is that buffer, see is_alias).
 struct default_policy {
   /// The storage used without a planner.

@@ -57,6 +57,10 @@ act::model_shape model_of(py::dict const& d) {
       m.experts_per_token = value.cast<std::int64_t>();
     } else if (k == "expert_ffn") {
       m.expert_ffn = value.cast<std::int64_t>();
+    } else if (k == "shared_expert_ffn") {
+      m.shared_expert_ffn = value.cast<std::int64_t>();
+    } else if (k == "shared_expert_gate") {
+      m.shared_expert_gate = value.cast<bool>();
     } else {
       throw agoq::invalid_argument("unknown model key '" + k + "'");
     }
@@ -80,6 +84,8 @@ py::dict model_dict(act::model_shape const& m) {
   d["experts"] = m.experts;
   d["experts_per_token"] = m.experts_per_token;
   d["expert_ffn"] = m.expert_ffn;
+  d["shared_expert_ffn"] = m.shared_expert_ffn;
+  d["shared_expert_gate"] = m.shared_expert_gate;
   return d;
 }
 
@@ -246,9 +252,18 @@ layout_args layout_of(std::int64_t micro_batch, std::int64_t seq, std::int64_t m
   return a;
 }
 
-py::list tensor_kinds(std::string const& style, bool moe) {
+py::list tensor_kinds(std::string const& style, bool moe, std::string const& shared) {
+  act::shared_expert_form form = act::shared_expert_form::none;
+  if (shared == "plain") {
+    form = act::shared_expert_form::plain;
+  } else if (shared == "gated") {
+    form = act::shared_expert_form::gated;
+  } else if (shared != "none") {
+    throw agoq::invalid_argument("tensor_kinds: shared is 'none', 'plain' or 'gated', got '" +
+                                 shared + "'");
+  }
   py::list out;
-  for (act::tensor_kind const k : act::block_tensors(act::block_style_named(style), moe))
+  for (act::tensor_kind const k : act::block_tensors(act::block_style_named(style), moe, form))
     out.append(std::string(act::name_of(k)));
   return out;
 }
@@ -585,13 +600,13 @@ void register_planning(py::module_& m) {
   m.def("model_presets", &model_presets,
         "{name: model} of the published shapes agoq knows (llama3-8b, llama3-70b, llama3-405b, "
         "qwen2.5-32b, qwen3-8b, qwen3-32b, gpt3-1.3b, and the mixture-of-experts mixtral-8x7b, "
-        "qwen3-30b-a3b, qwen3-235b-a22b), each a dict with every key a model takes (style "
-        "'llama', 'gpt' or 'qwen3'; experts, experts_per_token and expert_ffn 0 for a dense "
-        "model, ffn 0 for a mixture-of-experts one; the planning calls' ep and etp place its "
-        "experts).");
+        "qwen3-30b-a3b, qwen3-235b-a22b, qwen1.5-moe-a2.7b, qwen2-57b-a14b), each a dict with "
+        "every key a model takes (style 'llama', 'gpt' or 'qwen3'; experts, experts_per_token, "
+        "expert_ffn and shared_expert_ffn 0 and shared_expert_gate False for a dense model, ffn "
+        "0 for a mixture-of-experts one; the planning calls' ep and etp place its experts).");
   m.def("model_from_hf_config", &model_from_hf_config, py::arg("config"),
         "The model dict of a Hugging Face config (model_type llama, mistral, qwen2, qwen3, "
-        "mixtral, qwen3_moe or gpt2): a dict (json.load's or a transformers config's "
+        "mixtral, qwen2_moe, qwen3_moe or gpt2): a dict (json.load's or a transformers config's "
         "to_dict()), an object with to_dict(), or the path of a config.json or of a directory "
         "holding one. Other mixture-of-experts models and other blocks raise ValueError "
         "(docs/activations.md, section 6).");
@@ -606,8 +621,10 @@ void register_planning(py::module_& m) {
       "tolist()), experts laid out on ep ranks as Megatron-Core places them: given as "
       "expert_capacity_factor, it sizes every rank's expert tensors for the busiest one.");
   m.def("tensor_kinds", &tensor_kinds, py::arg("style") = "llama", py::arg("moe") = false,
-        "The tensors a block of the style (with moe, its mixture-of-experts form) saves for "
-        "backward, in forward order (o_proj_input reads the attention_output buffer).");
+        py::arg("shared") = "none",
+        "The tensors a block of the style (with moe, its mixture-of-experts form, with shared "
+        "experts 'none', 'plain' or 'gated') saves for backward, in forward order (o_proj_input "
+        "reads the attention_output buffer).");
   m.def("saved_shapes", &saved_shapes, py::arg("model"), py::arg("micro_batch"), py::arg("seq"),
         py::arg("tp") = 1, py::arg("sp") = false, py::arg("etp") = 0,
         py::arg("expert_capacity_factor") = 0.0,
