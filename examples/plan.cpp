@@ -152,7 +152,8 @@ void usage() {
               names.c_str());
   std::puts(
       "--hf-config FILE takes the shape of a Hugging Face config.json (model_type llama,\n"
-      "mistral, qwen2, qwen3, mixtral, qwen3_moe or gpt2; the shape flags after it change it).\n"
+      "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe or gpt2; the shape flags after it\n"
+      "change it).\n"
       "--style qwen3 is\n"
       "LLaMA's block with QK-norm (Qwen3), which keeps Q and K before it for its backward.");
 }

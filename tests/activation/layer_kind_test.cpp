@@ -58,8 +58,8 @@ TEST_CASE("every kind has a name, a category and belongs to a block") {
   CHECK(preset_model("mixtral-8x7b").saved_tensors().size() == 15);
   CHECK(preset_model("qwen3-30b-a3b").saved_tensors().size() == 17);
   CHECK(preset_model("qwen3-8b").saved_tensors().size() == 15);
-  // Shared experts come after the routed ones (as Megatron-Core's MoELayer and transformers'
-  // Qwen2MoeSparseMoeBlock run them), their gate's two tensors last.
+  // Shared experts are listed after the routed ones (as transformers' Qwen2MoeSparseMoeBlock runs
+  // them; Megatron-Core's MoELayer runs them first), their gate's two tensors last.
   using enum shared_expert_form;
   CHECK(std::ranges::equal(block_tensors(block_style::llama, true, plain),
                            detail::join(llama_moe_block_tensors, detail::swiglu_mlp)));

@@ -425,8 +425,7 @@ TEST_CASE("mixture-of-experts layouts Megatron-Core refuses, and what is not mod
   st.selective.mlp = true;
   CHECK_THROWS_WITH_AS(estimate_memory(m, p, st, {}, policy_table{}),
                        doctest::Contains("mlp recomputes a dense MLP; a mixture-of-experts "
-                                         "layer's modules (Megatron-Core's moe, moe_act) are not "
-                                         "modelled"),
+                                         "layer's are moe_act, moe and shared_experts"),
                        agoq::invalid_argument);
   // `layernorm` is: the MLP norm's output (the router's and the experts' input) computed again.
   st.selective = {};
@@ -535,6 +534,114 @@ TEST_CASE("shared experts: parameters, states, activations and working memory, b
                              2048 * 8 * (3584 + 3 * 2560) * 2;
   auto const bf16 = estimate_memory(m, p, st, {}, policy_table::all_precise());
   CHECK(bf16[1].activations == 3 * 7 * layer);
+}
+
+TEST_CASE("mixture-of-experts recompute modules (moe_act, moe, shared_experts), by hand") {
+  recompute_modules const act{.moe_act = true};
+  recompute_modules const moe{.moe = true};
+  recompute_modules const shared{.shared_experts = true};
+  CHECK(name_of(recompute_modules{.layernorm = true, .moe_act = true, .shared_experts = true}) ==
+        "layernorm,moe_act,shared_experts");
+  recompute_modules r;
+  for (char const* name : {"shared_experts", "moe", "moe_act"}) add_recompute_module(r, name);
+  CHECK(r == recompute_modules{.moe_act = true, .moe = true, .shared_experts = true});
+  // What each recomputes: moe_act the routed experts' SwiGLU output; shared_experts the shared
+  // experts' three and their gate's two; moe all of the MoE MLP's tensors.
+  for (tensor_kind const k : all_tensor_kinds) {
+    CAPTURE(name_of(k));
+    bool const routed = k == tensor_kind::router_probs || k == tensor_kind::expert_input ||
+                        k == tensor_kind::expert_gate_output ||
+                        k == tensor_kind::expert_up_output ||
+                        k == tensor_kind::expert_swiglu_output;
+    bool const of_shared = k == tensor_kind::gate_output || k == tensor_kind::up_output ||
+                           k == tensor_kind::swiglu_output ||
+                           k == tensor_kind::shared_expert_output ||
+                           k == tensor_kind::shared_gate_score;
+    CHECK(recomputes(act, k) == (k == tensor_kind::expert_swiglu_output));
+    CHECK(recomputes(shared, k) == of_shared);
+    CHECK(recomputes(moe, k) == (routed || of_shared));
+  }
+  // Their sources: under moe_act the SwiGLU output from the experts' gate and up outputs, each
+  // error entering once; under moe and shared_experts the MLP's input (its norm's input with
+  // layernorm), the SwiGLU outputs and the gated output inheriting twice its error.
+  auto const sources = [](tensor_kind k, recompute_modules const& m) {
+    auto const src = sources_of(k, block_style::qwen3, m);
+    return std::vector<tensor_kind>(src.begin(), src.end());
+  };
+  using v = std::vector<tensor_kind>;
+  CHECK(sources(tensor_kind::expert_swiglu_output, act) ==
+        v{tensor_kind::expert_gate_output, tensor_kind::expert_up_output});
+  CHECK(sources_of(tensor_kind::expert_swiglu_output, block_style::llama, act).factor == 1.0);
+  CHECK(sources(tensor_kind::expert_swiglu_output, moe) == v{tensor_kind::mlp_input});
+  CHECK(sources(tensor_kind::expert_swiglu_output, r) == v{tensor_kind::mlp_input});
+  CHECK(sources_of(tensor_kind::expert_swiglu_output, block_style::llama, moe).factor == 2.0);
+  CHECK(sources(tensor_kind::router_probs, moe) == v{tensor_kind::mlp_input});
+  CHECK(sources_of(tensor_kind::router_probs, block_style::llama, moe).factor == 1.0);
+  CHECK(sources(tensor_kind::shared_gate_score,
+                recompute_modules{.layernorm = true, .shared_experts = true}) ==
+        v{tensor_kind::mlp_norm_input});
+  CHECK(sources_of(tensor_kind::shared_expert_output, block_style::llama, shared).factor == 2.0);
+  CHECK(sources_of(tensor_kind::up_output, block_style::llama, shared).factor == 1.0);
+  CHECK(sources(tensor_kind::expert_input, shared).empty());  // kept
+
+  // A module the model does not have is refused, with the ones it has.
+  model_shape const q2 = preset_model("qwen2-57b-a14b");
+  shard_shape const one{1, 4096, 1, false};
+  auto const precise = [](tensor_kind) { return storage::precise(); };
+  CHECK_THROWS_WITH_AS(layer_activation_bytes(preset_model("llama3-8b"), one, precise, act),
+                       doctest::Contains("moe_act, moe and shared_experts recompute a "
+                                         "mixture-of-experts MLP's tensors; a dense MLP's module "
+                                         "is mlp"),
+                       agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(layer_activation_bytes(preset_model("mixtral-8x7b"), one, precise, shared),
+                       doctest::Contains("shared_experts recomputes the shared experts' tensors; "
+                                         "this model has none"),
+                       agoq::invalid_argument);
+
+  // Saved bytes of Qwen2-57B-A14B's layer without TP, bf16 (355,698 a token, layer_kind_test):
+  // moe_act drops the routed experts' SwiGLU output, 8 x 2560 x 2 a token; shared_experts the
+  // shared experts' 3 x 20480 x 2 and their output 3584 x 2 and gate score 2; moe every tensor
+  // of the MLP but its input (the router's 64 x 4 and the routed experts' 8 x (3584 + 3 x 2560)
+  // x 2 too).
+  std::int64_t const t = 4096;
+  std::int64_t const all = t * 355698;
+  CHECK(layer_activation_bytes(q2, one, precise) == all);
+  CHECK(layer_activation_bytes(q2, one, precise, act) == all - t * 8 * 2560 * 2);
+  std::int64_t const shared_bytes = t * (3 * 20480 * 2 + 3584 * 2 + 2);
+  CHECK(layer_activation_bytes(q2, one, precise, shared) == all - shared_bytes);
+  CHECK(layer_activation_bytes(q2, one, precise, moe) ==
+        all - shared_bytes - t * (64 * 4 + 8 * (3584 + 3 * 2560) * 2));
+  CHECK(layer_activation_bytes(q2, one, precise, r) ==
+        layer_activation_bytes(q2, one, precise, moe));
+
+  // The working set. moe_act costs none: its down projection's phase, 2 R h + 2 R f_e + the
+  // SwiGLU output again (2 R f_e), equals the experts' gate and up phase, 4 R f_e + 2 R h
+  // (Qwen3-30B-A3B: R = 8 T pairs of 768 on hidden 2048, 57,344 T either way).
+  model_shape const q3 = preset_model("qwen3-30b-a3b");
+  auto const none = [](tensor_kind) { return false; };
+  CHECK(layer_working_bytes(q3, one, none) == 2 * t * 2048 + 57344 * t);
+  CHECK(layer_working_bytes(q3, one, none, act) == 2 * t * 2048 + 57344 * t);
+  // shared_experts on wide gated shared experts (hidden 1024, f = 4096, memory_model_test's
+  // narrow routed experts at capacity factor 0.5): as mlp on a dense MLP, the SwiGLU phase holds
+  // the gate and up outputs again beside its gradients, 6 T f + 4 T f = 40,960 T, the largest.
+  model_shape const wide{
+      block_style::llama, 2, 1024, 0, 2, 2, 64, 1000, false, 4, 1, 64, 4096, true};
+  shard_shape sh = one;
+  sh.capacity_factor = 0.5;
+  CHECK(layer_working_bytes(wide, sh, none) == 2048 * t + 6 * 4096 * t);
+  CHECK(layer_working_bytes(wide, sh, none, shared) == 2048 * t + 10 * 4096 * t);
+  // moe on the same layout with shared experts of 128 (R = T / 2): the MoE MLP's forward again
+  // holds the router's probabilities 16 T, the routed experts' input 1024 T, gate, up and SwiGLU
+  // outputs 192 T and output 1024 T, the shared experts' three 768 T, output and gate score
+  // 2050 T and output before the reduction 2048 T: 7122 T against the router's phase, 5922 T
+  // (2 R h + 2 T h + 4 T e + 16 T of probabilities again + the shared experts' 2818 T alive).
+  model_shape narrow = wide;
+  narrow.shared_expert_ffn = 128;
+  CHECK(layer_working_bytes(narrow, sh, none, moe) == 2048 * t + 7122 * t);
+  // moe recomputes the shared experts too: moe with shared_experts is moe.
+  CHECK(layer_working_bytes(narrow, sh, none,
+                            recompute_modules{.moe = true, .shared_experts = true}) ==
+        2048 * t + 7122 * t);
 }
 
 TEST_CASE("states under ZeRO stages, by hand") {
@@ -1436,7 +1543,9 @@ TEST_CASE("selective recomputation, by hand") {
     add_recompute_module(r, "layernorm");
     add_recompute_module(r, "mlp");  // twice: still once
     CHECK(r == recompute_modules{.layernorm = true, .mlp = true});
-    CHECK_THROWS_WITH_AS(add_recompute_module(r, "moe"), doctest::Contains("unknown module 'moe'"),
+    CHECK_THROWS_WITH_AS(add_recompute_module(r, "moe_layer"),
+                         doctest::Contains("unknown module 'moe_layer' (modules: core_attn, "
+                                           "layernorm, mlp, moe_act, moe, shared_experts)"),
                          agoq::invalid_argument);
     CHECK_THROWS_AS(add_recompute_module(r, ""), agoq::invalid_argument);
     CHECK(r == recompute_modules{.layernorm = true, .mlp = true});  // a refused name adds nothing

@@ -1120,6 +1120,45 @@ TEST_CASE("selective_options: every set of modules planned as make_plan plans it
   CHECK_THROWS_AS(selective_options(in), agoq::invalid_argument);
 }
 
+TEST_CASE("selective_options of a mixture-of-experts model: its modules' sets") {
+  // 4 experts of 128, 2 a token, on 4 layers over 2 stages; the default policy.
+  planner_input in = small_input();
+  in.model = {block_style::llama, 4, 256, 0, 4, 2, 0, 1000, false, 4, 2, 128};
+  in.policy = policy_table{};
+  in.budget_bytes = std::int64_t{1} << 40;
+  std::vector<recompute_option> options = selective_options(in);
+  // core_attn and layernorm with none, moe_act or moe: 12 sets, no mlp.
+  REQUIRE(options.size() == 12);
+  std::vector<std::string> names;
+  for (recompute_option const& o : options) names.push_back(name_of(o));
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{
+                     "core_attn", "core_attn,layernorm", "core_attn,layernorm,moe",
+                     "core_attn,layernorm,moe_act", "core_attn,moe", "core_attn,moe_act",
+                     "layernorm", "layernorm,moe", "layernorm,moe_act", "moe", "moe_act", "none"});
+  check_options(in, options);
+  // moe_act adds no products (an elementwise SwiGLU); moe the whole MLP's forward.
+  layer_flops const fl = layer_forward_flops(in.model, in.parallel, in.step);
+  CHECK(recompute_flops(fl, {.moe_act = true}) == 0.0);
+  CHECK(recompute_flops(fl, {.moe = true}) == fl.mlp);
+  CHECK(recompute_flops(fl, {.core_attn = true, .moe = true}) == fl.core_attention + fl.mlp);
+  // With gated shared experts of 256: 20 sets (shared_experts, alone or with moe_act, and not
+  // with moe, which recomputes them too); shared_experts adds their products and their gate's,
+  // 6 T h f + 2 T h.
+  in.model.shared_expert_ffn = 256;
+  in.model.shared_expert_gate = true;
+  options = selective_options(in);
+  REQUIRE(options.size() == 20);
+  check_options(in, options);
+  layer_flops const sf = layer_forward_flops(in.model, in.parallel, in.step);
+  CHECK(sf.shared_experts == 6.0 * 128 * 256 * 256 + 2.0 * 128 * 256);
+  CHECK(recompute_flops(sf, {.shared_experts = true}) == sf.shared_experts);
+  CHECK(recompute_flops(sf, {.moe = true, .shared_experts = true}) == sf.mlp);
+  CHECK(layer_forward_flops(small_input().model, {}, small_input().step).shared_experts == 0.0);
+  // recompute_options: the 20 sets, block 1 and uniform 1 .. 2 (2 layers a stage).
+  CHECK(recompute_options(in).size() == 23);
+}
+
 TEST_CASE("recompute_options: the sets of modules and every full recomputation") {
   // 16 layers on 4 stages, chunks of 4: 8 sets, block 1 .. 3, uniform 1 .. 4.
   planner_input in = small_input();

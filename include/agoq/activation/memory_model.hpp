@@ -428,8 +428,10 @@ inline std::string name_of(recompute_method r) {
 /// --recompute-modules ...`, TransformerConfig.recompute_modules;
 /// megatron/core/transformer/transformer_layer.py): in every layer, the outputs of the chosen
 /// modules are not kept for the backward but computed again at its start, from tensors the layer
-/// does keep (recompute_sources). Megatron's names; the ones a dense LLaMA- or GPT-style block
-/// has. Full recomputation (recompute_method) excludes it, as in Megatron.
+/// does keep (recompute_sources). Megatron's names: core_attn and layernorm for every block, mlp
+/// for a dense one, moe_act, moe and shared_experts for a mixture-of-experts one
+/// (detail::check_selective refuses the others). Full recomputation (recompute_method) excludes
+/// it, as in Megatron.
 struct recompute_modules {
   /// `core_attn`: the core attention runs under a checkpoint of Q, K and V. With a fused (flash)
   /// attention only the logsumexp is then not kept: the output O is the output projection's input
@@ -444,19 +446,33 @@ struct recompute_modules {
   /// swiglu_output (GPT: gelu_input, fc2_input) are not kept; the MLP's backward first runs its
   /// forward again from mlp_input (GPT: fc1_input), itself recomputed under `layernorm`.
   bool mlp = false;
+  /// `moe_act`: the routed experts' activation (Megatron-Core's grouped experts' SwiGLU) discards
+  /// its output once their down projection has run (CheckpointWithoutOutput):
+  /// expert_swiglu_output is not kept but computed again from their gate and up outputs.
+  bool moe_act = false;
+  /// `moe`: the whole mixture-of-experts MLP (router, dispatch, routed and shared experts,
+  /// combine) runs under a checkpoint of its input, mlp_input: none of its tensors is kept; its
+  /// backward first runs its forward again.
+  bool moe = false;
+  /// `shared_experts`: the shared experts (and their gate) run under a checkpoint of their input,
+  /// mlp_input: their gate, up and SwiGLU outputs (and the gated ones' output and gate score) are
+  /// not kept, computed again when the backward reaches them, as `mlp` does a dense MLP's.
+  bool shared_experts = false;
 
   /// True when any module is recomputed.
-  constexpr bool any() const noexcept { return core_attn || layernorm || mlp; }
+  constexpr bool any() const noexcept {
+    return core_attn || layernorm || mlp || moe_act || moe || shared_experts;
+  }
   friend constexpr bool operator==(recompute_modules const&, recompute_modules const&) = default;
 };
 
 /// The names of recompute_modules' fields, in their order (Megatron's --recompute-modules values).
-inline constexpr std::array<std::string_view, 3> recompute_module_names = {"core_attn", "layernorm",
-                                                                           "mlp"};
+inline constexpr std::array<std::string_view, 6> recompute_module_names = {
+    "core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts"};
 
 /// The names of `r`'s modules, in recompute_module_names' order (none: empty).
 inline std::vector<std::string_view> names_of(recompute_modules const& r) {
-  bool const on[] = {r.core_attn, r.layernorm, r.mlp};
+  bool const on[] = {r.core_attn, r.layernorm, r.mlp, r.moe_act, r.moe, r.shared_experts};
   std::vector<std::string_view> out;
   for (std::size_t i = 0; i < recompute_module_names.size(); ++i)
     if (on[i]) out.push_back(recompute_module_names[i]);
@@ -476,7 +492,7 @@ inline std::string name_of(recompute_modules const& r) {
 /// Adds the module named `name` (one of recompute_module_names) to `r`. Throws
 /// agoq::invalid_argument for any other name, naming the ones there are.
 inline void add_recompute_module(recompute_modules& r, std::string_view name) {
-  bool* const on[] = {&r.core_attn, &r.layernorm, &r.mlp};
+  bool* const on[] = {&r.core_attn, &r.layernorm, &r.mlp, &r.moe_act, &r.moe, &r.shared_experts};
   for (std::size_t i = 0; i < recompute_module_names.size(); ++i)
     if (name == recompute_module_names[i]) {
       *on[i] = true;
@@ -484,12 +500,17 @@ inline void add_recompute_module(recompute_modules& r, std::string_view name) {
     }
   agoq::detail::throw_invalid(__FILE__, __LINE__,
                               "recompute_modules: unknown module '" + std::string(name) +
-                                  "' (modules: core_attn, layernorm, mlp)");
+                                  "' (modules: core_attn, layernorm, mlp, moe_act, moe, "
+                                  "shared_experts)");
 }
 
 /// True when kind `k` is not kept under the modules `r` (computed again in the backward):
 /// core_attn the logsumexp; layernorm the norm outputs qkv_input, mlp_input, fc1_input; mlp the
-/// MLP's inner tensors gate_output, up_output, swiglu_output, gelu_input, fc2_input.
+/// MLP's inner tensors gate_output, up_output, swiglu_output, gelu_input, fc2_input (a
+/// mixture-of-experts model's shared experts' under shared_experts or moe); moe_act the routed
+/// experts' expert_swiglu_output; moe every tensor of the mixture-of-experts MLP (router_probs,
+/// the routed experts' four, the shared experts' and their gate's); shared_experts also the gated
+/// shared experts' shared_expert_output and shared_gate_score.
 inline constexpr bool recomputes(recompute_modules const& r, tensor_kind k) noexcept {
   switch (k) {
     case tensor_kind::softmax_lse:
@@ -501,9 +522,20 @@ inline constexpr bool recomputes(recompute_modules const& r, tensor_kind k) noex
     case tensor_kind::gate_output:
     case tensor_kind::up_output:
     case tensor_kind::swiglu_output:
+      return r.mlp || r.shared_experts || r.moe;
     case tensor_kind::gelu_input:
     case tensor_kind::fc2_input:
       return r.mlp;
+    case tensor_kind::expert_swiglu_output:
+      return r.moe_act || r.moe;
+    case tensor_kind::router_probs:
+    case tensor_kind::expert_input:
+    case tensor_kind::expert_gate_output:
+    case tensor_kind::expert_up_output:
+      return r.moe;
+    case tensor_kind::shared_expert_output:
+    case tensor_kind::shared_gate_score:
+      return r.shared_experts || r.moe;
     default:
       return false;
   }
@@ -511,8 +543,10 @@ inline constexpr bool recomputes(recompute_modules const& r, tensor_kind k) noex
 
 /// The kept tensors a kind recomputed under `r` is computed from (empty for a kind that is
 /// kept), in block order: the logsumexp from Q and K; a norm output from its norm's input
-/// (attn_norm_input / mlp_norm_input, GPT ln1_input / ln2_input); the MLP's inner tensors from
-/// the MLP's input, or from the MLP norm's input where `layernorm` recomputes that input too.
+/// (attn_norm_input / mlp_norm_input, GPT ln1_input / ln2_input); the routed experts' SwiGLU
+/// output under moe_act alone from their gate and up outputs; the MLP's inner tensors (a
+/// mixture-of-experts MLP's: the router's, the routed and shared experts') from the MLP's input,
+/// or from the MLP norm's input where `layernorm` recomputes that input too.
 /// The error model lets a recomputed tensor inherit its sources' quantization error, `factor`
 /// times their relative errors' sum (docs/activations.md §5).
 struct recompute_sources {
@@ -520,8 +554,10 @@ struct recompute_sources {
   std::size_t count = 0;
   /// The recomputed tensor's relative error per unit of its sources' (to first order): 2 for the
   /// SwiGLU output, the product of the gate and up outputs, which each carry the MLP input's
-  /// error (measured 1.9-2.5); 1 for the others, computed by a norm, a linear layer or the GeLU
-  /// from one quantized tensor (measured 0.9-1.2; docs/activations.md §5).
+  /// error (measured 1.9-2.5), and for what is computed from it (the gated shared experts'
+  /// output); 1 for the others, computed by a norm, a linear layer or the GeLU from one quantized
+  /// tensor (measured 0.9-1.2; docs/activations.md §5), or by SwiGLU from its two quantized
+  /// inputs, each error entering once (moe_act).
   double factor = 1;
 
   /// The sources, in block order (iterate the object itself: a range-for over a temporary keeps
@@ -545,10 +581,14 @@ inline constexpr recompute_sources sources_of(tensor_kind k, block_style s,
     case tensor_kind::fc1_input:
       return {{llama ? tensor_kind::mlp_norm_input : tensor_kind::ln2_input}, 1};
     default: {  // the MLP's inner tensors, from the MLP's input
+      if (k == tensor_kind::expert_swiglu_output && !r.moe)
+        return {{tensor_kind::expert_gate_output, tensor_kind::expert_up_output}, 2};
       tensor_kind const input = llama ? tensor_kind::mlp_input : tensor_kind::fc1_input;
       recompute_sources out =
           recomputes(r, input) ? sources_of(input, s, r) : recompute_sources{{input}, 1};
-      if (k == tensor_kind::swiglu_output) out.factor = 2;
+      if (k == tensor_kind::swiglu_output || k == tensor_kind::expert_swiglu_output ||
+          k == tensor_kind::shared_expert_output)
+        out.factor = 2;
       return out;
     }
   }
@@ -1050,13 +1090,20 @@ inline shard_shape shard_of(parallel_config const& p, step_config const& st) {
 
 namespace detail {
 
-/// Throws agoq::invalid_argument for selective recomputation of `mlp` in a mixture-of-experts
-/// model: Megatron-Core's `mlp` module is a dense MLP's (an MoE layer's are `moe` and `moe_act`,
-/// which agoq does not model).
+/// Throws agoq::invalid_argument for a module the model does not have: `mlp` in a
+/// mixture-of-experts model (Megatron-Core's `mlp` module is a dense MLP's; it skips it in an MoE
+/// layer), `moe_act`, `moe` and `shared_experts` in a dense one, `shared_experts` without shared
+/// experts.
 inline void check_selective(model_shape const& m, recompute_modules const& selective) {
   AGOQ_EXPECTS(!m.moe() || !selective.mlp,
-               "recompute_modules: mlp recomputes a dense MLP; a mixture-of-experts layer's "
-               "modules (Megatron-Core's moe, moe_act) are not modelled");
+               "recompute_modules: mlp recomputes a dense MLP; a mixture-of-experts layer's are "
+               "moe_act, moe and shared_experts");
+  AGOQ_EXPECTS(m.moe() || !(selective.moe_act || selective.moe || selective.shared_experts),
+               "recompute_modules: moe_act, moe and shared_experts recompute a mixture-of-experts "
+               "MLP's tensors; a dense MLP's module is mlp");
+  AGOQ_EXPECTS(!selective.shared_experts || m.shared_expert_ffn > 0,
+               "recompute_modules: shared_experts recomputes the shared experts' tensors; this "
+               "model has none");
 }
 
 }  // namespace detail
@@ -1248,35 +1295,65 @@ requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_byte
   std::int64_t const inner = (llama ? 6 : 4) * t0 * f;  // M: the MLP's inner tensors in bf16
   // Recomputed at the start of the attention's / the MLP's backward, alive until consumed.
   std::int64_t const early_attn = selective.layernorm ? bf16(tensor_kind::qkv_input) : 0;
-  std::int64_t const early_mlp = selective.layernorm || selective.mlp ? bf16(mlp_in) : 0;
+  // The MLP's input, recomputed (layernorm) or dequantized for a forward computed again (mlp,
+  // shared_experts, moe) at the start of the MLP's backward, lives until its last consumer: the
+  // routed experts' phases see it under layernorm or moe, the dense (shared) MLP's under any.
+  bool const moe_again = selective.moe;
+  bool const mlp_again = selective.mlp || selective.shared_experts || moe_again;
+  std::int64_t const early_mlp =
+      selective.layernorm || mlp_again ? bf16(mlp_in) : 0;  // the dense (shared) MLP's phases
+  std::int64_t const early_routed = selective.layernorm || moe_again ? bf16(mlp_in) : 0;
   std::int64_t const r = sh.expert_rows(m);
   std::int64_t const fe = m.moe() ? m.expert_ffn / sh.expert_tp() : 0;
+  // The gated shared experts' output and gate score in bf16, computed again (shared_experts, moe).
+  std::int64_t const gated = m.shared_expert_gate ? 2 * rows * h + 2 * rows : 0;
+  // Under moe the shared experts' tensors computed again live through the routed experts'
+  // backward (Megatron-Core runs the shared experts first, so their backward comes last).
+  std::int64_t const shared_alive = moe_again && f > 0 ? inner + gated : 0;
   // The dense MLP's phases, or a mixture-of-experts layer's shared experts' (f = 0: none).
   std::array<std::int64_t, 4> const mlp =
-      f > 0
-          ? std::array<std::int64_t, 4>{g + 2 * t0 * f + early_mlp +
-                                            (selective.mlp ? inner
-                                                           : bf16(llama ? tensor_kind::swiglu_output
-                                                                        : tensor_kind::fc2_input)),
-                                        (llama ? 6 : 4) * t0 * f + early_mlp +
-                                            (selective.mlp ? (llama ? 4 : 2) * t0 * f : 0),
-                                        (llama ? 4 : 2) * t0 * f + 2 * t0 * h + g + bf16(mlp_in),
-                                        selective.mlp ? early_mlp + g + inner + 2 * t0 * h : 0}
-          : std::array<std::int64_t, 4>{};
-  std::array<std::int64_t, 5> const experts =
-      m.moe() ? std::array<std::int64_t, 5>{2 * r * h + 2 * r * fe + early_mlp +
-                                                bf16(tensor_kind::expert_swiglu_output),
-                                            6 * r * fe + early_mlp,
-                                            4 * r * fe + 2 * r * h + early_mlp +
-                                                bf16(tensor_kind::expert_input),
-                                            2 * r * h + 2 * rows * h + 4 * rows * m.experts +
-                                                bf16(tensor_kind::router_probs) + bf16(mlp_in),
-                                            m.shared_expert_gate
-                                                ? 2 * rows * h +
-                                                      bf16(tensor_kind::shared_expert_output) +
-                                                      bf16(tensor_kind::shared_gate_score)
-                                                : 0}
-              : std::array<std::int64_t, 5>{};
+      f > 0 ? std::array<std::int64_t, 4>{g + 2 * t0 * f + early_mlp +
+                                              (mlp_again ? inner
+                                                         : bf16(llama ? tensor_kind::swiglu_output
+                                                                      : tensor_kind::fc2_input)),
+                                          (llama ? 6 : 4) * t0 * f + early_mlp +
+                                              (mlp_again ? (llama ? 4 : 2) * t0 * f : 0),
+                                          (llama ? 4 : 2) * t0 * f + 2 * t0 * h + g + bf16(mlp_in),
+                                          mlp_again && !moe_again
+                                              ? early_mlp + g + inner + 2 * t0 * h +
+                                                    (selective.shared_experts ? gated : 0)
+                                              : 0}
+            : std::array<std::int64_t, 4>{};
+  // Under moe the routed experts' tensors computed again live until consumed: in their down
+  // projection's phase their gate and up outputs, input and the router's probabilities, in their
+  // SwiGLU's the same, in their gate and up's the probabilities.
+  std::int64_t const probs = moe_again ? 4 * rows * m.experts : 0;
+  std::array<std::int64_t, 6> const experts =
+      m.moe()
+          ? std::array<
+                std::int64_t,
+                6>{2 * r * h + 2 * r * fe + early_routed + bf16(tensor_kind::expert_swiglu_output) +
+                       (moe_again ? 4 * r * fe + 2 * r * h + probs + shared_alive : 0),
+                   6 * r * fe + early_routed +
+                       (moe_again ? 4 * r * fe + 2 * r * h + probs + shared_alive : 0),
+                   4 * r * fe + 2 * r * h + early_routed + bf16(tensor_kind::expert_input) +
+                       (moe_again ? probs + shared_alive : 0),
+                   2 * r * h + 2 * rows * h + 4 * rows * m.experts +
+                       bf16(tensor_kind::router_probs) + bf16(mlp_in) + shared_alive,
+                   m.shared_expert_gate
+                       ? 2 * rows * h +
+                             bf16(tensor_kind::shared_expert_output) +
+                             bf16(tensor_kind::shared_gate_score) + early_mlp +
+                             (selective.shared_experts || moe_again ? inner : 0)
+                       : 0,
+                   // The mixture-of-experts MLP's forward again (moe): every tensor it computes,
+                   // with the routed experts' output before the combine and the shared experts'
+                   // before their reduction, alive at once (an upper bound of its peak).
+                   moe_again ? early_routed +
+                                   probs + 2 * r * h + 6 * r * fe + 2 * r * h +
+                                   (f > 0 ? g + inner + gated + 2 * t0 * h : 0)
+                             : 0}
+          : std::array<std::int64_t, 6>{};
   std::int64_t const phases[] = {
       mlp[0],
       mlp[1],
@@ -1287,6 +1364,7 @@ requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_byte
       experts[2],
       experts[3],
       experts[4],
+      experts[5],
       g + 2 * t0 * q + bf16(tensor_kind::attention_output) + early_attn,
       2 * t0 * q + 2 * t0 * (q + 2 * k) + 4 * t0 * q + lse + (k < q ? 4 * t0 * q : 0) +
           (sh.cp > 1 ? 16 * t0 * k : 0) + bf16(tensor_kind::query) + bf16(tensor_kind::key) +

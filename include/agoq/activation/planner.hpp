@@ -748,8 +748,11 @@ struct layer_flops {
   double projections = 0;
   double core_attention = 0;
   double mlp = 0;
+  /// Of mlp, a mixture-of-experts MLP's shared experts' (and their gate's) products, 6 T h f / tp
+  /// (+ 2 T h / tp); 0 for a dense model.
+  double shared_experts = 0;
 
-  /// The three together.
+  /// The three together (projections, core_attention and mlp).
   double forward() const noexcept { return projections + core_attention + mlp; }
 };
 
@@ -766,10 +769,10 @@ inline layer_flops layer_forward_flops(model_shape const& m, parallel_config con
   long double const t = b * s / static_cast<long double>(p.cp);
   long double const tp = static_cast<long double>(p.tp);
   long double const mlp_products = llama_like(m.style) ? 3 : 2;
-  // The router's products (and the shared experts' gate's), and the experts' over this rank's
-  // pairs at their width on it.
-  long double const router =
-      2 * t * h * static_cast<long double>(m.experts + (m.shared_expert_gate ? 1 : 0));
+  // The router's products, and the experts' over this rank's pairs at their width on it; the
+  // shared experts' gate's.
+  long double const router = 2 * t * h * static_cast<long double>(m.experts);
+  long double const gate = m.shared_expert_gate ? 2 * t * h : 0;
   long double experts = 0;
   if (m.moe()) {
     shard_shape const sh = shard_of(p, st);
@@ -780,15 +783,19 @@ inline layer_flops layer_forward_flops(model_shape const& m, parallel_config con
   layer_flops out;
   out.projections = static_cast<double>(2 * t * h * (q + 2 * k) / tp + 2 * t * q * h / tp);
   out.core_attention = static_cast<double>(2 * q * b * s * (s + 1) / (p.cp * tp));
-  out.mlp = static_cast<double>((2 * mlp_products * t * h * f + router) / tp + experts);
+  out.mlp = static_cast<double>((2 * mlp_products * t * h * f + router + gate) / tp + experts);
+  if (m.moe()) out.shared_experts = static_cast<double>((2 * mlp_products * t * h * f + gate) / tp);
   return out;
 }
 
 /// The FLOPs of matrix products that the modules `r` run again in one layer's backward (as
-/// layer_flops counts them): core_attention for core_attn, mlp for mlp. layernorm's norm is
-/// elementwise and counts none: it costs a read of the norm's input, T x h bf16 elements a norm.
+/// layer_flops counts them): core_attention for core_attn, mlp for mlp and moe (a
+/// mixture-of-experts MLP's, all of it), shared_experts for shared_experts. layernorm's norm and
+/// moe_act's SwiGLU are elementwise and count none: the norm costs a read of its input, T x h bf16
+/// elements a norm.
 inline double recompute_flops(layer_flops const& fl, recompute_modules const& r) noexcept {
-  return (r.core_attn ? fl.core_attention : 0) + (r.mlp ? fl.mlp : 0);
+  return (r.core_attn ? fl.core_attention : 0) +
+         (r.mlp || r.moe ? fl.mlp : (r.shared_experts ? fl.shared_experts : 0));
 }
 
 /// The share the recomputation of step `st` adds to a training step's matrix products: R / (3 (L
@@ -872,39 +879,52 @@ inline std::vector<recompute_option> plan_options(planner_input in,
   return choices;
 }
 
-/// The 8 sets of Megatron's recompute modules (core_attn, layernorm, mlp) as options, in the order
-/// the bits of the set count them (core_attn 1, layernorm 2, mlp 4; none first).
-inline std::vector<recompute_option> module_sets() {
-  std::vector<recompute_option> out(8);
-  for (unsigned set = 0; set < 8; ++set)
-    out[set].modules = {(set & 1) != 0, (set & 2) != 0, (set & 4) != 0};
+/// The sets of Megatron's recompute modules that model `m` has, as options, in the order the bits
+/// of the set count them (core_attn 1, layernorm 2, mlp 4, moe_act 8, moe 16, shared_experts 32;
+/// none first): a dense model's 8 of core_attn, layernorm and mlp; a mixture-of-experts model's of
+/// core_attn, layernorm, moe_act, moe and, with shared experts, shared_experts, but those where
+/// moe, which recomputes the whole MLP, comes with moe_act or shared_experts (12 sets; with shared
+/// experts 20).
+inline std::vector<recompute_option> module_sets(model_shape const& m) {
+  std::vector<recompute_option> out;
+  for (unsigned set = 0; set < 64; ++set) {
+    recompute_modules const r{(set & 1) != 0, (set & 2) != 0,  (set & 4) != 0,
+                              (set & 8) != 0, (set & 16) != 0, (set & 32) != 0};
+    bool const has = m.moe() ? !r.mlp && (!r.shared_experts || m.shared_expert_ffn > 0) &&
+                                   !(r.moe && (r.moe_act || r.shared_experts))
+                             : !r.moe_act && !r.moe && !r.shared_experts;
+    if (has) out.push_back({.modules = r});
+  }
   return out;
 }
 
 }  // namespace detail
 
-/// Every choice of Megatron's recompute modules (the 8 sets of core_attn, layernorm and mlp),
-/// each planned for `in` as make_plan plans it (in.step's own full or selective recomputation
-/// replaced by it): the trade between the compute each adds and the quantization error the
-/// planner is left with. Ordered by overhead, then as the bits of the set count (core_attn 1,
-/// layernorm 2, mlp 4; none first). Throws agoq::invalid_argument for a budget outside (0, 2^62]
+/// Every choice of Megatron's recompute modules the model has (detail::module_sets: the 8 sets of
+/// core_attn, layernorm and mlp of a dense model; a mixture-of-experts model's 12 or 20 of
+/// core_attn, layernorm, moe_act, moe, shared_experts), each planned for `in` as make_plan plans
+/// it (in.step's own full or selective recomputation replaced by it): the trade between the
+/// compute each adds and the quantization error the planner is left with. Ordered by overhead,
+/// then as the bits of the set count (core_attn 1, layernorm 2, mlp 4, moe_act 8, moe 16,
+/// shared_experts 32; none first). Throws agoq::invalid_argument for a budget outside (0, 2^62]
 /// or as estimate_memory.
 inline std::vector<recompute_option> selective_options(planner_input const& in) {
-  return detail::plan_options(in, detail::module_sets(), "selective_options");
+  return detail::plan_options(in, detail::module_sets(in.model), "selective_options");
 }
 
-/// selective_options' 8 sets and every full recomputation of Megatron's, each planned for `in` as
+/// selective_options' sets and every full recomputation of Megatron's, each planned for `in` as
 /// make_plan plans it, n the most layers of a model chunk (max_chunk_layers; a chunk of fewer
 /// recomputes all of its own where N passes them): block N for N = 1 .. n - 1 (the first N layers
 /// of each model chunk, the rest planned; their share of the step's products grows with N) and
 /// uniform N for N = 1 .. n (every layer, in checkpoints of N: the same products for every N, fewer
 /// checkpoints kept but more layers' tensors alive at once in the backward as N grows; block n is
 /// uniform 1). Ordered by overhead; on a tie the sets first (as selective_options orders them),
-/// then block, then uniform, each by N. 7 + 2n plans. Throws as selective_options.
+/// then block, then uniform, each by N. s - 1 + 2n plans (s the sets: 8 for a dense model).
+/// Throws as selective_options.
 inline std::vector<recompute_option> recompute_options(planner_input const& in) {
   in.parallel.validate(in.model);
   std::int64_t const lc = in.parallel.max_chunk_layers(in.model);
-  std::vector<recompute_option> choices = detail::module_sets();
+  std::vector<recompute_option> choices = detail::module_sets(in.model);
   for (recompute_method const method : {recompute_method::block, recompute_method::uniform})
     for (std::int64_t n = 1; n <= lc; ++n)
       if (method == recompute_method::uniform || n < lc) {
