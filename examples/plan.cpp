@@ -124,17 +124,21 @@ void usage() {
       "layer in checkpoints of N; block, the first N layers, one checkpoint each. A recomputed\n"
       "layer keeps its checkpoint's input; its largest checkpoint's tensors, saved again in its\n"
       "backward, are transient; the plan keeps them in bf16 and shows them as 'recomputed'.\n"
-      "--recompute-modules LIST (comma-separated: core_attn, layernorm, mlp) is Megatron's\n"
+      "--recompute-modules LIST (comma-separated: core_attn, layernorm, mlp; a\n"
+      "mixture-of-experts model's moe_act, moe, shared_experts in place of mlp) is Megatron's\n"
       "selective recomputation (--recompute-granularity selective): in every layer those\n"
       "modules' outputs are not kept but computed again in the backward (core_attn the\n"
       "logsumexp; layernorm qkv_input and mlp_input, GPT fc1_input; mlp the MLP's inner\n"
-      "tensors). The plan shows them as 'recomputed': bf16 in the layer's working memory, with\n"
-      "the error of the kept tensors they are computed from. It excludes --recompute.\n"
+      "tensors; moe_act the experts' SwiGLU output; moe all of the MoE MLP's; shared_experts\n"
+      "the shared experts'). The plan shows them as 'recomputed': bf16 in the layer's working\n"
+      "memory, with the error of the kept tensors they are computed from. It excludes\n"
+      "--recompute.\n"
       "--fit-recompute (with --budget-gib) prints the fewest layers of each model chunk that\n"
       "block recomputation must recompute for the baseline and for AGoQ to fit the budget; it\n"
       "tries full recomputation alone, in place of --recompute and --recompute-modules.\n"
-      "--recompute-options (with --budget-gib) plans AGoQ with each of the 8 sets of recompute\n"
-      "modules and each full recomputation (block N for N below the layers of the largest\n"
+      "--recompute-options (with --budget-gib) plans AGoQ with each set of the model's recompute\n"
+      "modules (8 for a dense model) and each full recomputation (block N for N below the layers "
+      "of the largest\n"
       "model chunk, uniform N up to them) and prints, for each, the share of a step's matrix FLOPs "
       "it adds,\n"
       "its peak and the plan's modelled error (or by how much it falls short), and the one of\n"
@@ -468,19 +472,22 @@ std::string chunk_sizes(options const& o) {
 }
 
 void print_recompute_options(options const& o, recompute_choice const& choice) {
+  int width = 26;  // the names' column: the longest name (a mixture-of-experts model's are longer)
+  for (act::recompute_option const& c : choice.options)
+    width = std::max(width, static_cast<int>(act::name_of(c).size()));
   std::printf(
       "\nrecomputation within %.2f GiB per GPU (agoq): each set of modules (selective) and each\n"
       "full recomputation (block/uniform N: N layers of each model chunk of %s), with the\n"
       "share of a step's matrix FLOPs it adds (layernorm's norms add none: a read of their\n"
-      "inputs):\n%-26s %9s %9s %12s\n",
-      o.budget_gib, chunk_sizes(o).c_str(), "recompute", "FLOPs", "peak GiB", "plan error");
+      "inputs):\n%-*s %9s %9s %12s\n",
+      o.budget_gib, chunk_sizes(o).c_str(), width, "recompute", "FLOPs", "peak GiB", "plan error");
   for (act::recompute_option const& c : choice.options) {
     std::string const name = act::name_of(c);
     if (c.fits) {
-      std::printf("%-26s %+8.1f%% %9.2f %12.4g\n", name.c_str(), 100.0 * c.overhead,
+      std::printf("%-*s %+8.1f%% %9.2f %12.4g\n", width, name.c_str(), 100.0 * c.overhead,
                   g(c.peak_bytes), c.error);
     } else {
-      std::printf("%-26s %+8.1f%% %9.2f   falls short by %.2f GiB\n", name.c_str(),
+      std::printf("%-*s %+8.1f%% %9.2f   falls short by %.2f GiB\n", width, name.c_str(),
                   100.0 * c.overhead, g(c.peak_bytes), g(c.peak_bytes) - o.budget_gib);
     }
   }

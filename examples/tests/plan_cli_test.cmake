@@ -264,11 +264,31 @@ check(shared_dense 1 "agoq_plan: .*shared_expert_ffn and shared_expert_gate need
   --shared-expert-ffn 4096)
 check(shared_gate_alone 1 "agoq_plan: .*shared_expert_gate needs shared experts"
   --preset mixtral-8x7b --shared-expert-gate)
-check(shared_tp 1 "agoq_plan: .*tp \\(8\\) must divide heads \\(32\\) and shared_expert_ffn \\(100\\)"
+check(shared_tp 1 "agoq_plan: .*tp \\(8\\) must divide heads \\(32\\) and \
+shared_expert_ffn \\(100\\)"
   --preset mixtral-8x7b --shared-expert-ffn 100 --tp 8 --sp)
 check(shared_help 0 "--shared-expert-ffn N adds shared experts" --help)
 check_config(shared_config "shared experts of ffn 5632, gated" "experts=60\nexperts-per-token=4\n\
-expert-ffn=1408\nshared-expert-ffn=5632\nshared-expert-gate=1\n" --preset qwen3-30b-a3b --style llama)
+expert-ffn=1408\nshared-expert-ffn=5632\nshared-expert-gate=1\n"
+  --preset qwen3-30b-a3b --style llama)
+# Megatron-Core's MoE recompute modules: moe_act drops the experts' SwiGLU output at no FLOPs;
+# every set of a MoE model's modules is an option (no mlp), moe of least error within 30 GiB.
+check(moe_act 0 "recompute modules: moe_act \\(in every layer, computed again in the backward: \
+expert_swiglu_output\\)\n.*peak per-GPU memory: 51.79 GiB -> 31.88 GiB, saving 38.4%.*\
+expert_swiglu_output recomputed\\[0-7\\]"
+  --preset mixtral-8x7b ${mixtral_args} --recompute-modules moe_act)
+check(moe_recompute_options 0 "\nmoe_act +\\+0.0% +31.88 +falls short by 1.88 GiB\n.*\
+\ncore_attn,layernorm,moe +\\+29.8% +28.08 +0\n.*\
+least error adding at most 100.0%: layernorm,moe \\(\\+27.2%, error 0\\)"
+  --preset mixtral-8x7b ${mixtral_args} --budget-gib 30 --recompute-options)
+check(shared_recompute_options 0 "\ncore_attn,layernorm,moe_act,shared_experts +\\+16.0% +"
+  --preset qwen2-57b-a14b ${qwen2_moe_args} --budget-gib 17 --recompute-options)
+check(moe_modules_dense 1 "agoq_plan: .*moe_act, moe and shared_experts recompute a \
+mixture-of-experts MLP's tensors; a dense MLP's module is mlp" --recompute-modules moe)
+check(moe_modules_mlp 1 "agoq_plan: .*mlp recomputes a dense MLP; a mixture-of-experts layer's \
+are moe_act, moe and shared_experts" --preset mixtral-8x7b --recompute-modules mlp)
+check(moe_modules_shared 1 "agoq_plan: .*shared_experts recomputes the shared experts' tensors; \
+this model has none" --preset mixtral-8x7b --recompute-modules shared_experts)
 hf_file(hf_gemma [=[{"model_type": "gemma", "hidden_size": 3072}]=])
 check(hf_config_type 1 "agoq_plan: .*model_type 'gemma' is not modelled" --hf-config ${hf_gemma})
 hf_file(hf_bad [=[{"model_type": "llama",}]=])
@@ -346,7 +366,8 @@ check(recompute_modules_fit 0 "${selective_fit}" ${selective_args} --budget-gib 
 check(recompute_modules_fit_json 0 "\"fit_recompute\": {\"baseline\": null, \"agoq\": 2}"
   ${selective_args} --budget-gib 14 --fit-recompute --json)
 check(recompute_modules_unknown 1
-  "agoq_plan: .*unknown module 'bogus' \\(modules: core_attn, layernorm, mlp\\)"
+  "agoq_plan: .*unknown module 'bogus' \\(modules: core_attn, layernorm, mlp, moe_act, moe, \
+shared_experts\\)"
   --recompute-modules bogus)
 check(recompute_modules_empty_item 1 "agoq_plan: .*recompute_modules: unknown module ''"
   --recompute-modules layernorm,,mlp)

@@ -517,6 +517,15 @@ class PlanningTest(unittest.TestCase):
         padded = agoq.estimate_memory(mixtral, 1, 8192, gradients="int8",
                                       expert_capacity_factor=1.25, **args)
         self.assertEqual(round(max(s["total"] for s in padded) / 2**30, 2), 35.58)
+        # moe_act: the experts' SwiGLU output computed again (agoq_plan's Mixtral command with
+        # --recompute-modules moe_act, docs/activations.md section 6); 12 sets of modules.
+        act = agoq.estimate_memory(mixtral, 1, 8192, gradients="int8",
+                                   recompute_modules=["moe_act"], **args)
+        self.assertEqual(round(max(s["total"] for s in act) / 2**30, 2), 31.88)
+        plan = agoq.make_plan(mixtral, 1, 8192, 40 << 30, recompute_modules=["moe_act"], **args)
+        self.assertEqual(plan["recomputed_kinds"], ["expert_swiglu_output"])
+        self.assertEqual(len(agoq.selective_options(mixtral, 1, 8192, 30 << 30, **args)
+                             ["options"]), 12)
         # A measured routing's load factor (the busiest of 4 ranks takes 5120 of 16384 pairs) as
         # the capacity factor.
         topk = torch.tensor([0] * 2048 + [1] * 1024 + [2] * 2560 + [3] * 2560 + [4] * 1536
@@ -590,6 +599,17 @@ class PlanningTest(unittest.TestCase):
         self.assertEqual(agoq_mem[1]["parameters"] - ungated[1]["parameters"], 7 * 3584)
         with self.assertRaisesRegex(ValueError, "shared_expert_gate needs shared experts"):
             agoq.estimate_memory(dict(moe, shared_expert_ffn=0), 1, 64)
+        # Megatron-Core's MoE recompute modules: shared_experts drops their five tensors; every
+        # set of the model's modules is an option (20 with shared experts, no mlp).
+        kept = agoq.estimate_memory(qwen2, 1, 8192, gradients="int8", **args)
+        shared = agoq.estimate_memory(qwen2, 1, 8192, gradients="int8",
+                                      recompute_modules=["shared_experts"], **args)
+        self.assertLess(shared[1]["activations"], kept[1]["activations"])
+        options = agoq.selective_options(qwen2, 1, 8192, 17 << 30, **args)["options"]
+        self.assertEqual(len(options), 20)
+        self.assertNotIn("mlp", {m for o in options for m in o["modules"]})
+        with self.assertRaisesRegex(ValueError, "a dense MLP's module is mlp"):
+            agoq.estimate_memory(LLAMA, 1, 64, recompute_modules=["moe_act"])
         with self.assertRaisesRegex(ValueError, "shared_expert_gate need experts > 0"):
             agoq.estimate_memory(dict(LLAMA, shared_expert_ffn=64), 1, 64)
 
