@@ -71,8 +71,9 @@ struct recompute_choice {
 void usage() {
   std::puts(
       "usage: agoq_plan [--config FILE] [--preset NAME] [--hf-config FILE]\n"
-      "  [--style llama|gpt|qwen3] [--layers N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N]\n"
-      "  [--head-dim N] [--vocab N] [--experts N] [--experts-per-token N] [--expert-ffn N]\n"
+      "  [--style llama|gpt|qwen3|gemma2|gemma3] [--layers N] [--hidden N] [--ffn N] [--heads N]\n"
+      "  [--kv-heads N] [--head-dim N] [--vocab N] [--experts N] [--experts-per-token N]\n"
+      "  [--expert-ffn N]\n"
       "  [--shared-expert-ffn N] [--shared-expert-gate] [--no-shared-expert-gate]\n"
       "  [--tp N] [--pp N] [--vp N] [--vp-group N] [--ep N] [--etp N]\n"
       "  [--expert-capacity-factor X]\n"
@@ -156,10 +157,12 @@ void usage() {
               names.c_str());
   std::puts(
       "--hf-config FILE takes the shape of a Hugging Face config.json (model_type llama,\n"
-      "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe or gpt2; the shape flags after it\n"
-      "change it).\n"
+      "mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe or gpt2;\n"
+      "the shape flags after it change it).\n"
       "--style qwen3 is\n"
-      "LLaMA's block with QK-norm (Qwen3), which keeps Q and K before it for its backward.");
+      "LLaMA's block with QK-norm (Qwen3), which keeps Q and K before it for its backward;\n"
+      "--style gemma2 LLaMA's with GeGLU and a norm on each sub-block's output (Gemma 2),\n"
+      "which keeps those outputs; gemma3 the same with QK-norm (Gemma 3).");
 }
 
 /// The whole of v read by `read` (std::stoll or std::stod), or an error naming the key.

@@ -25,7 +25,8 @@ function(check_config name regex text)
 endfunction()
 
 set(presets "llama3-8b, llama3-70b, llama3-405b, qwen2.5-32b, qwen3-8b, qwen3-32b, gpt3-1.3b,\
- mixtral-8x7b, qwen3-30b-a3b, qwen3-235b-a22b, qwen1.5-moe-a2.7b, qwen2-57b-a14b")
+ mixtral-8x7b, qwen3-30b-a3b, qwen3-235b-a22b, qwen1.5-moe-a2.7b, qwen2-57b-a14b, gemma2-2b,\
+ gemma2-9b, gemma2-27b, gemma3-1b")
 check(help 0 "usage: agoq_plan \\[--config FILE\\].*published shape[^\n]*\n${presets}.\n" --help)
 
 # The README's command: LLaMA-3-8B on 32 GPUs under 16 GiB. The peak figures are the memory
@@ -181,7 +182,8 @@ check(qwen3_preset 0 "${qwen3_32b}" --preset qwen3-32b ${qwen3_args})
 check(qwen3_hf_config 0 "${qwen3_32b}" --hf-config ${hf_qwen3_32b} ${qwen3_args})
 check(qwen3_style 0 "model: qwen3, 64 layers, hidden 5120, ffn 27648, heads 40"
   --preset qwen2.5-32b --style qwen3)
-check(unknown_style 1 "agoq_plan: .*unknown block style 'mixtral' \\(styles: llama, gpt, qwen3\\)"
+check(unknown_style 1 "agoq_plan: .*unknown block style 'mixtral' \\(styles: llama, gpt, qwen3, \
+gemma2, gemma3\\)"
   --style mixtral)
 hf_file(hf_llama_moe [=[{"model_type": "llama", "num_local_experts": 8, "hidden_size": 4096}]=])
 check(hf_config_moe 1
@@ -289,8 +291,27 @@ check(moe_modules_mlp 1 "agoq_plan: .*mlp recomputes a dense MLP; a mixture-of-e
 are moe_act, moe and shared_experts" --preset mixtral-8x7b --recompute-modules mlp)
 check(moe_modules_shared 1 "agoq_plan: .*shared_experts recomputes the shared experts' tensors; \
 this model has none" --preset mixtral-8x7b --recompute-modules shared_experts)
-hf_file(hf_gemma [=[{"model_type": "gemma", "hidden_size": 3072}]=])
-check(hf_config_type 1 "agoq_plan: .*model_type 'gemma' is not modelled" --hf-config ${hf_gemma})
+hf_file(hf_gemma3n [=[{"model_type": "gemma3n", "hidden_size": 3072}]=])
+check(hf_config_type 1 "agoq_plan: .*model_type 'gemma3n' is not modelled"
+  --hf-config ${hf_gemma3n})
+# Gemma: Gemma-2-27B on 64 GPUs; Gemma-2-9B's config.json, its post-norms' inputs planned at 8
+# bits within 30 GiB; Gemma 3's multimodal config refused for its text_config.
+check(gemma_preset 0 "model: gemma2, 46 layers, hidden 4608, ffn 36864, heads 32, kv_heads 16, \
+head_dim 128, vocab 256000\n.*peak per-GPU memory: 52.67 GiB -> 26.18 GiB, saving 50.3%"
+  --preset gemma2-27b --tp 4 --sp --pp 2 --dp 8 --zero 1)
+hf_file(hf_gemma2 [=[{"architectures": ["Gemma2ForCausalLM"], "head_dim": 256,
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3584, "intermediate_size": 14336,
+  "model_type": "gemma2", "num_attention_heads": 16, "num_hidden_layers": 42,
+  "num_key_value_heads": 8, "vocab_size": 256000}]=])
+check(gemma_hf_config 0 "model: gemma2, 42 layers.*47.26 GiB -> 27.63 GiB, saving 41.5%.*\
+stage 0: [^\n]*\n(  [^\n]*\n)*  post_attn_norm_input int8_g128_sym_rne_f32\\[0-20\\]\n"
+  --hf-config ${hf_gemma2} --tp 2 --sp --pp 2 --dp 4 --zero 1 --budget-gib 30)
+check(gemma_style 0 "model: gemma3, 26 layers.*23.85 GiB -> 18.96 GiB, saving 20.5%"
+  --preset gemma2-2b --style gemma3 --hidden 1152 --ffn 6912 --heads 4 --kv-heads 1
+  --vocab 262144 --pp 2 --dp 8 --zero 1)
+hf_file(hf_gemma3 [=[{"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"}}]=])
+check(gemma3_nested 1 "agoq_plan: .*model_type 'gemma3' nests its text model: pass its \
+text_config" --hf-config ${hf_gemma3})
 hf_file(hf_bad [=[{"model_type": "llama",}]=])
 check(hf_config_json 1 "agoq_plan: .*hf config: expected a string key at byte 23"
   --hf-config ${hf_bad})

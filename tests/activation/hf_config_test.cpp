@@ -117,6 +117,21 @@ constexpr char const* qwen2_57b_a14b = R"({"architectures": ["Qwen2MoeForCausalL
   "num_key_value_heads": 4, "shared_expert_intermediate_size": 20480,
   "tie_word_embeddings": false, "vocab_size": 151936})";
 
+/// Gemma-2-9B's config.json, its model fields (head_dim 256 on hidden 3584; tied embeddings).
+constexpr char const* gemma2_9b = R"({"architectures": ["Gemma2ForCausalLM"],
+  "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "head_dim": 256,
+  "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+  "hidden_size": 3584, "intermediate_size": 14336, "model_type": "gemma2",
+  "num_attention_heads": 16, "num_hidden_layers": 42, "num_key_value_heads": 8,
+  "query_pre_attn_scalar": 256, "sliding_window": 4096, "vocab_size": 256000})";
+
+/// Gemma-3-1B's config.json, its model fields (one kv head; QK-norm).
+constexpr char const* gemma3_1b = R"({"architectures": ["Gemma3ForCausalLM"], "head_dim": 256,
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "intermediate_size": 6912,
+  "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26,
+  "num_key_value_heads": 1, "query_pre_attn_scalar": 256, "sliding_window": 512,
+  "sliding_window_pattern": 6, "vocab_size": 262144})";
+
 /// GPT-3 XL's shape in GPT-2's config keys (n_inner null: 4 n_embd; ties by default).
 constexpr char const* gpt3_xl = R"({"model_type": "gpt2", "activation_function": "gelu_new",
   "n_layer": 24, "n_embd": 2048, "n_head": 16, "n_inner": null, "n_positions": 2048,
@@ -146,6 +161,21 @@ TEST_CASE("model_from_hf_config: published configs give the presets' shapes") {
   CHECK(model_from_hf_config(hf_test::qwen3_30b_a3b) == preset_model("qwen3-30b-a3b"));
   CHECK(model_from_hf_config(hf_test::qwen15_moe_a27b) == preset_model("qwen1.5-moe-a2.7b"));
   CHECK(model_from_hf_config(hf_test::qwen2_57b_a14b) == preset_model("qwen2-57b-a14b"));
+  CHECK(model_from_hf_config(hf_test::gemma2_9b) == preset_model("gemma2-9b"));
+  CHECK(model_from_hf_config(hf_test::gemma3_1b) == preset_model("gemma3-1b"));
+  // transformers' Gemma defaults: head_dim 256 whatever hidden / heads, tied embeddings; Gemma 1's
+  // block is LLaMA's (GeGLU saves what SwiGLU saves).
+  model_shape const gm = model_from_hf_config(
+      R"({"model_type": "gemma", "num_hidden_layers": 2, "hidden_size": 96,
+          "intermediate_size": 256, "num_attention_heads": 6, "vocab_size": 1000,
+          "hidden_act": "gelu"})");
+  CHECK((gm.style == block_style::llama && gm.head_dim == 256 && gm.tied_embeddings &&
+         gm.kv_heads == 6));
+  model_shape const g2 = model_from_hf_config(
+      R"({"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 96,
+          "intermediate_size": 256, "num_attention_heads": 6, "vocab_size": 1000,
+          "head_dim": 32, "tie_word_embeddings": false})");
+  CHECK((g2.style == block_style::gemma2 && g2.head_dim == 32 && !g2.tied_embeddings));
   // transformers' defaults of the expert fields: Mixtral 8 experts, 2 a token; Qwen3-MoE 128 of
   // 768, 8 a token.
   model_shape const mx = model_from_hf_config(
@@ -203,9 +233,20 @@ TEST_CASE("model_from_hf_config: what it does not model, and malformed fields, a
   refused(R"({"model_type": "deepseek_v3", "n_routed_experts": 256})", "'n_routed_experts'");
   refused(R"({"model_type": "dbrx", "ffn_config": {"moe_num_experts": 16}})", "'ffn_config'");
   refused(R"({"model_type": "deepseek_v2", "num_experts": 60})", "'num_experts' is set");
-  refused(R"({"model_type": "gemma", "hidden_size": 4096})",
-          "model_type 'gemma' is not modelled (agoq reads llama, mistral, qwen2, qwen3, mixtral, "
-          "qwen2_moe, qwen3_moe and gpt2");
+  refused(R"({"model_type": "gemma3n", "hidden_size": 4096})",
+          "model_type 'gemma3n' is not modelled (agoq reads llama, mistral, qwen2, qwen3, gemma, "
+          "gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe and gpt2");
+  refused(R"({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"}})",
+          "model_type 'gemma3' nests its text model: pass its text_config (model_type "
+          "gemma3_text)");
+  refused(R"({"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 96,
+              "intermediate_size": 256, "num_attention_heads": 6, "vocab_size": 1000,
+              "hidden_activation": "silu"})",
+          "hidden_activation 'silu' of a gemma2 config: agoq models its MLP as GeGLU");
+  refused(R"({"model_type": "gemma", "num_hidden_layers": 2, "hidden_size": 96,
+              "intermediate_size": 256, "num_attention_heads": 6, "vocab_size": 1000,
+              "hidden_act": "relu"})",
+          "hidden_activation 'relu' of a gemma config");
   // The mixture-of-experts configs: dense layers, and malformed expert fields.
   std::string const moe =
       R"("model_type": "qwen3_moe", "num_hidden_layers": 2, "hidden_size": 96,

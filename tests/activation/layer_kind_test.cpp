@@ -21,7 +21,13 @@ TEST_CASE("every kind has a name, a category and belongs to a block") {
     bool const llama_moe = std::ranges::count(llama_moe_block_tensors, k) == 1;
     bool const qwen3_moe = std::ranges::count(qwen3_moe_block_tensors, k) == 1;
     bool const gated = std::ranges::count(llama_gated_shared_moe_block_tensors, k) == 1;
-    CHECK((llama || gpt || qwen3 || llama_moe || gated));
+    bool const gemma3 = std::ranges::count(gemma3_block_tensors, k) == 1;
+    CHECK((llama || gpt || qwen3 || llama_moe || gated || gemma3));
+    // Gemma 2: LLaMA's and the post-norms' inputs; Gemma 3 also the QK-norm's inputs.
+    bool const post_norm =
+        k == tensor_kind::post_attn_norm_input || k == tensor_kind::post_mlp_norm_input;
+    CHECK(std::ranges::count(gemma2_block_tensors, k) == (llama || post_norm));
+    CHECK(gemma3 == (qwen3 || post_norm));
     CHECK(qwen3 == (llama || k == tensor_kind::query_norm_input ||
                     k == tensor_kind::key_norm_input));  // LLaMA's and the QK-norm's inputs
     // The MoE blocks: the dense ones' but the dense MLP's three inner tensors, and the router's
@@ -44,7 +50,27 @@ TEST_CASE("every kind has a name, a category and belongs to a block") {
     CHECK(std::ranges::count(qwen3_gated_shared_moe_block_tensors, k) ==
           (qwen3 || expert || shared_gate));
   }
-  CHECK(tensor_kind_count == 27);
+  CHECK(tensor_kind_count == 29);
+  CHECK(name_of(tensor_kind::post_mlp_norm_input) == "post_mlp_norm_input");
+  // Gemma's post-norms' inputs follow their sub-block's output projection.
+  CHECK(std::ranges::equal(
+      block_tensors(block_style::gemma2),
+      std::array{tensor_kind::attn_norm_input, tensor_kind::qkv_input, tensor_kind::query,
+                 tensor_kind::key, tensor_kind::value, tensor_kind::attention_output,
+                 tensor_kind::softmax_lse, tensor_kind::o_proj_input,
+                 tensor_kind::post_attn_norm_input, tensor_kind::mlp_norm_input,
+                 tensor_kind::mlp_input, tensor_kind::gate_output, tensor_kind::up_output,
+                 tensor_kind::swiglu_output, tensor_kind::post_mlp_norm_input}));
+  CHECK(std::ranges::equal(block_tensors(block_style::gemma3).subspan(0, 4),
+                           block_tensors(block_style::qwen3).subspan(0, 4)));
+  CHECK(std::ranges::equal(block_tensors(block_style::gemma2, true), gemma2_block_tensors));
+  CHECK((has_qk_norm(block_style::gemma3) && has_qk_norm(block_style::qwen3) &&
+         !has_qk_norm(block_style::gemma2) && !has_qk_norm(block_style::llama)));
+  CHECK((has_post_norms(block_style::gemma2) && has_post_norms(block_style::gemma3) &&
+         !has_post_norms(block_style::qwen3)));
+  CHECK(llama_like(block_style::gemma2));
+  CHECK((has_moe_form(block_style::llama) && has_moe_form(block_style::qwen3) &&
+         !has_moe_form(block_style::gemma3) && !has_moe_form(block_style::gpt)));
   CHECK(name_of(tensor_kind::shared_gate_score) == "shared_gate_score");
   CHECK(name_of(tensor_kind::expert_swiglu_output) == "expert_swiglu_output");
   CHECK(name_of(tensor_kind::router_probs) == "router_probs");
@@ -92,9 +118,10 @@ TEST_CASE("every kind has a name, a category and belongs to a block") {
     CHECK(block_style_named(name_of(s)) == s);
     CHECK(llama_like(s) == (s != block_style::gpt));
   }
-  CHECK_THROWS_WITH_AS(block_style_named("qwen2"),
-                       doctest::Contains("unknown block style 'qwen2' (styles: llama, gpt, qwen3)"),
-                       agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      block_style_named("qwen2"),
+      doctest::Contains("unknown block style 'qwen2' (styles: llama, gpt, qwen3, gemma2, gemma3)"),
+      agoq::invalid_argument);
   // The QK-norm's inputs sit after the QKV projection's input.
   CHECK(std::ranges::equal(block_tensors(block_style::qwen3).subspan(0, 4),
                            std::array{tensor_kind::attn_norm_input, tensor_kind::qkv_input,
@@ -159,13 +186,26 @@ TEST_CASE("model presets: published shapes by name, and a clear error for any ot
          q2.experts_per_token == 8 && q2.expert_ffn == 2560 && q2.shared_expert_ffn == 20480 &&
          q2.shared_experts() == shared_expert_form::gated));
   CHECK(mx.mlp_width() == 0);
+  // Gemma's (their config.json files: hf_config_test).
+  model_shape const g9 = preset_model("gemma2-9b");
+  CHECK((g9.style == block_style::gemma2 && g9.layers == 42 && g9.hidden == 3584 &&
+         g9.ffn == 14336 && g9.heads == 16 && g9.kv_heads == 8 && g9.head_size() == 256 &&
+         g9.vocab == 256000 && g9.tied_embeddings && !g9.moe()));
+  model_shape const g1 = preset_model("gemma3-1b");
+  CHECK((g1.style == block_style::gemma3 && g1.layers == 26 && g1.hidden == 1152 &&
+         g1.ffn == 6912 && g1.heads == 4 && g1.kv_heads == 1 && g1.head_size() == 256 &&
+         g1.vocab == 262144 && g1.tied_embeddings));
+  CHECK(preset_model("gemma2-27b").head_size() == 128);
+  CHECK(preset_model("gemma2-2b").saved_tensors().size() == 15);
+  CHECK(g1.saved_tensors().size() == 17);
   CHECK(preset_model("llama3-8b").mlp_width() == 14336);
   CHECK(!preset_model("llama3-8b").moe());
   CHECK_THROWS_WITH_AS(preset_model("deepseek-v3"),
                        doctest::Contains("unknown preset 'deepseek-v3' (presets: llama3-8b, "
                                          "llama3-70b, llama3-405b, qwen2.5-32b, qwen3-8b, "
                                          "qwen3-32b, gpt3-1.3b, mixtral-8x7b, qwen3-30b-a3b, "
-                                         "qwen3-235b-a22b, qwen1.5-moe-a2.7b, qwen2-57b-a14b)"),
+                                         "qwen3-235b-a22b, qwen1.5-moe-a2.7b, qwen2-57b-a14b, "
+                                         "gemma2-2b, gemma2-9b, gemma2-27b, gemma3-1b)"),
                        agoq::invalid_argument);
 }
 
@@ -204,6 +244,9 @@ TEST_CASE("model_shape::validate: a dense MLP or experts, not both") {
   x.experts_per_token = 2;
   x.expert_ffn = 8192;
   refused(x, "a mixture-of-experts MLP needs a LLaMA- or Qwen3-style block, not gpt");
+  x.style = block_style::gemma2;
+  x.kv_heads = 4;
+  refused(x, "a mixture-of-experts MLP needs a LLaMA- or Qwen3-style block, not gemma2");
   x = preset_model("llama3-8b");
   x.ffn = 0;
   refused(x, "ffn must be positive (a dense MLP), got 0");
@@ -477,6 +520,35 @@ TEST_CASE("Qwen3-style shapes: LLaMA's and the QK-norm's inputs, Q's and K's") {
                        doctest::Contains("query_norm_input is not saved by a llama-style block"),
                        agoq::invalid_argument);
   CHECK(split_by_tp(tensor_kind::key_norm_input));
+}
+
+TEST_CASE("Gemma-style shapes: LLaMA's, the post-norms' inputs and Gemma 3's QK-norm inputs") {
+  model_shape const m = preset_model("gemma2-9b");  // 16 heads of 256 on hidden 3584, 8 kv heads
+  // TP 4 + SP: the post-norms' inputs as the residual stream, the rank's 2048 tokens; Q at the
+  // heads' width 4096 / 4 (not hidden / 4), the GeGLU's inner tensors at 14336 / 4.
+  shard_shape const sp4{1, 8192, 4, true};
+  CHECK(shape_of(tensor_kind::post_attn_norm_input, m, sp4) == saved_shape{2048, 3584, 2});
+  CHECK(shape_of(tensor_kind::post_mlp_norm_input, m, sp4) == saved_shape{2048, 3584, 2});
+  CHECK(shape_of(tensor_kind::query, m, sp4) == saved_shape{8192, 1024, 2});
+  CHECK(shape_of(tensor_kind::key, m, sp4) == saved_shape{8192, 512, 2});
+  CHECK(shape_of(tensor_kind::gate_output, m, sp4) == saved_shape{8192, 3584, 2});
+  // Bytes per token per layer without TP, bf16: 6 tensors of 3584 (2 residual, 2 norm outputs,
+  // 2 post-norm inputs), Q and O 4096, K and V 2048, GeGLU's 3 x 14336, 16 heads' fp32 lse.
+  shard_shape const one{1, 4096, 1, false};
+  std::int64_t bytes = 0;
+  for (tensor_kind k : m.saved_tensors())
+    if (!is_alias(k)) bytes += shape_of(k, m, one).bytes();
+  CHECK(bytes == 4096 * (2 * (6 * 3584 + 2 * 4096 + 2 * 2048 + 3 * 14336) + 16 * 4));
+  // Gemma 3: the QK-norm's inputs, at Q's and K's widths (one kv head of 256).
+  model_shape const g3 = preset_model("gemma3-1b");
+  CHECK(shape_of(tensor_kind::query_norm_input, g3, one) == saved_shape{4096, 1024, 2});
+  CHECK(shape_of(tensor_kind::key_norm_input, g3, one) == saved_shape{4096, 256, 2});
+  CHECK_THROWS_WITH_AS(shape_of(tensor_kind::query_norm_input, m, one),
+                       doctest::Contains("query_norm_input is not saved by a gemma2-style block"),
+                       agoq::invalid_argument);
+  CHECK_THROWS_WITH_AS(shape_of(tensor_kind::post_mlp_norm_input, preset_model("llama3-8b"), one),
+                       doctest::Contains("post_mlp_norm_input is not saved by a llama-style block"),
+                       agoq::invalid_argument);
 }
 
 TEST_CASE("GPT-style shapes") {

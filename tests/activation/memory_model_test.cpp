@@ -644,6 +644,46 @@ TEST_CASE("mixture-of-experts recompute modules (moe_act, moe, shared_experts), 
         2048 * t + 7122 * t);
 }
 
+TEST_CASE("Gemma: parameters as published, and the post-norms in the working set, by hand") {
+  // Gemma-2-2B, -9B, -27B and Gemma-3-1B as Google publishes them (2.61 B, 9.24 B, 27.2 B, 1.0 B;
+  // tied embeddings): four norms a layer, Gemma 3 also the QK-norm's two of head_dim.
+  step_config const st{1, 4096, 0};
+  struct published {
+    char const* name;
+    std::int64_t total;
+  };
+  for (published const& x :
+       {published{"gemma2-2b", 2614341888}, published{"gemma2-9b", 9241705984},
+        published{"gemma2-27b", 27227128320}, published{"gemma3-1b", 999885952}}) {
+    CAPTURE(x.name);
+    CHECK(estimate_memory(preset_model(x.name), {}, st, {}, policy_table{})[0].parameters ==
+          x.total);
+  }
+  model_shape const m = preset_model("gemma2-9b");
+  CHECK(layer_parameters(m, 1) ==
+        3584 * 4096 + 2 * 3584 * 2048 + 4096 * 3584 + 3 * 3584 * 14336 + 4 * 3584);
+  model_shape const g3 = preset_model("gemma3-1b");
+  CHECK(layer_parameters(g3, 1) ==
+        1152 * 1024 + 2 * 1152 * 256 + 1024 * 1152 + 3 * 1152 * 6912 + 4 * 1152 + 2 * 256);
+  // The working set: the post-norms' backward, 2 T h, never the largest; Gemma-2-9B without TP
+  // as LLaMA's of its widths: the SwiGLU phase's 6 T f, plus the residual gradient 2 T h. Gemma 3
+  // adds the QK-norm's phase: 2 T (q + 2k) + 2 T (q + k), with both inputs quantized their bf16
+  // copies too; the largest with multi-head attention (4 heads of 256: q = k = 1024) and a narrow
+  // MLP (f = 256): 6144 T + 4096 T + 2048 T + 2048 T = 14,336 T against flash attention's
+  // 2 T q + 2 T (q + 2k) + 4 T q + 16 T = 12,304 T and the QKV projection's 8448 T.
+  shard_shape const one{1, 4096, 1, false};
+  std::int64_t const t = 4096;
+  auto const none = [](tensor_kind) { return false; };
+  CHECK(layer_working_bytes(m, one, none) == 2 * t * 3584 + 6 * t * 14336);
+  model_shape narrow = g3;
+  narrow.ffn = 256;
+  narrow.kv_heads = 4;
+  auto const qk = [](tensor_kind k) {
+    return k == tensor_kind::query_norm_input || k == tensor_kind::key_norm_input;
+  };
+  CHECK(layer_working_bytes(narrow, one, qk) == 2 * t * 1152 + 14336 * t);
+}
+
 TEST_CASE("states under ZeRO stages, by hand") {
   model_shape const m = preset_model("llama3-8b");
   std::int64_t const n = 8030261248;

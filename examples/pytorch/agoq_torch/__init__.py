@@ -221,8 +221,9 @@ globals().update({name: _dispatching(name, first) for name, first in _DEVICE_CAL
 __version__ = _C.version
 
 from .saved import (  # noqa: E402  (they use the calls defined above)
-    HF_GPT2_MODULES, HF_LLAMA_MODULES, HF_QWEN3_MODULES, QuantizedSaves, rules_from_plan,
+    HF_GEMMA2_MODULES, HF_GEMMA3_MODULES, HF_GPT2_MODULES, HF_LLAMA_MODULES, HF_QWEN3_MODULES,
+    QuantizedSaves, rules_from_plan,
     statistics_for_plan)
 
 __all__ += ["QuantizedSaves", "rules_from_plan", "statistics_for_plan", "HF_LLAMA_MODULES",
-            "HF_QWEN3_MODULES", "HF_GPT2_MODULES"]
+            "HF_QWEN3_MODULES", "HF_GEMMA2_MODULES", "HF_GEMMA3_MODULES", "HF_GPT2_MODULES"]

@@ -57,6 +57,25 @@ HF_QWEN3_MODULES = {
     "key_norm_input": ("self_attn.k_norm",),
 }
 
+#: The same for a Gemma-2-style block (``tensor_kinds("gemma2")``) in transformers'
+#: ``Gemma2DecoderLayer``: LLaMA's names but the MLP norm's, ``pre_feedforward_layernorm``, and the
+#: post-norms' inputs saved by ``post_attention_layernorm`` and ``post_feedforward_layernorm``
+#: (GeLU's save is the gate output's, as SiLU's is in LLaMA's).
+HF_GEMMA2_MODULES = {
+    **HF_LLAMA_MODULES,
+    "post_attn_norm_input": ("post_attention_layernorm",),
+    "mlp_norm_input": ("pre_feedforward_layernorm",),
+    "post_mlp_norm_input": ("post_feedforward_layernorm",),
+}
+
+#: The same for a Gemma-3-style block (``tensor_kinds("gemma3")``) in transformers'
+#: ``Gemma3DecoderLayer``: Gemma 2's names and the QK-norm's, ``q_norm`` and ``k_norm``.
+HF_GEMMA3_MODULES = {
+    **HF_GEMMA2_MODULES,
+    "query_norm_input": ("self_attn.q_norm",),
+    "key_norm_input": ("self_attn.k_norm",),
+}
+
 #: The same for a GPT-style block (``tensor_kinds("gpt")``) in transformers' ``GPT2Block``
 #: (prefix ``"transformer.h.{layer}."``).
 HF_GPT2_MODULES = {
@@ -85,8 +104,8 @@ def rules_from_plan(layers, modules=HF_LLAMA_MODULES, prefix="model.layers.{laye
 
     ``layers`` is a plan's per-layer list of ``{kind: storage}`` (``make_plan(...)["layers"]``,
     ``gpt.uniform_plan``); ``modules`` maps each kind to the modules, relative to a layer, whose
-    saves it is (``HF_LLAMA_MODULES``, ``HF_QWEN3_MODULES``, ``HF_GPT2_MODULES``, or your
-    model's); ``prefix`` names layer ``i``'s module (``str.format`` with ``layer=i``). Returns
+    saves it is (``HF_LLAMA_MODULES``, ``HF_QWEN3_MODULES``, ``HF_GEMMA2_MODULES``,
+    ``HF_GEMMA3_MODULES``, ``HF_GPT2_MODULES``, or your model's); ``prefix`` names layer ``i``'s module (``str.format`` with ``layer=i``). Returns
     ``{module name: spec or None}`` with ``"bf16"`` and ``"fp32"`` mapped to None (kept as saved).
     Where several kinds share a module (the attention core's), it takes the storage that keeps the
     most (precise, else the most bytes per element). A kind of the plan that ``modules`` does not

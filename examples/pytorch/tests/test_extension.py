@@ -372,7 +372,8 @@ class PlanningTest(unittest.TestCase):
         self.assertEqual(list(presets), ["llama3-8b", "llama3-70b", "llama3-405b", "qwen2.5-32b",
                                          "qwen3-8b", "qwen3-32b", "gpt3-1.3b", "mixtral-8x7b",
                                          "qwen3-30b-a3b", "qwen3-235b-a22b", "qwen1.5-moe-a2.7b",
-                                         "qwen2-57b-a14b"])
+                                         "qwen2-57b-a14b", "gemma2-2b", "gemma2-9b", "gemma2-27b",
+                                         "gemma3-1b"])
         self.assertEqual(presets["qwen3-8b"]["style"], "qwen3")
         llama = presets["llama3-8b"]
         self.assertEqual(llama, dict(style="llama", layers=32, hidden=4096, ffn=14336, heads=32,
@@ -427,8 +428,8 @@ class PlanningTest(unittest.TestCase):
         # Refusals: mixture-of-experts, other blocks, bad fields and values.
         with self.assertRaisesRegex(ValueError, "mixture-of-experts models \\(llama\\)"):
             agoq.model_from_hf_config({"model_type": "llama", "num_local_experts": 8})
-        with self.assertRaisesRegex(ValueError, "model_type 'gemma' is not modelled"):
-            agoq.model_from_hf_config({"model_type": "gemma"})
+        with self.assertRaisesRegex(ValueError, "model_type 'gemma3n' is not modelled"):
+            agoq.model_from_hf_config({"model_type": "gemma3n"})
         with self.assertRaisesRegex(ValueError, "'hidden_size' must be a positive integer"):
             agoq.model_from_hf_config(dict(qwen, hidden_size=5120.5))
         with self.assertRaisesRegex(ValueError, "'tie_word_embeddings' must be true or false"):
@@ -612,6 +613,31 @@ class PlanningTest(unittest.TestCase):
             agoq.estimate_memory(LLAMA, 1, 64, recompute_modules=["moe_act"])
         with self.assertRaisesRegex(ValueError, "shared_expert_gate need experts > 0"):
             agoq.estimate_memory(dict(LLAMA, shared_expert_ffn=64), 1, 64)
+
+    def test_gemma(self):
+        # Gemma 2 and 3: LLaMA's kinds with the post-norms' inputs (Gemma 3 also the QK-norm's),
+        # the published parameter counts, transformers' defaults in their configs.
+        self.assertEqual(agoq.tensor_kinds("gemma2")[8], "post_attn_norm_input")
+        self.assertEqual(agoq.tensor_kinds("gemma3")[2:4], ["query_norm_input", "key_norm_input"])
+        presets = agoq.model_presets()
+        for name, total in (("gemma2-9b", 9241705984), ("gemma3-1b", 999885952)):
+            self.assertEqual(agoq.estimate_memory(presets[name], 1, 4096)[0]["parameters"], total)
+        config = {"model_type": "gemma2", "num_hidden_layers": 42, "hidden_size": 3584,
+                  "intermediate_size": 14336, "num_attention_heads": 16,
+                  "num_key_value_heads": 8, "vocab_size": 256000,
+                  "hidden_activation": "gelu_pytorch_tanh"}
+        self.assertEqual(agoq.model_from_hf_config(config), presets["gemma2-9b"])
+        shapes = agoq.saved_shapes(presets["gemma2-9b"], 1, 64, tp=2, sp=True)
+        self.assertEqual(shapes["post_mlp_norm_input"], (32, 3584, 2))
+        # agoq_plan's Gemma-2-27B command (docs/activations.md, section 6).
+        mem = agoq.estimate_memory(presets["gemma2-27b"], 1, 8192, gradients="int8", tp=4,
+                                   sp=True, pp=2, dp=8, zero=1)
+        self.assertEqual(round(max(s["total"] for s in mem) / 2**30, 2), 26.18)
+        with self.assertRaisesRegex(ValueError, "nests its text model"):
+            agoq.model_from_hf_config({"model_type": "gemma3"})
+        with self.assertRaisesRegex(ValueError, "needs a LLaMA- or Qwen3-style block, not gemma2"):
+            agoq.estimate_memory(dict(presets["gemma2-2b"], ffn=0, experts=8,
+                                      experts_per_token=2, expert_ffn=512), 1, 64)
 
     def test_layer_bytes_match_the_shapes(self):
         shapes = agoq.saved_shapes(LLAMA, 8, 128)
@@ -958,10 +984,12 @@ class PlanningTest(unittest.TestCase):
         # Every kind that owns storage, of every style; o_proj_input is the attention output's.
         owned = set(agoq.tensor_kinds("llama") + agoq.tensor_kinds("gpt") +
                     agoq.tensor_kinds("qwen3") +
-                    agoq.tensor_kinds("qwen3", moe=True, shared="gated")) - {"o_proj_input"}
+                    agoq.tensor_kinds("qwen3", moe=True, shared="gated") +
+                    agoq.tensor_kinds("gemma3")) - {"o_proj_input"}
         self.assertEqual(set(defaults), owned)
         self.assertEqual(defaults["shared_expert_output"], ("activation_input", 2.0, 6.0))
         self.assertEqual(defaults["shared_gate_score"], ("routing", 8.0, 2.0))
+        self.assertEqual(defaults["post_mlp_norm_input"], ("residual_stream", 4.0, 6.0))
         self.assertEqual(defaults["qkv_input"], ("linear_input", 1.0, 3.0))
         self.assertEqual(defaults["gate_output"], ("activation_input", 2.0, 2.0))
         self.assertEqual(defaults["attn_norm_input"], ("residual_stream", 4.0, 6.0))

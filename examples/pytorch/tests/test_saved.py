@@ -480,6 +480,20 @@ class QuantizedSavesTest(unittest.TestCase):
             agoq.rules_from_plan(qwen3_plan)
         with self.assertRaisesRegex(ValueError, "'mlp_input' in layer 0"):
             agoq.rules_from_plan([dict(plan[0], mlp_input="int4")])
+        # Gemma: every kind of its blocks placed; the post-norms' inputs on their norms, the MLP
+        # norm's input on pre_feedforward_layernorm; Gemma 3 also the QK-norm's.
+        for style, modules in (("gemma2", agoq.HF_GEMMA2_MODULES),
+                               ("gemma3", agoq.HF_GEMMA3_MODULES)):
+            self.assertEqual(set(modules), set(agoq.tensor_kinds(style)))
+        gemma_plan = [dict.fromkeys(agoq.tensor_kinds("gemma3"), INT8)]
+        gemma_plan[0].update(post_mlp_norm_input=INT4, mlp_norm_input="bf16")
+        rules = agoq.rules_from_plan(gemma_plan, agoq.HF_GEMMA3_MODULES)
+        self.assertEqual(rules["model.layers.0.post_feedforward_layernorm"], INT4)
+        self.assertEqual(rules["model.layers.0.post_attention_layernorm"], INT8)
+        self.assertIsNone(rules["model.layers.0.pre_feedforward_layernorm"])
+        self.assertEqual(rules["model.layers.0.self_attn.k_norm"], INT8)
+        with self.assertRaisesRegex(ValueError, "post_attn_norm_input"):
+            agoq.rules_from_plan(gemma_plan, agoq.HF_QWEN3_MODULES)
 
     def test_bad_arguments(self):
         model = Block()

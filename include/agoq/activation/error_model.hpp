@@ -215,7 +215,8 @@ inline constexpr double default_sensitivity(tensor_category c) noexcept {
 
 /// The documented default outlier factor of a kind (ratio of a group's absmax to the Gaussian
 /// estimate): residual stream 6 (massive activations in a few channels; the gated shared experts'
-/// output too, a contribution to it that an MLP's down projection writes), norm outputs 3 (the norm
+/// output and Gemma's post-norms' inputs too, contributions to it that the output and down
+/// projections write), norm outputs 3 (the norm
 /// weight re-scales channels; the experts' input is the MLP norm's output routed), SwiGLU / GeLU
 /// outputs 4 (products of two projections are heavy-tailed; the experts' too), gate / up / GeLU
 /// inputs 2 (the experts' too), attention core and routing 2.
@@ -226,6 +227,8 @@ inline constexpr double default_outlier(tensor_kind k) noexcept {
     case tensor_kind::ln1_input:
     case tensor_kind::ln2_input:
     case tensor_kind::shared_expert_output:
+    case tensor_kind::post_attn_norm_input:
+    case tensor_kind::post_mlp_norm_input:
       return 6.0;
     case tensor_kind::qkv_input:
     case tensor_kind::mlp_input:

@@ -293,9 +293,13 @@ class reader {
 };
 
 /// The model_types model_from_hf_config reads as llama_like blocks (gpt2 besides): qwen3 as
-/// block_style::qwen3, the others as block_style::llama.
-inline constexpr std::array<std::string_view, 4> llama_like_types = {"llama", "mistral", "qwen2",
-                                                                     "qwen3"};
+/// block_style::qwen3, gemma2 as gemma2, gemma3_text as gemma3, the others as block_style::llama
+/// (Gemma 1's GeGLU MLP saves what SwiGLU's does).
+inline constexpr std::array<std::string_view, 7> llama_like_types = {
+    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"};
+
+/// The Gemma model_types (GeGLU; transformers' defaults: head_dim 256, tied embeddings).
+inline constexpr std::array<std::string_view, 3> gemma_types = {"gemma", "gemma2", "gemma3_text"};
 
 /// The mixture-of-experts model_types read (LLaMA-like blocks with routed SwiGLU experts; Qwen2-MoE
 /// with gated shared experts).
@@ -360,6 +364,12 @@ inline hf_config parse_hf_config(std::string_view json) {
 ///   `vocab_size`; `num_key_value_heads` (absent or null: the heads), `head_dim` (absent or null:
 ///   hidden_size / num_attention_heads), `tie_word_embeddings` (default false), `hidden_act`
 ///   (where given, `silu`);
+/// - `gemma` (LLaMA's block with GeGLU: block_style::llama), `gemma2` (with post-norms:
+///   block_style::gemma2) and `gemma3_text` (also QK-norm: block_style::gemma3), read as `llama`
+///   but with transformers' Gemma defaults, `head_dim` 256 and `tie_word_embeddings` true, and the
+///   activation `hidden_activation` (or `hidden_act`) a tanh GeLU where given
+///   (`gelu_pytorch_tanh`, `gelu`); `gemma3` (Gemma 3's multimodal config, its text model nested)
+///   is refused: pass its `text_config`;
 /// - the mixture-of-experts `mixtral` (LLaMA's block) and `qwen3_moe` (Qwen3's), read as
 ///   `llama` and `qwen3` but for the MLP: `num_experts_per_tok` (default 2 / 8) of
 ///   `num_local_experts` (Mixtral, default 8) or `num_experts` (Qwen3-MoE, default 128) experts of
@@ -397,7 +407,11 @@ inline model_shape model_from_hf_config(hf_config const& c) {
   bool const llama =
       moe || std::ranges::find(h::llama_like_types, type) != h::llama_like_types.end();
   if (llama) {
-    m.style = type == "qwen3" || type == "qwen3_moe" ? block_style::qwen3 : block_style::llama;
+    bool const gemma = std::ranges::find(h::gemma_types, type) != h::gemma_types.end();
+    m.style = type == "qwen3" || type == "qwen3_moe" ? block_style::qwen3
+              : type == "gemma2"                     ? block_style::gemma2
+              : type == "gemma3_text"                ? block_style::gemma3
+                                                     : block_style::llama;
     m.layers = h::integer(c, "num_hidden_layers");
     m.hidden = h::integer(c, "hidden_size");
     if (type == "mixtral") {
@@ -429,10 +443,20 @@ inline model_shape model_from_hf_config(hf_config const& c) {
     m.heads = h::integer(c, "num_attention_heads");
     m.kv_heads = h::integer(c, "num_key_value_heads", m.heads);
     m.vocab = h::integer(c, "vocab_size");
-    m.tied_embeddings = h::boolean(c, "tie_word_embeddings", false);
-    std::string const act = h::text(c, "hidden_act");
-    AGOQ_EXPECTS(act.empty() || act == "silu", "hf config: hidden_act '" + act + "' of a " + type +
-                                                   " config: agoq models its MLP as SwiGLU (silu)");
+    m.tied_embeddings = h::boolean(c, "tie_word_embeddings", gemma);
+    if (gemma) {
+      std::string act = h::text(c, "hidden_activation");
+      if (act.empty()) act = h::text(c, "hidden_act");
+      AGOQ_EXPECTS(act.empty() || act == "gelu_pytorch_tanh" || act == "gelu",
+                   "hf config: hidden_activation '" + act + "' of a " + type +
+                       " config: agoq models its MLP as GeGLU (a tanh GeLU)");
+      if (h::find(c, "head_dim") == nullptr) m.head_dim = 256;
+    } else {
+      std::string const act = h::text(c, "hidden_act");
+      AGOQ_EXPECTS(act.empty() || act == "silu",
+                   "hf config: hidden_act '" + act + "' of a " + type +
+                       " config: agoq models its MLP as SwiGLU (silu)");
+    }
   } else if (type == "gpt2") {
     m.style = block_style::gpt;
     m.layers = h::integer(c, "n_layer");
@@ -447,15 +471,20 @@ inline model_shape model_from_hf_config(hf_config const& c) {
                      act == "gelu_pytorch_tanh",
                  "hf config: activation_function '" + act +
                      "' of a gpt2 config: agoq models its MLP as GeLU");
+  } else if (type == "gemma3") {
+    agoq::detail::throw_invalid(__FILE__, __LINE__,
+                                "hf config: model_type 'gemma3' nests its text model: pass its "
+                                "text_config (model_type gemma3_text)");
   } else {
     agoq::detail::throw_invalid(__FILE__, __LINE__,
                                 "hf config: model_type '" + type +
                                     "' is not modelled (agoq reads llama, mistral, qwen2, "
-                                    "qwen3, mixtral, qwen2_moe, qwen3_moe and gpt2 configs)");
+                                    "qwen3, gemma, gemma2, gemma3_text, mixtral, qwen2_moe, "
+                                    "qwen3_moe and gpt2 configs)");
   }
   if (llama && h::find(c, "head_dim") != nullptr) {
     m.head_dim = h::integer(c, "head_dim");
-  } else {
+  } else if (m.head_dim == 0) {  // hidden / heads (a Gemma config's default, 256, is set above)
     AGOQ_EXPECTS(m.hidden % m.heads == 0,
                  "hf config: the hidden size (" + std::to_string(m.hidden) +
                      ") is not a multiple of the heads (" + std::to_string(m.heads) +

@@ -37,10 +37,27 @@ enum class block_style : std::uint8_t {
   /// LLaMA's block with QK-norm (Qwen3): a per-head RMSNorm of the projected Q and K before the
   /// rotary embedding, which saves its inputs
   qwen3,
+  /// LLaMA's block with a GeGLU MLP (gelu_tanh(gate) * up) and a second RMSNorm on each
+  /// sub-block's output before the residual add (Gemma 2), which saves its input
+  gemma2,
+  /// Gemma 2's block with QK-norm (Gemma 3)
+  gemma3,
 };
 
-/// True for the styles with RMSNorm and a SwiGLU MLP without biases (llama, qwen3).
+/// True for the styles with RMSNorm and a gated MLP without biases (SwiGLU: llama, qwen3; GeGLU:
+/// gemma2, gemma3), whose MLP saves the same three inner tensors.
 inline constexpr bool llama_like(block_style s) noexcept { return s != block_style::gpt; }
+
+/// True for the styles whose attention normalizes Q and K per head (qwen3, gemma3).
+inline constexpr bool has_qk_norm(block_style s) noexcept {
+  return s == block_style::qwen3 || s == block_style::gemma3;
+}
+
+/// True for the styles that normalize each sub-block's output before the residual add (gemma2,
+/// gemma3).
+inline constexpr bool has_post_norms(block_style s) noexcept {
+  return s == block_style::gemma2 || s == block_style::gemma3;
+}
 
 /// One tensor a block saves in the forward pass for the backward pass. Attention is assumed to
 /// be a fused (flash) kernel: it saves Q, K, V, its output and the per-row logsumexp, never the
@@ -79,11 +96,16 @@ enum class tensor_kind : std::uint8_t {
   // Gated shared experts (Qwen2-MoE): their output y, scaled per token by sigmoid(x w_gate).
   shared_expert_output,  ///< the shared experts' down projection output y [tokens, hidden]
   shared_gate_score,     ///< the shared experts' gate sigmoid(x w_gate) [tokens, 1]
+  // Gemma-style blocks (the LLaMA-style block's kinds, the QK-norm's with gemma3, and these two).
+  post_attn_norm_input,  ///< the output projection's output, the post-attention RMSNorm's input
+                         ///< [tokens, hidden]
+  post_mlp_norm_input,   ///< the down projection's output, the post-MLP RMSNorm's input
+                         ///< [tokens, hidden]
 };
 
 /// Number of tensor kinds.
-inline constexpr int tensor_kind_count = 27;
-static_assert(static_cast<int>(tensor_kind::shared_gate_score) == tensor_kind_count - 1,
+inline constexpr int tensor_kind_count = 29;
+static_assert(static_cast<int>(tensor_kind::post_mlp_norm_input) == tensor_kind_count - 1,
               "tensor_kind_count counts the enumerators of tensor_kind");
 
 /// What a saved tensor is, which decides its default precision and its sensitivity.
@@ -91,7 +113,7 @@ enum class tensor_category : std::uint8_t {
   attention_core,    ///< Q, K, V (and before QK-norm), attention output, softmax stats: precise
   linear_input,      ///< the input X of a linear layer, read only for its weight gradient
   activation_input,  ///< the input of an elementwise nonlinearity (SiLU / SwiGLU, GeLU)
-  residual_stream,   ///< the residual stream entering a normalization
+  residual_stream,   ///< the residual stream (or Gemma's sub-block output) entering a normalization
   routing,  ///< the router's probabilities, the shared experts' gate: they scale experts; precise
 };
 
@@ -120,11 +142,15 @@ inline constexpr std::array<tensor_kind, 2> block_inputs = {tensor_kind::attn_no
                                                             tensor_kind::qkv_input};
 inline constexpr std::array<tensor_kind, 2> qk_norm_inputs = {tensor_kind::query_norm_input,
                                                               tensor_kind::key_norm_input};
-inline constexpr std::array<tensor_kind, 8> attention_to_mlp = {
-    tensor_kind::query,          tensor_kind::key,
-    tensor_kind::value,          tensor_kind::attention_output,
-    tensor_kind::softmax_lse,    tensor_kind::o_proj_input,
-    tensor_kind::mlp_norm_input, tensor_kind::mlp_input};
+inline constexpr std::array<tensor_kind, 6> attention = {
+    tensor_kind::query,       tensor_kind::key,
+    tensor_kind::value,       tensor_kind::attention_output,
+    tensor_kind::softmax_lse, tensor_kind::o_proj_input};
+inline constexpr std::array<tensor_kind, 2> mlp_inputs = {tensor_kind::mlp_norm_input,
+                                                          tensor_kind::mlp_input};
+inline constexpr std::array<tensor_kind, 8> attention_to_mlp = join(attention, mlp_inputs);
+inline constexpr std::array<tensor_kind, 1> post_attn_norm = {tensor_kind::post_attn_norm_input};
+inline constexpr std::array<tensor_kind, 1> post_mlp_norm = {tensor_kind::post_mlp_norm_input};
 inline constexpr std::array<tensor_kind, 3> swiglu_mlp = {
     tensor_kind::gate_output, tensor_kind::up_output, tensor_kind::swiglu_output};
 inline constexpr std::array<tensor_kind, 5> moe_mlp = {
@@ -183,6 +209,18 @@ inline constexpr std::array<tensor_kind, 22> qwen3_gated_shared_moe_block_tensor
     detail::join(detail::block_inputs, detail::qk_norm_inputs, detail::attention_to_mlp,
                  detail::moe_mlp, detail::swiglu_mlp, detail::shared_gate);
 
+/// The tensors a Gemma-2-style block saves, in forward order: LLaMA's, with the post-attention
+/// norm's input after the output projection's and the post-MLP norm's input last.
+inline constexpr std::array<tensor_kind, 15> gemma2_block_tensors =
+    detail::join(detail::block_inputs, detail::attention, detail::post_attn_norm,
+                 detail::mlp_inputs, detail::swiglu_mlp, detail::post_mlp_norm);
+
+/// The tensors a Gemma-3-style block saves, in forward order: Gemma 2's, with the QK-norm's inputs
+/// after the QKV projection's input.
+inline constexpr std::array<tensor_kind, 17> gemma3_block_tensors = detail::join(
+    detail::block_inputs, detail::qk_norm_inputs, detail::attention, detail::post_attn_norm,
+    detail::mlp_inputs, detail::swiglu_mlp, detail::post_mlp_norm);
+
 /// The tensors a GPT-style block saves, in forward order.
 inline constexpr std::array<tensor_kind, 12> gpt_block_tensors = {
     tensor_kind::ln1_input,   tensor_kind::qkv_input,    tensor_kind::query,
@@ -190,13 +228,18 @@ inline constexpr std::array<tensor_kind, 12> gpt_block_tensors = {
     tensor_kind::softmax_lse, tensor_kind::o_proj_input, tensor_kind::ln2_input,
     tensor_kind::fc1_input,   tensor_kind::gelu_input,   tensor_kind::fc2_input};
 
+/// True for the styles with a mixture-of-experts form (llama, qwen3).
+inline constexpr bool has_moe_form(block_style s) noexcept {
+  return s == block_style::llama || s == block_style::qwen3;
+}
+
 /// The tensors a block of the given style saves, in forward order; with `moe`, those of its
-/// mixture-of-experts form with the `shared` experts given (llama and qwen3 only; a GPT-style
-/// block has none: its dense list; `shared` is ignored without `moe`).
+/// mixture-of-experts form with the `shared` experts given (has_moe_form: llama and qwen3; the
+/// other styles have none: their dense lists; `shared` is ignored without `moe`).
 inline constexpr std::span<tensor_kind const> block_tensors(
     block_style s, bool moe = false,
     shared_expert_form shared = shared_expert_form::none) noexcept {
-  if (moe && llama_like(s)) {
+  if (moe && has_moe_form(s)) {
     bool const llama = s == block_style::llama;
     switch (shared) {
       case shared_expert_form::plain:
@@ -215,6 +258,10 @@ inline constexpr std::span<tensor_kind const> block_tensors(
       return llama_block_tensors;
     case block_style::qwen3:
       return qwen3_block_tensors;
+    case block_style::gemma2:
+      return gemma2_block_tensors;
+    case block_style::gemma3:
+      return gemma3_block_tensors;
     default:
       return gpt_block_tensors;
   }
@@ -223,21 +270,26 @@ inline constexpr std::span<tensor_kind const> block_tensors(
 /// The index of a kind in all_tensor_kinds (its enumerator value).
 inline constexpr int index_of(tensor_kind k) noexcept { return static_cast<int>(k); }
 
-/// The style's name: "llama", "gpt" or "qwen3".
+/// The style's name: "llama", "gpt", "qwen3", "gemma2" or "gemma3".
 inline constexpr std::string_view name_of(block_style s) noexcept {
   switch (s) {
     case block_style::llama:
       return "llama";
     case block_style::qwen3:
       return "qwen3";
+    case block_style::gemma2:
+      return "gemma2";
+    case block_style::gemma3:
+      return "gemma3";
     default:
       return "gpt";
   }
 }
 
 /// Every block style, in declaration order.
-inline constexpr std::array<block_style, 3> all_block_styles = {
-    block_style::llama, block_style::gpt, block_style::qwen3};
+inline constexpr std::array<block_style, 5> all_block_styles = {
+    block_style::llama, block_style::gpt, block_style::qwen3, block_style::gemma2,
+    block_style::gemma3};
 
 /// The style whose name_of is `name`; throws agoq::invalid_argument naming the styles for any
 /// other name.
@@ -282,6 +334,8 @@ inline constexpr std::string_view name_of(tensor_kind k) noexcept {
       "expert_swiglu_output",
       "shared_expert_output",
       "shared_gate_score",
+      "post_attn_norm_input",
+      "post_mlp_norm_input",
   };
   return names[static_cast<std::size_t>(index_of(k))];
 }
@@ -315,7 +369,9 @@ inline constexpr std::string_view name_of(tensor_category c) noexcept {
 /// inputs are Q and K before it (attention core, kept precise as Q and K are); the experts'
 /// tensors are those of the dense SwiGLU MLP's counterparts (the shared experts' are that MLP's
 /// kinds); the gated shared experts' output is the gate's multiplicand, as up is SiLU's, and their
-/// gate score scales it, as the router's probabilities scale the routed experts'.
+/// gate score scales it, as the router's probabilities scale the routed experts'; Gemma's
+/// post-norms' inputs enter a normalization, as the residual stream does (GeGLU's gate output is
+/// the GeLU's input, as SwiGLU's is SiLU's).
 inline constexpr tensor_category category_of(tensor_kind k) noexcept {
   switch (k) {
     case tensor_kind::query:
@@ -457,7 +513,7 @@ struct model_shape {
         "model_shape: experts, experts_per_token, expert_ffn and shared_expert_ffn must "
         "be >= 0");
     if (moe()) {
-      AGOQ_EXPECTS(llama_like(style),
+      AGOQ_EXPECTS(has_moe_form(style),
                    "model_shape: a mixture-of-experts MLP needs a LLaMA- or "
                    "Qwen3-style block, not " +
                        std::string(name_of(style)));
@@ -504,8 +560,9 @@ struct model_preset {
 /// parameters, input embedding and output head tied), and the mixture-of-experts Mixtral-8x7B
 /// (8 experts, 2 a token), Qwen3-30B-A3B and Qwen3-235B-A22B (128 experts, 8 a token),
 /// Qwen1.5-MoE-A2.7B (60 experts, 4 a token) and Qwen2-57B-A14B (64, 8), the last two with gated
-/// shared experts.
-inline constexpr std::array<model_preset, 12> model_presets{{
+/// shared experts; Gemma-2-2B, -9B and -27B and Gemma-3-1B (post-norms, GeGLU, tied embeddings;
+/// Gemma 3 with QK-norm).
+inline constexpr std::array<model_preset, 16> model_presets{{
     {"llama3-8b", {block_style::llama, 32, 4096, 14336, 32, 8, 128, 128256, false}},
     {"llama3-70b", {block_style::llama, 80, 8192, 28672, 64, 8, 128, 128256, false}},
     {"llama3-405b", {block_style::llama, 126, 16384, 53248, 128, 8, 128, 128256, false}},
@@ -520,6 +577,10 @@ inline constexpr std::array<model_preset, 12> model_presets{{
      {block_style::llama, 24, 2048, 0, 16, 16, 128, 151936, false, 60, 4, 1408, 5632, true}},
     {"qwen2-57b-a14b",
      {block_style::llama, 28, 3584, 0, 28, 4, 128, 151936, false, 64, 8, 2560, 20480, true}},
+    {"gemma2-2b", {block_style::gemma2, 26, 2304, 9216, 8, 4, 256, 256000, true}},
+    {"gemma2-9b", {block_style::gemma2, 42, 3584, 14336, 16, 8, 256, 256000, true}},
+    {"gemma2-27b", {block_style::gemma2, 46, 4608, 36864, 32, 16, 128, 256000, true}},
+    {"gemma3-1b", {block_style::gemma3, 26, 1152, 6912, 4, 1, 256, 262144, true}},
 }};
 
 /// The shape of the preset named `name` (model_presets); throws agoq::invalid_argument naming the
@@ -682,8 +743,8 @@ struct saved_shape {
 };
 
 /// True when tensor parallelism splits the kind: the heads (Q, K, V, O, logsumexp) and the MLP
-/// inner width (the shared experts' too). The others (residual stream and norm outputs, the
-/// router's probabilities, the gated shared experts' output and gate score) are
+/// inner width (the shared experts' too). The others (residual stream, norm inputs and outputs,
+/// the router's probabilities, the gated shared experts' output and gate score) are
 /// replicated across the tensor-parallel group unless sequence parallelism splits them along the
 /// tokens. The experts' tensors are split by the expert-parallel layout instead (expert_rows).
 inline constexpr bool split_by_tp(tensor_kind k) noexcept {
@@ -702,6 +763,8 @@ inline constexpr bool split_by_tp(tensor_kind k) noexcept {
     case tensor_kind::expert_swiglu_output:
     case tensor_kind::shared_expert_output:
     case tensor_kind::shared_gate_score:
+    case tensor_kind::post_attn_norm_input:
+    case tensor_kind::post_mlp_norm_input:
       return false;
     default:
       return true;
@@ -724,7 +787,9 @@ inline std::int64_t kv_heads_per_rank(model_shape const& m, std::int64_t tp) {
 ///
 /// tokens = micro_batch * seq; h = hidden; f = mlp_width() (ffn, or shared_expert_ffn); a = heads;
 /// g = kv_heads; d = head_dim; t = tp; T = tokens / t with sequence parallelism, else tokens:
-/// - residual stream and norm outputs: [T, h] (split along the tokens only under SP; without
+/// - residual stream, norm inputs (Gemma's post-norms': the output projection's and the down
+///   projection's outputs, as their reduce-scatter leaves them) and outputs: [T, h] (split along
+///   the tokens only under SP; without
 ///   SP the QKV and FC1 inputs are the gathered sequence, and with SP the framework saves its
 ///   own shard and all-gathers it again in the backward, as Megatron does);
 /// - Q, O and the QK-norm's Q input: [tokens, a d / t]; K, V and its K input: [tokens, g d / t]

@@ -665,7 +665,8 @@ inline rank_widths widths_of(model_shape const& m, std::int64_t tp) {
 
 /// Parameters of one transformer layer held by one tensor-parallel rank but its experts (norm
 /// weights are replicated): LLaMA-style Q, K, V, O without biases, gate, up, down and two RMSNorm
-/// weights (Qwen3-style also the QK-norm's two of head_dim); GPT-style QKV and O with biases, FC1
+/// weights (Gemma-style four; Qwen3- and Gemma-3-style also the QK-norm's two of head_dim);
+/// GPT-style QKV and O with biases, FC1
 /// and FC2 with biases and two LayerNorms. A mixture-of-experts layer has no dense MLP but the
 /// router's [hidden, experts] weight, replicated on every rank as Megatron-Core keeps it, and its
 /// shared experts' gate, up and down, split over tp as the dense MLP's (and their gate's [hidden,
@@ -674,9 +675,10 @@ inline std::int64_t layer_parameters(model_shape const& m, std::int64_t tp) {
   m.validate();
   std::int64_t const h = m.hidden;
   auto const [qd, kvd, f] = widths_of(m, tp);
-  std::int64_t const qk_norm = m.style == block_style::qwen3 ? 2 * m.head_size() : 0;
+  std::int64_t const qk_norm = has_qk_norm(m.style) ? 2 * m.head_size() : 0;
+  std::int64_t const norms = has_post_norms(m.style) ? 4 * h : 2 * h;
   if (llama_like(m.style))
-    return h * qd + 2 * h * kvd + qd * h + 3 * h * f + 2 * h + qk_norm + h * m.experts +
+    return h * qd + 2 * h * kvd + qd * h + 3 * h * f + norms + qk_norm + h * m.experts +
            (m.shared_expert_gate ? h : 0);
   return (h * 3 * qd + 3 * qd) + (qd * h + h) + (h * f + f) + (f * h + h) + 4 * h;
 }
@@ -1236,8 +1238,10 @@ inline std::int64_t largest_layer_matrix(model_shape const& m, std::int64_t tp) 
 ///   query width before they are summed) + D(query) + D(key) + D(value) + D(attention_output) +
 ///   D(softmax_lse);
 /// - QKV projection: 2 T0 (q + 2k) + 2 T0 h + G + D(qkv_input);
-/// - QK-norm (Qwen3): 2 T0 (q + 2k) (the gradients of Q, K and V after it) + 2 T0 (q + k) (of
-///   its inputs) + D(query_norm_input) + D(key_norm_input).
+/// - QK-norm (Qwen3, Gemma 3): 2 T0 (q + 2k) (the gradients of Q, K and V after it) + 2 T0 (q + k)
+///   (of its inputs) + D(query_norm_input) + D(key_norm_input).
+/// Gemma's post-norms (agoq's fused RMSNorm backward reads their inputs' codes) hold their input
+/// gradient, 2 T h, never more than the gate and up phase's 2 T0 h and more.
 /// A mixture-of-experts layer has the MLP's three for its shared experts (f = shared_expert_ffn /
 /// tp; none without them); where they are gated, a phase for the gate's backward, 2 T h (their
 /// output's gradient) + D(shared_expert_output) + D(shared_gate_score) (that gradient also lives
@@ -1371,7 +1375,7 @@ requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_byte
           bf16(tensor_kind::value) + bf16(tensor_kind::attention_output) +
           bf16(tensor_kind::softmax_lse) + (selective.core_attn ? 2 * t0 * q : 0) + early_attn,
       2 * t0 * (q + 2 * k) + 2 * t0 * h + g + bf16(tensor_kind::qkv_input),
-      m.style == block_style::qwen3
+      has_qk_norm(m.style)
           ? 2 * t0 * (q + 2 * k) + 2 * t0 * (q + k) + bf16(tensor_kind::query_norm_input) +
                 bf16(tensor_kind::key_norm_input)
           : 0};
