@@ -9,6 +9,19 @@
 
 using namespace agoq::activation;
 
+namespace {
+
+/// Bytes of one micro-batch's saved tensors of one layer of `m` on shard `sh`, all in bf16 (fp32
+/// where they are), the alias o_proj_input not counted.
+std::int64_t layer_bytes(model_shape const& m, shard_shape const& sh) {
+  std::int64_t bytes = 0;
+  for (tensor_kind const k : m.saved_tensors())
+    if (!is_alias(k)) bytes += shape_of(k, m, sh).bytes();
+  return bytes;
+}
+
+}  // namespace
+
 TEST_CASE("every kind has a name, a category and belongs to a block") {
   CHECK(all_tensor_kinds.size() == static_cast<std::size_t>(tensor_kind_count));
   for (int i = 0; i < tensor_kind_count; ++i) {
@@ -312,9 +325,7 @@ TEST_CASE("LLaMA-3-8B shapes without tensor parallelism") {
   // Bytes per token per layer (o_proj_input is the attention output's buffer):
   // 2 residual 2*4096*2 + 2 norm outputs + Q + O 4096*2 each + K, V 1024*2 each + 3 * 14336*2
   // + lse 32 heads * 4 bytes.
-  std::int64_t bytes = 0;
-  for (tensor_kind k : llama_block_tensors)
-    if (!is_alias(k)) bytes += shape_of(k, m, sh).bytes();
+  std::int64_t const bytes = layer_bytes(m, sh);
   CHECK(bytes == 8192 * (6 * 4096 * 2 + 2 * 1024 * 2 + 3 * 14336 * 2 + 32 * 4));
   CHECK(bytes == 8192 * std::int64_t{139392});
 }
@@ -483,9 +494,7 @@ TEST_CASE("shared experts: the dense MLP's tensors at their width; gated, their 
   // outputs 3584, lse 28 x 4), the router 64 x 4, the routed experts 8 x (3584 + 3 x 2560), the
   // shared experts 3 x 20480, their output 3584 and gate score 1, in bf16.
   shard_shape const one{1, 4096, 1, false};
-  std::int64_t bytes = 0;
-  for (tensor_kind k : m.saved_tensors())
-    if (!is_alias(k)) bytes += shape_of(k, m, one).bytes();
+  std::int64_t const bytes = layer_bytes(m, one);
   std::int64_t const per_token = 2 * (6 * 3584 + 2 * 512) + 28 * 4 + 64 * 4 +
                                  2 * 8 * (3584 + 3 * 2560) + 2 * 3 * 20480 + 2 * 3584 + 2;
   CHECK(bytes == 4096 * per_token);
@@ -535,10 +544,7 @@ TEST_CASE("Gemma-style shapes: LLaMA's, the post-norms' inputs and Gemma 3's QK-
   // Bytes per token per layer without TP, bf16: 6 tensors of 3584 (2 residual, 2 norm outputs,
   // 2 post-norm inputs), Q and O 4096, K and V 2048, GeGLU's 3 x 14336, 16 heads' fp32 lse.
   shard_shape const one{1, 4096, 1, false};
-  std::int64_t bytes = 0;
-  for (tensor_kind k : m.saved_tensors())
-    if (!is_alias(k)) bytes += shape_of(k, m, one).bytes();
-  CHECK(bytes == 4096 * (2 * (6 * 3584 + 2 * 4096 + 2 * 2048 + 3 * 14336) + 16 * 4));
+  CHECK(layer_bytes(m, one) == 4096 * (2 * (6 * 3584 + 2 * 4096 + 2 * 2048 + 3 * 14336) + 16 * 4));
   // Gemma 3: the QK-norm's inputs, at Q's and K's widths (one kv head of 256).
   model_shape const g3 = preset_model("gemma3-1b");
   CHECK(shape_of(tensor_kind::query_norm_input, g3, one) == saved_shape{4096, 1024, 2});
