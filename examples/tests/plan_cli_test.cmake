@@ -212,7 +212,7 @@ check(moe_hf_config 0 "${mixtral}" --hf-config ${hf_mixtral} ${mixtral_args})
 check(moe_flags 0 "${mixtral}" --preset llama3-8b --vocab 32000 --ffn 0 --experts 8
   --experts-per-token 2 --expert-ffn 14336 ${mixtral_args})
 check(moe_etp 0 "experts: 128 of ffn 768, 8 a token; ep 8, etp 1 \\(expert data parallel 2\\).*\
-peak per-GPU memory: 34.19 GiB -> 20.17 GiB, saving 41.0%"
+peak per-GPU memory: 34.20 GiB -> 20.17 GiB, saving 41.0%"
   --preset qwen3-30b-a3b --tp 2 --sp --pp 4 --dp 8 --ep 8 --etp 1 --zero 1 --seq 8192)
 check(moe_json 0 "\"experts\": 128, \"experts_per_token\": 8, \"expert_ffn\": 768, \
 \"shared_expert_ffn\": 0, \"shared_expert_gate\": false}.*\

@@ -378,15 +378,24 @@ TEST_CASE("mixture-of-experts models: parameters, states, activations and workin
   CHECK(layer_working_bytes(q, one, quantized) ==
         2 * t * 2048 + 4 * rq * 768 + 2 * rq * 2048 + 2 * rq * 2048);
   // The router's phase, largest with narrow heads and experts (h 256, q = k = 32, 64 experts of
-  // 8, 8 a token; R = 8 T): 2 R h + 2 T h + 4 T e = 4864 T against the experts' gate and up,
-  // 4 R f_e + 2 R h = 4352 T, and flash attention's 12 T q + L = 392 T; with its probabilities
-  // (4 T e) and input (2 T h) dequantized (a policy may allow it), 5632 T.
-  model_shape const narrow{block_style::llama, 2, 256, 0, 2, 2, 16, 1000, false, 64, 8, 8};
-  CHECK(layer_working_bytes(narrow, one, none) == 512 * t + 4864 * t);
+  // 8, 2 a token; R = 2 T): 2 R h + 2 T h + 4 T e = 1792 T against the experts' gate and up,
+  // 4 R f_e + 2 R h = 1088 T, flash attention's 12 T q + L = 392 T and the forward's combine,
+  // 2 R h + 2 R h = 2048 T (without the residual gradient 512 T); with its probabilities (4 T e)
+  // and input (2 T h) dequantized (a policy may allow it), 2560 T.
+  model_shape narrow{block_style::llama, 2, 256, 0, 2, 2, 16, 1000, false, 64, 2, 8};
+  CHECK(layer_working_bytes(narrow, one, none) == 512 * t + 1792 * t);
   auto const router = [](tensor_kind k) {
     return k == tensor_kind::router_probs || k == tensor_kind::mlp_input;
   };
-  CHECK(layer_working_bytes(narrow, one, router) == 512 * t + 5632 * t);
+  CHECK(layer_working_bytes(narrow, one, router) == 512 * t + 2560 * t);
+  // 8 a token (R = 8 T): the forward's combine, the experts' output and the all-to-all's buffer,
+  // 2 R h + 2 R h = 8192 T, outweighs the router's backward, 4864 T + 512 T.
+  narrow.experts_per_token = 8;
+  CHECK(layer_working_bytes(narrow, one, router) == 8192 * t);
+  // Under expert tensor parallelism the all-to-all moves R / etp rows: TP 2 + SP, etp 2, R = T0 / 2
+  // x 8 x 2 = 8 T0: 2 R h + R h = 6144 T0.
+  CHECK(sp2.expert_rows(narrow) == 8 * t);
+  CHECK(layer_working_bytes(narrow, sp2, none) == 6144 * t);
 }
 
 TEST_CASE("mixture-of-experts layouts Megatron-Core refuses, and what is not modelled") {
@@ -603,11 +612,16 @@ TEST_CASE("mixture-of-experts recompute modules (moe_act, moe, shared_experts), 
 
   // The working set. moe_act costs none: its down projection's phase, 2 R h + 2 R f_e + the
   // SwiGLU output again (2 R f_e), equals the experts' gate and up phase, 4 R f_e + 2 R h
-  // (Qwen3-30B-A3B: R = 8 T pairs of 768 on hidden 2048, 57,344 T either way).
+  // (Qwen3-30B-A3B: R = 8 T pairs of 768 on hidden 2048, 57,344 T either way; the largest with
+  // their input dequantized, 2 R h more, and the residual gradient; else the forward's combine,
+  // 4 R h = 65,536 T).
   model_shape const q3 = preset_model("qwen3-30b-a3b");
   auto const none = [](tensor_kind) { return false; };
-  CHECK(layer_working_bytes(q3, one, none) == 2 * t * 2048 + 57344 * t);
-  CHECK(layer_working_bytes(q3, one, none, act) == 2 * t * 2048 + 57344 * t);
+  CHECK(layer_working_bytes(q3, one, none) == 65536 * t);
+  CHECK(layer_working_bytes(q3, one, none, act) == 65536 * t);
+  auto const input = [](tensor_kind k) { return k == tensor_kind::expert_input; };
+  CHECK(layer_working_bytes(q3, one, input) == 2 * t * 2048 + 57344 * t + 32768 * t);
+  CHECK(layer_working_bytes(q3, one, input, act) == 2 * t * 2048 + 57344 * t + 32768 * t);
   // shared_experts on wide gated shared experts (hidden 1024, f = 4096, memory_model_test's
   // narrow routed experts at capacity factor 0.5): as mlp on a dense MLP, the SwiGLU phase holds
   // the gate and up outputs again beside its gradients, 6 T f + 4 T f = 40,960 T, the largest.

@@ -1257,12 +1257,17 @@ inline std::int64_t largest_layer_matrix(model_shape const& m, std::int64_t tp) 
 ///   (their sum per token) + 4 T e (the fp32 gradient of the router's probabilities) +
 ///   D(router_probs) + D(mlp_input).
 /// Each forward phase holds no more than one of these (its bf16 outputs are the backward's
-/// gradients), but for the ring attention of context parallelism (cp > 1; T0 is then this rank's
-/// tokens, seq / cp of each sequence), as Transformer Engine's AttnFuncWithCPAndKVP2P runs it:
-/// its forward keeps every KV chunk the ring brings ([T0, 2k] bf16, cp of them, its own copy
-/// included) and each step's output and fp32 logsumexp until the last step merges them,
-/// cp (4 T0 k + 2 T0 q + L), without the residual-stream gradient; its backward adds to the flash
-/// attention phase two buffers that each hold a KV chunk and its gradient in flight, 16 T0 k.
+/// gradients), but two, without the residual-stream gradient: the ring attention of context
+/// parallelism (cp > 1; T0 is then this rank's tokens, seq / cp of each sequence), as Transformer
+/// Engine's AttnFuncWithCPAndKVP2P runs it: its forward keeps every KV chunk the ring brings
+/// ([T0, 2k] bf16, cp of them, its own copy included) and each step's output and fp32 logsumexp
+/// until the last step merges them, cp (4 T0 k + 2 T0 q + L); its backward adds to the flash
+/// attention phase two buffers that each hold a KV chunk and its gradient in flight, 16 T0 k; and
+/// a mixture-of-experts layer's token movement, as Megatron-Core's alltoall dispatcher runs it:
+/// at the combine the experts' output [R, h] beside what the all-to-all sends or receives,
+/// [R / etp, h] (after the expert-TP reduce-scatter; the dispatch mirrors it, the all-to-all's
+/// output beside the expert-TP all-gather's), 2 R h + 2 R h / etp, where the experts are narrow
+/// (h / etp > f_e) and tokens go to several (k > 1) more than any backward phase.
 ///
 /// Under selective recomputation (`selective`), D(x) is also the bf16 bytes of every kind it
 /// recomputes (recomputes), and the tensors computed again at the start of a sub-block's backward
@@ -1380,7 +1385,8 @@ requires std::predicate<Quantized&, tensor_kind> std::int64_t layer_working_byte
                 bf16(tensor_kind::key_norm_input)
           : 0};
   std::int64_t const ring_forward = sh.cp > 1 ? sh.cp * (4 * t0 * k + 2 * t0 * q + lse) : 0;
-  return std::max(2 * rows * h + std::ranges::max(phases), ring_forward);
+  std::int64_t const combine_forward = m.moe() ? 2 * r * h + 2 * (r / sh.expert_tp()) * h : 0;
+  return std::max({2 * rows * h + std::ranges::max(phases), ring_forward, combine_forward});
 }
 
 /// The two gradient buffers of a device, reduced over different groups: the dense parameters'
