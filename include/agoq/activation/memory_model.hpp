@@ -666,11 +666,11 @@ inline rank_widths widths_of(model_shape const& m, std::int64_t tp) {
 /// Parameters of one transformer layer held by one tensor-parallel rank but its experts (norm
 /// weights are replicated): LLaMA-style Q, K, V, O without biases, gate, up, down and two RMSNorm
 /// weights (Gemma-style four; Qwen3- and Gemma-3-style also the QK-norm's two of head_dim);
-/// GPT-style QKV and O with biases, FC1
-/// and FC2 with biases and two LayerNorms. A mixture-of-experts layer has no dense MLP but the
-/// router's [hidden, experts] weight, replicated on every rank as Megatron-Core keeps it, and its
-/// shared experts' gate, up and down, split over tp as the dense MLP's (and their gate's [hidden,
-/// 1] weight, replicated); its routed experts are expert_layer_parameters.
+/// GPT-style QKV and O with biases, FC1 and FC2 with biases and two LayerNorms. A
+/// mixture-of-experts layer has no dense MLP but the router's [hidden, experts] weight, replicated
+/// on every rank as Megatron-Core keeps it, and its shared experts' gate, up and down, split over
+/// tp as the dense MLP's (and their gate's [hidden, 1] weight, replicated); its routed experts are
+/// expert_layer_parameters.
 inline std::int64_t layer_parameters(model_shape const& m, std::int64_t tp) {
   m.validate();
   std::int64_t const h = m.hidden;
