@@ -105,11 +105,12 @@ def rules_from_plan(layers, modules=HF_LLAMA_MODULES, prefix="model.layers.{laye
     ``layers`` is a plan's per-layer list of ``{kind: storage}`` (``make_plan(...)["layers"]``,
     ``gpt.uniform_plan``); ``modules`` maps each kind to the modules, relative to a layer, whose
     saves it is (``HF_LLAMA_MODULES``, ``HF_QWEN3_MODULES``, ``HF_GEMMA2_MODULES``,
-    ``HF_GEMMA3_MODULES``, ``HF_GPT2_MODULES``, or your model's); ``prefix`` names layer ``i``'s module (``str.format`` with ``layer=i``). Returns
-    ``{module name: spec or None}`` with ``"bf16"`` and ``"fp32"`` mapped to None (kept as saved).
-    Where several kinds share a module (the attention core's), it takes the storage that keeps the
-    most (precise, else the most bytes per element). A kind of the plan that ``modules`` does not
-    place raises ValueError, as does an invalid spec.
+    ``HF_GEMMA3_MODULES``, ``HF_GPT2_MODULES``, or your model's); ``prefix`` names layer ``i``'s
+    module (``str.format`` with ``layer=i``). Returns ``{module name: spec or None}`` with
+    ``"bf16"`` and ``"fp32"`` mapped to None (kept as saved). Where several kinds share a module
+    (the attention core's), it takes the storage that keeps the most (precise, else the most bytes
+    per element). A kind of the plan that ``modules`` does not place raises ValueError, as does an
+    invalid spec.
     """
     rules, keeps = {}, {}
     for i, layer in enumerate(layers):
