@@ -599,17 +599,18 @@ py::list estimate_memory(
 void register_planning(py::module_& m) {
   m.def("model_presets", &model_presets,
         "{name: model} of the published shapes agoq knows (llama3-8b, llama3-70b, llama3-405b, "
-        "qwen2.5-32b, qwen3-8b, qwen3-32b, gpt3-1.3b, and the mixture-of-experts mixtral-8x7b, "
-        "qwen3-30b-a3b, qwen3-235b-a22b, qwen1.5-moe-a2.7b, qwen2-57b-a14b), each a dict with "
-        "every key a model takes (style 'llama', 'gpt' or 'qwen3'; experts, experts_per_token, "
+        "qwen2.5-32b, qwen3-8b, qwen3-32b, gemma2-2b, gemma2-9b, gemma2-27b, gemma3-1b, "
+        "gpt3-1.3b, and the mixture-of-experts mixtral-8x7b, qwen3-30b-a3b, qwen3-235b-a22b, "
+        "qwen1.5-moe-a2.7b, qwen2-57b-a14b), each a dict with every key a model takes (style "
+        "'llama', 'gpt', 'qwen3', 'gemma2' or 'gemma3'; experts, experts_per_token, "
         "expert_ffn and shared_expert_ffn 0 and shared_expert_gate False for a dense model, ffn "
         "0 for a mixture-of-experts one; the planning calls' ep and etp place its experts).");
   m.def("model_from_hf_config", &model_from_hf_config, py::arg("config"),
         "The model dict of a Hugging Face config (model_type llama, mistral, qwen2, qwen3, "
-        "mixtral, qwen2_moe, qwen3_moe or gpt2): a dict (json.load's or a transformers config's "
-        "to_dict()), an object with to_dict(), or the path of a config.json or of a directory "
-        "holding one. Other mixture-of-experts models and other blocks raise ValueError "
-        "(docs/activations.md, section 6).");
+        "gemma, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe or gpt2): a dict "
+        "(json.load's or a transformers config's to_dict()), an object with to_dict(), or the "
+        "path of a config.json or of a directory holding one. Other mixture-of-experts models "
+        "and other blocks raise ValueError (docs/activations.md, section 6).");
   m.def(
       "expert_load_factor",
       [](std::vector<std::int64_t> const& pairs, std::int64_t ep) {
